@@ -1,0 +1,159 @@
+"""The Triton server that runs on a CPU machine: Triton 2.51 from the ``nvidia-pytriton`` wheel.
+
+NGC images cannot be pulled everywhere (and need a GPU to be useful), but PyPI carries a real
+``tritonserver`` with its python backend inside PyTriton's wheel. This module fetches that wheel
+once into the cache, unpacks it, and lays its files out the two ways we need them:
+
+* :meth:`TritonDistribution.backend_directory` — a ``--backend-directory`` for a host process;
+* :meth:`TritonDistribution.install_layout` — the NGC layout (``/opt/tritonserver/{bin,lib,
+  backends,caches}``) for a CPU base image.
+
+Both carry our Python-based ``onnxruntime`` backend, so ONNX models load exactly as
+``platform: "onnxruntime_onnx"`` models do in NGC images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.cache import cache_dir
+
+PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
+"""PyTriton 0.7.0 ships Triton 2.51.0, the server of the 24.10 NGC container."""
+
+TRITON_VERSION = "2.51.0"
+STUB_PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+ONNXRUNTIME_BACKEND = Path(__file__).parent / "backends" / "onnxruntime" / "model.py"
+
+
+class DistributionError(RuntimeError):
+    """The Triton wheel could not be fetched or does not hold what we need."""
+
+
+@dataclass(frozen=True)
+class TritonDistribution:
+    """An unpacked ``nvidia-pytriton`` wheel."""
+
+    root: Path
+    wheel: Path
+
+    @property
+    def tritonserver(self) -> Path:
+        return self.root / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+
+    @property
+    def library_dir(self) -> Path:
+        """The shared libraries auditwheel moved out of the server (``libtritonserver`` & co)."""
+        return self.root / "nvidia_pytriton.libs"
+
+    @property
+    def python_backend(self) -> Path:
+        return self.root / "pytriton" / "tritonserver" / "backends" / "python"
+
+    @property
+    def caches(self) -> Path:
+        return self.root / "pytriton" / "tritonserver" / "caches"
+
+    def stub(self, python_version: str) -> Path:
+        """The python backend stub built against ``libpython<python_version>``."""
+        if python_version not in STUB_PYTHON_VERSIONS:
+            raise DistributionError(
+                f"Triton {TRITON_VERSION} has python backend stubs for Python "
+                f"{', '.join(STUB_PYTHON_VERSIONS)}; not for {python_version}"
+            )
+        return self.root / "pytriton/tritonserver/python_backend_stubs" / python_version / (
+            "triton_python_backend_stub"
+        )
+
+    def backend_directory(self, dest: Path, python_version: str) -> Path:
+        """Write a ``--backend-directory`` with the python and onnxruntime backends to ``dest``."""
+        python = dest / "python"
+        python.mkdir(parents=True, exist_ok=True)
+        for item in self.python_backend.iterdir():
+            shutil.copy2(item, python / item.name)
+        shutil.copy2(self.stub(python_version), python / "triton_python_backend_stub")
+        onnxruntime = dest / "onnxruntime"
+        onnxruntime.mkdir(exist_ok=True)
+        shutil.copy2(ONNXRUNTIME_BACKEND, onnxruntime / "model.py")
+        return dest
+
+    def install_layout(self, dest: Path, python_version: str) -> Path:
+        """Copy the server into ``dest`` in the NGC layout (``bin``, ``lib``, ``backends``, ...)."""
+        (dest / "bin").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.tritonserver, dest / "bin" / "tritonserver")
+        shutil.copytree(self.library_dir, dest / "lib", dirs_exist_ok=True)
+        shutil.copytree(self.caches, dest / "caches", dirs_exist_ok=True)
+        self.backend_directory(dest / "backends", python_version)
+        return dest
+
+
+def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
+    """Return the unpacked Triton wheel, downloading and unpacking it on first use.
+
+    ``wheel`` (or ``$TRITON_BUILDER_PYTRITON_WHEEL``) points at a wheel already on disk, for
+    machines that reach no package index.
+    """
+    wheel = wheel or _env_path("TRITON_BUILDER_PYTRITON_WHEEL") or _download_wheel()
+    digest = _sha256(wheel)[:16]
+    root = cache_dir("tritonserver") / f"{TRITON_VERSION}-{digest}"
+    if not (root / ".complete").exists():
+        _unpack(wheel, root)
+    distribution = TritonDistribution(root=root, wheel=wheel)
+    if not distribution.tritonserver.exists():
+        raise DistributionError(f"{wheel} holds no pytriton/tritonserver/bin/tritonserver")
+    return distribution
+
+
+def _download_wheel() -> Path:
+    dest = cache_dir("wheels")
+    found = sorted(dest.glob("nvidia_pytriton-0.7.0-*.whl"))
+    if found:
+        return found[-1]
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--platform", "manylinux_2_35_x86_64", "--python-version", "3.11",
+        "--dest", str(dest), PYTRITON_REQUIREMENT,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    found = sorted(dest.glob("nvidia_pytriton-0.7.0-*.whl"))
+    if result.returncode != 0 or not found:
+        raise DistributionError(
+            f"could not download {PYTRITON_REQUIREMENT} (the Triton server we run on CPUs):\n"
+            f"{result.stderr.strip()}\nSet TRITON_BUILDER_PYTRITON_WHEEL to a local copy."
+        )
+    return found[-1]
+
+
+def _unpack(wheel: Path, root: Path) -> None:
+    staging = root.with_name(root.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if info.filename.startswith(("pytriton/tritonserver/", "nvidia_pytriton.libs/")):
+                path = Path(archive.extract(info, staging))
+                mode = info.external_attr >> 16
+                if mode:
+                    path.chmod(mode & 0o777)
+    (staging / ".complete").touch()
+    shutil.rmtree(root, ignore_errors=True)
+    staging.rename(root)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

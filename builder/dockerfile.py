@@ -1,0 +1,80 @@
+"""Dockerfiles rendered from the jinja2 templates in ``dockerfiles/``.
+
+Templates run in a sandbox with strict undefined variables, and every value that reaches a
+Dockerfile line passes a filter that refuses what could start another instruction:
+
+* ``sh`` — shell-quote a value for a ``RUN`` line;
+* ``json`` — a JSON string, for exec-form ``CMD``/``ENTRYPOINT``;
+* ``value`` — a quoted ``LABEL``/``ENV`` value with ``$`` escaped (Docker expands it there);
+* ``word`` — an image reference, path or user name that must be one plain token.
+
+A newline in any value is rejected outright: it is the one way to inject a build step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from importlib import resources
+from typing import Any
+
+from jinja2 import FileSystemLoader, StrictUndefined
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class DockerfileError(ValueError):
+    """A value cannot be placed in a Dockerfile safely."""
+
+
+def render(template: str, **values: Any) -> str:
+    """Render ``dockerfiles/<template>`` with ``values``."""
+    return _environment().get_template(template).render(**values)
+
+
+def template_source(template: str) -> str:
+    """The text of ``dockerfiles/<template>`` (part of an image's content hash)."""
+    return (resources.files("builder.dockerfiles") / template).read_text()
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    directory = resources.files("builder.dockerfiles")
+    environment = ImmutableSandboxedEnvironment(
+        loader=FileSystemLoader(str(directory)),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    environment.filters.update(sh=_shell_quote, json=_json_string, value=_value, word=_word)
+    return environment
+
+
+_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+=,-]*$")
+
+
+def _single_line(value: object) -> str:
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise DockerfileError(f"a Dockerfile value may not contain a newline: {text!r}")
+    return text
+
+
+def _shell_quote(value: object) -> str:
+    return shlex.quote(_single_line(value))
+
+
+def _json_string(value: object) -> str:
+    return json.dumps(_single_line(value))
+
+
+def _value(value: object) -> str:
+    return _json_string(value).replace("$", "\\$")
+
+
+def _word(value: object) -> str:
+    text = _single_line(value)
+    if not _WORD.match(text):
+        raise DockerfileError(f"not a plain image name, path or word: {text!r}")
+    return text

@@ -1,0 +1,140 @@
+"""Building images through the Docker SDK, with the build log streamed and errors kept.
+
+The SDK's high-level ``images.build`` hides the log until the end and its error carries little
+of the failing step. We read the low-level stream ourselves: each line goes to ``on_log`` as it
+comes, the lines of the current step are kept, and a failure raises :class:`ImageBuildError`
+with the step and its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+CONTENT_HASH_LABEL = "ai.triton-builder.content-hash"
+
+_STEP = re.compile(r"^Step \d+/\d+ : ")
+
+
+class ImageBuildError(RuntimeError):
+    """A build step failed; ``step`` is the instruction and ``output`` what it printed."""
+
+    def __init__(self, message: str, step: str = "", output: str = "") -> None:
+        super().__init__(f"{message}\n  in step: {step}\n{output}" if step else message)
+        self.step = step
+        self.output = output
+
+
+@dataclass
+class BuiltImage:
+    """An image the engine now holds, and whether this call had to build it."""
+
+    id: str
+    tags: list[str]
+    built: bool
+    log: list[str] = field(default_factory=list)
+
+
+def build_image(
+    client: docker.DockerClient,
+    context: Path,
+    tags: Iterable[str],
+    *,
+    dockerfile: str = "Dockerfile",
+    labels: dict[str, str] | None = None,
+    buildargs: dict[str, str] | None = None,
+    network_mode: str | None = None,
+    on_log: Callable[[str], None] | None = None,
+) -> BuiltImage:
+    """Build ``context`` and tag the result with every name in ``tags``.
+
+    The first tag is given to the build; the others are added only once the build succeeded,
+    so a failure never leaves a tag pointing at a broken image.
+    """
+    tags = list(tags)
+    if not tags:
+        raise ValueError("build_image needs at least one tag")
+    step, step_output, log = "", [], []
+    image_id = None
+    stream = client.api.build(
+        path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
+        network_mode=network_mode, rm=True, forcerm=True, decode=True,
+    )
+    for chunk in stream:
+        if "error" in chunk or "errorDetail" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
+            raise ImageBuildError(f"docker build failed: {detail.strip()}", step,
+                                  "".join(step_output[-200:]))
+        text = chunk.get("stream", "")
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+        if not text:
+            continue
+        log.append(text)
+        if _STEP.match(text):
+            step, step_output = text.strip(), []
+        else:
+            step_output.append(text)
+        if on_log:
+            on_log(text.rstrip("\n"))
+    if image_id is None:
+        raise ImageBuildError("docker build ended without an image id", step,
+                              "".join(step_output[-200:]))
+    image = client.images.get(image_id)
+    for tag in tags:
+        repository, version = split_tag(tag)
+        image.tag(repository, version)
+    return BuiltImage(id=image.id, tags=tags, built=True, log=log)
+
+
+def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> BuiltImage | None:
+    """The image tagged ``tag`` if it was built from the same inputs (same content hash)."""
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return None
+    if (image.labels or {}).get(CONTENT_HASH_LABEL) != content_hash:
+        return None
+    return BuiltImage(id=image.id, tags=[tag], built=False)
+
+
+def split_tag(reference: str) -> tuple[str, str]:
+    """``registry:5000/name:tag`` → (``registry:5000/name``, ``tag``); ``latest`` if none."""
+    name, _, tag = reference.rpartition(":")
+    if not name or "/" in tag:
+        return reference, "latest"
+    return name, tag
+
+
+def content_hash(*parts: bytes | str | Path) -> str:
+    """A sha256 over build inputs: bytes, text, files, or directories (walked in order)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            for path in _files(part):
+                digest.update(str(path.relative_to(part) if part.is_dir() else path.name).encode())
+                digest.update(b"\0")
+                with open(path, "rb") as stream:
+                    for block in iter(lambda s=stream: s.read(1 << 20), b""):
+                        digest.update(block)
+        else:
+            digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0\0")
+    return digest.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    found = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs.sort()
+        found.extend(Path(directory, name) for name in sorted(names))
+    return found

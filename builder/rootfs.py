@@ -1,0 +1,48 @@
+"""A base OS image made without any registry: Debian via ``mmdebstrap``, ``docker import``-ed.
+
+Users with Docker Hub start from ``python:3.11-slim-bookworm``. Air-gapped machines (and this
+project's CI) cannot pull it, so we make the equivalent from Debian's own packages: Python 3.11,
+``libpython3.11`` (the python backend stub links it) and CA certificates.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder.host import ensure_program
+
+DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
+DEBIAN_PACKAGES = ("python3", "libpython3.11", "ca-certificates")
+
+
+class RootfsError(RuntimeError):
+    """mmdebstrap or the import failed."""
+
+
+def debian_os_image(client: docker.DockerClient, tag: str = DEBIAN_OS_IMAGE,
+                    suite: str = "bookworm", rebuild: bool = False) -> str:
+    """Return ``tag``, making it with mmdebstrap first unless it already exists."""
+    if not rebuild:
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+    mmdebstrap = ensure_program("mmdebstrap", "mmdebstrap")
+    with tempfile.TemporaryDirectory(prefix="rootfs-") as workdir:
+        tarball = Path(workdir) / "rootfs.tar"
+        command = [mmdebstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
+                   suite, str(tarball)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RootfsError(f"mmdebstrap failed:\n{result.stderr[-3000:]}")
+        repository, _, version = tag.rpartition(":")
+        with open(tarball, "rb") as stream:
+            client.api.import_image_from_data(stream, repository=repository, tag=version)
+    client.images.get(tag)
+    return tag

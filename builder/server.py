@@ -1,0 +1,173 @@
+"""A ``tritonserver`` host process: a real Triton serving a model repository without an image.
+
+It is the fast path for end-to-end checks (tests, ``triton-builder serve --local``): the same
+server binary and backends as the CPU image, run from the unpacked wheel. The python backend's
+stub embeds the ``libpython`` of the interpreter running this module and sees its packages, so
+what imports here imports in the served models.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from builder.distribution import TritonDistribution, triton_distribution
+
+
+class TritonServerError(RuntimeError):
+    """The server did not start, or did not become ready; carries the tail of its log."""
+
+
+class TritonServer:
+    """Run ``tritonserver`` on free local ports; use it as a context manager.
+
+    >>> with TritonServer("models") as server:
+    ...     client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike,
+        *,
+        distribution: TritonDistribution | None = None,
+        log_verbose: int = 0,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self._distribution = distribution
+        self._log_verbose = log_verbose
+        self._extra_args = extra_args
+        self._env = env or {}
+        self._process: subprocess.Popen | None = None
+        self._workdir: tempfile.TemporaryDirectory | None = None
+        self.http_port = self.grpc_port = self.metrics_port = 0
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self._workdir is not None, "the server was never started"
+        return Path(self._workdir.name) / "tritonserver.log"
+
+    def logs(self) -> str:
+        """Everything the server has printed so far."""
+        return self.log_path.read_text(errors="replace") if self._workdir else ""
+
+    def start(self, timeout: float = 180.0) -> TritonServer:
+        """Start the server and wait until every model is ready (``/v2/health/ready``)."""
+        distribution = self._distribution or triton_distribution()
+        self._workdir = tempfile.TemporaryDirectory(prefix="tritonserver-")
+        workdir = Path(self._workdir.name)
+        python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        backends = distribution.backend_directory(workdir / "backends", python_version)
+        self.http_port, self.grpc_port, self.metrics_port = _free_ports(3)
+        command = [
+            str(distribution.tritonserver),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backends}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--log-verbose={self._log_verbose}",
+            *self._extra_args,
+        ]
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT,
+                env=_server_environment(distribution, self._env), cwd=workdir,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and keep its log readable until cleanup."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        self.stop()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                raise TritonServerError(
+                    f"tritonserver exited while starting on {self.model_repository}:\n"
+                    f"{_tail(self.logs())}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise TritonServerError(
+            f"tritonserver was not ready after {timeout:.0f}s on {self.model_repository}:\n"
+            f"{_tail(self.logs())}"
+        )
+
+
+def _server_environment(distribution: TritonDistribution, extra: dict[str, str]) -> dict:
+    """The stub links ``libpython3.X``: point it at this interpreter's and at our packages."""
+    env = dict(os.environ)
+    libdirs = [str(distribution.library_dir), sysconfig.get_config_var("LIBDIR") or ""]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [d for d in libdirs if d] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    paths = sysconfig.get_paths()
+    site = [paths["purelib"], paths["platlib"]]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(site))
+    env.update(extra)
+    return env
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])

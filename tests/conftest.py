@@ -1,0 +1,68 @@
+"""The test bed: a real Docker engine, a real registry and real Triton servers, set up unattended.
+
+* ``docker_client`` — the engine that answers; else, as root on Debian, ``docker.io`` is
+  installed and ``dockerd`` started; else the tests that need it are skipped, saying why.
+* ``registry`` — Debian's ``docker-registry`` on 127.0.0.1, started and stopped here.
+* ``triton_server`` — a factory of host-process ``tritonserver``\\ s (no image needed).
+* ``os_image`` / ``cpu_base_image`` — the base OS image (Debian via mmdebstrap unless
+  ``TRITON_BUILDER_OS_IMAGE`` names one) and the CPU Triton base, built once per session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.server import TritonServer
+from tests.testbed import LocalRegistry
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from builder.engine import EngineError, ensure_engine
+    from builder.host import HostError
+
+    try:
+        client = ensure_engine()
+    except (EngineError, HostError) as error:
+        pytest.skip(f"no Docker engine: {error}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def os_image(docker_client) -> str:
+    from builder.rootfs import debian_os_image
+
+    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(docker_client)
+
+
+@pytest.fixture(scope="session")
+def cpu_base_image(docker_client, os_image) -> str:
+    from builder.base import build_cpu_base
+
+    return build_cpu_base(docker_client, os_image=os_image).tags[0]
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory) -> Iterator[LocalRegistry]:
+    with LocalRegistry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture
+def triton_server() -> Iterator[Callable[..., TritonServer]]:
+    """Start ``tritonserver`` on a repository: ``server = triton_server(path, **options)``."""
+    started: list[TritonServer] = []
+
+    def start(model_repository: str | Path, **options) -> TritonServer:
+        server = TritonServer(model_repository, **options)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.close()

@@ -1,0 +1,68 @@
+"""Real services for the tests that need more than a Python process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from builder.host import ensure_program
+
+
+class LocalRegistry:
+    """Debian's ``docker-registry`` (distribution v2.8) on a free 127.0.0.1 port.
+
+    Pushing to ``127.0.0.1:PORT/name`` needs no TLS set-up: the engine trusts loopback.
+    """
+
+    def __init__(self, storage: Path) -> None:
+        self.storage = Path(storage)
+        self.port = 0
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> LocalRegistry:
+        program = ensure_program("docker-registry", "docker-registry")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        config = self.storage / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            f"storage: {{filesystem: {{rootdirectory: {self.storage / 'data'}}}}}\n"
+            f"http: {{addr: {self.host}}}\n"
+            "log: {level: warn}\n"
+        )
+        self._log = open(self.storage / "registry.log", "wb")
+        self._process = subprocess.Popen([program, "serve", str(config)], stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2):
+                    return self
+            except (urllib.error.URLError, ConnectionError):
+                if self._process.poll() is not None:
+                    break
+                time.sleep(0.2)
+        log = (self.storage / "registry.log").read_text(errors="replace")
+        self.stop()
+        raise RuntimeError(f"docker-registry did not start on {self.host}:\n{log[-3000:]}")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(10)
+        self._process = None
+
+    def __enter__(self) -> LocalRegistry:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
