@@ -25,8 +25,8 @@ import docker
 import docker.errors
 
 from builder.cache import cache_dir
-from builder.dockerfile import render, template_source
 from builder.distribution import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
+from builder.dockerfile import render, template_source
 from builder.images import CONTENT_HASH_LABEL, BuiltImage, build_image, content_hash, find_built
 
 DEFAULT_OS_IMAGE = "python:3.11-slim-bookworm"

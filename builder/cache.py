@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def cache_dir(*parts: str) -> Path:
-    """Return (and create) ``$TRITON_BUILDER_CACHE/<parts>``, ``~/.cache/triton-builder`` by default."""
+    """Return (and create) ``$TRITON_BUILDER_CACHE/<parts>`` (``~/.cache/triton-builder``)."""
     root = os.environ.get("TRITON_BUILDER_CACHE") or Path.home() / ".cache" / "triton-builder"
     path = Path(root, *parts)
     path.mkdir(parents=True, exist_ok=True)

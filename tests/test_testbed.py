@@ -16,8 +16,12 @@ import tritonclient.grpc as grpcclient
 
 from builder.base import build_cpu_base
 from builder.images import build_image
-from tests.sample_repository import FEATURES, expected_linear, expected_scale
-from tests.sample_repository import write_sample_repository
+from tests.sample_repository import (
+    FEATURES,
+    expected_linear,
+    expected_scale,
+    write_sample_repository,
+)
 
 pytestmark = pytest.mark.slow
 
