@@ -7,6 +7,7 @@ nothing but Python and ``pip install nox``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nox
@@ -35,11 +36,18 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *SOURCES)
 
 
+def _os_image(session: nox.Session) -> str:
+    """``$TRITON_BUILDER_OS_IMAGE``, else the Debian image made here (no Docker Hub needed)."""
+    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or session.run(
+        "triton-builder", "base", "os", silent=True).strip().splitlines()[-1]
+
+
 @nox.session(python=PYTHON)
 def base(session: nox.Session) -> None:
     """Build the CPU Triton base image (seconds when nothing changed)."""
     _install(session)
-    session.run("triton-builder", "base", "cpu", *session.posargs)
+    session.run("triton-builder", "base", "cpu", "--os-image", _os_image(session),
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)
