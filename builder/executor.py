@@ -1,0 +1,173 @@
+"""Running a pipeline's DAG over many calls at once, node by node.
+
+Why one executor for everything: the in-process call ``pipe(x)`` and the served pipeline model
+(which receives a dynamic batch of requests, each holding a batch of calls) run the very same
+code; only the runner behind model operators differs (torch here, BLS in Triton). So the served
+result can differ from the reference only where the model's numerics do.
+
+Running node by node over the rows of *all* calls is what lets a model operator see every row of
+a dynamic batch at once and make one model call for them (see ``call_batch`` in
+:mod:`builder.operators`). A failure is confined to the call it happened in: that call is dropped
+from the remaining nodes and reported, the others go on. When a batched operator call fails, its
+rows are re-run one by one so that only the calls that fail on their own get the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from builder.dag import ROOT, Node, Plan
+from builder.errors import OperatorError
+
+
+class Row:
+    """One row of a stream: the call it belongs to, its parent row, the columns it holds."""
+
+    __slots__ = ("call", "parent", "values")
+
+    def __init__(self, call: int, parent: Row | None, values: dict[str, Any]) -> None:
+        self.call = call
+        self.parent = parent
+        self.values = values
+
+    def get(self, column: str) -> Any:
+        row: Row | None = self
+        while row is not None:
+            if column in row.values:
+                return row.values[column]
+            row = row.parent
+        raise KeyError(column)  # compile_plan guarantees every column read is reachable
+
+
+@dataclass
+class CallResult:
+    """The outcome of one call: ``outputs`` by column, or the ``error`` that stopped it."""
+
+    outputs: dict[str, Any] | None = None
+    error: OperatorError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def execute(plan: Plan, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
+    """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
+
+    Outputs from the root stream are single values; from other streams, lists of rows.
+    """
+    failed: dict[int, OperatorError] = {}
+    streams: dict[int, list[Row]] = {
+        ROOT: [Row(i, None, dict(zip(plan.inputs, call, strict=True))) for i, call in
+               enumerate(calls)]
+    }
+    for index in plan.order:
+        node = plan.nodes[index]
+        rows = [r for r in streams.get(plan.node_stream[index], []) if r.call not in failed]
+        produced = _run_node(node, rows, failed)
+        if node.kind != "map":
+            streams[plan.node_output_stream[index]] = produced
+
+    results = []
+    for call in range(len(calls)):
+        if call in failed:
+            results.append(CallResult(error=failed[call]))
+            continue
+        outputs = {}
+        for column in plan.outputs:
+            stream = plan.column_stream[column]
+            if stream == ROOT:
+                outputs[column] = streams[ROOT][call].get(column)
+            else:
+                outputs[column] = [r.get(column) for r in streams[stream] if r.call == call]
+        results.append(CallResult(outputs=outputs))
+    return results
+
+
+def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> list[Row]:
+    """Apply one node to its rows; return the rows of its new stream (flat_map, filter)."""
+    arguments = node.filter_columns if node.kind == "filter" else node.inputs
+    outcomes = _call(node, [tuple(r.get(c) for c in arguments) for r in rows])
+    produced: list[Row] = []
+    for row, (ok, value) in zip(rows, outcomes, strict=True):
+        if row.call in failed:  # an earlier row of the same call failed in this node
+            continue
+        if not ok:
+            failed[row.call] = _failure(node, value)
+            continue
+        try:
+            if node.kind == "map":
+                row.values.update(_unpack(node, value))
+            elif node.kind == "flat_map":
+                produced.extend(Row(row.call, row, _unpack(node, item)) for item in
+                                _iterate(node, value))
+            elif value:
+                passed = {out: row.get(col) for col, out in
+                          zip(node.inputs, node.outputs, strict=True)}
+                produced.append(Row(row.call, row, passed))
+        except OperatorError as error:
+            failed[row.call] = error
+    return [r for r in produced if r.call not in failed]
+
+
+def _call(node: Node, argument_rows: list[tuple]) -> list[tuple[bool, Any]]:
+    """Call the operator on every row: batched when it offers ``call_batch``."""
+    if not argument_rows:
+        return []
+    batch = getattr(node.op, "call_batch", None)
+    if callable(batch):
+        try:
+            results = list(batch(argument_rows))
+        except Exception as error:  # noqa: BLE001 - attributed per row below
+            if len(argument_rows) == 1:
+                return [(False, error)]
+        else:
+            if len(results) != len(argument_rows):
+                error = OperatorError(
+                    f"operator {node.label}: call_batch returned {len(results)} results "
+                    f"for {len(argument_rows)} rows"
+                )
+                return [(False, error)] * len(argument_rows)
+            return [(True, r) for r in results]
+        return [_call_one(lambda args: batch([args])[0], args) for args in argument_rows]
+    return [_call_one(lambda args: node.op(*args), args) for args in argument_rows]
+
+
+def _call_one(function, args: tuple) -> tuple[bool, Any]:
+    try:
+        return True, function(args)
+    except Exception as error:  # noqa: BLE001 - reported as this call's error
+        return False, error
+
+
+def _failure(node: Node, error: BaseException) -> OperatorError:
+    if isinstance(error, OperatorError) and str(error).startswith("operator "):
+        return error
+    failure = OperatorError(f"operator {node.label} failed: {type(error).__name__}: {error}")
+    failure.__cause__ = error
+    return failure
+
+
+def _unpack(node: Node, value: Any) -> dict[str, Any]:
+    if len(node.outputs) == 1:
+        return {node.outputs[0]: value}
+    if not isinstance(value, (tuple, list)) or len(value) != len(node.outputs):
+        got = f"{len(value)} values" if isinstance(value, (tuple, list)) else (
+            f"one {type(value).__name__}")
+        raise OperatorError(
+            f"operator {node.label} returned {got} for {len(node.outputs)} output columns "
+            f"({', '.join(node.outputs)}); return a tuple of {len(node.outputs)}"
+        )
+    return dict(zip(node.outputs, value, strict=True))
+
+
+def _iterate(node: Node, value: Any) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        raise OperatorError(
+            f"operator {node.label}: a flat_map operator returns an iterable of rows, got "
+            f"{type(value).__name__}"
+        ) from None

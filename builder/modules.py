@@ -1,0 +1,70 @@
+"""Where a Python module comes from: the Python installation, or the user's own code.
+
+Why: custom operators must deploy without patching. Code that lives in the Python installation
+(the standard library, ``site-packages``) can be imported again where the pipeline is served, as
+long as the same packages are installed there; code anywhere else (a script, a module in the
+user's home or a temporary directory, an editable checkout, this project) may be missing at serve
+time, so ``pipe.pickle`` must carry it by value.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def installation_paths() -> tuple[str, ...]:
+    """The directories holding the standard library and installed packages."""
+    paths = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            paths.add(os.path.realpath(path))
+    getsite = getattr(site, "getsitepackages", None)
+    for path in getsite() if getsite else ():
+        paths.add(os.path.realpath(path))
+    user_site = getattr(site, "getusersitepackages", lambda: None)()
+    if user_site:
+        paths.add(os.path.realpath(user_site))
+    return tuple(sorted(paths))
+
+
+def is_installed(module_name: str | None) -> bool:
+    """Whether ``module_name`` (already imported) comes from the Python installation.
+
+    Built-in and frozen modules (no ``__file__``) count as installed; ``__main__`` never does.
+    """
+    if not module_name or module_name == "__main__":
+        return False
+    module = sys.modules.get(module_name)
+    if module is None:
+        return True
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return getattr(module, "__path__", None) is None or _namespace_installed(module)
+    real = os.path.realpath(path)
+    return any(real.startswith(root + os.sep) for root in installation_paths())
+
+
+def user_modules() -> list[str]:
+    """The imported top-level modules and packages that are *not* installed: user code."""
+    names = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or name == "__main__":
+            continue
+        top = name.split(".")[0]
+        if top in names:
+            continue
+        if not is_installed(top):
+            names.add(top)
+    return sorted(names)
+
+
+def _namespace_installed(module: object) -> bool:
+    paths = [os.path.realpath(p) for p in getattr(module, "__path__", [])]
+    roots = installation_paths()
+    return all(any(p.startswith(r + os.sep) for r in roots) for p in paths)

@@ -1,0 +1,389 @@
+"""Operators: plain callables, batch-aware callables, and :class:`ModelOp` (a torch model).
+
+Any Python callable is an operator: a function, a lambda, an instance with ``__call__``. It gets
+one argument per input column and returns one value (or a tuple, one per output column).
+
+An operator may also offer ``call_batch(rows) -> results``, taking a list of argument tuples (one
+per row, across all the calls and requests the pipeline runs together) and returning one result
+per row. The executor prefers it: that is how model operators batch the rows of many requests
+into one model call, and how a loop operator (a greedy decoder) calls its model once per step for
+all rows at once. ``op(*args)`` must equal ``op.call_batch([args])[0]``.
+
+A :class:`ModelOp` wraps a ``torch.nn.Module``: ``pre`` turns the operator's arguments into the
+module's inputs (with a leading batch dimension), ``post`` turns the module's outputs (NumPy
+arrays, in process and when served alike) into the operator's result. In process the module runs
+in torch; in the served pipeline the module is its own Triton model, exported by
+:mod:`builder.export`, and the pipeline model reaches it through BLS. Which of the two runs is a
+*runner* bound to the operator, so the same ``pre``/``post`` code runs in both places.
+
+This module is captured by value into ``pipe.pickle``: torch is imported only inside the
+functions that run the module in process, so the served pipeline model does not need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from builder.errors import PipelineError
+from builder.modules import is_installed
+
+OP_CONFIG_KEYS = frozenset(
+    {"instance_count", "device_ids", "dynamic_batching", "max_batch_size", "format_priority"}
+)
+"""What ``op_config`` may set for a model operator's Triton model (see :mod:`builder.config`)."""
+
+DYNAMIC_BATCHING_KEYS = frozenset({"preferred_batch_size", "max_queue_delay_microseconds"})
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class ModelRunner(Protocol):
+    """Runs a model operator's module on prepared inputs (one tuple of arrays per row)."""
+
+    def infer(
+        self, op: ModelOp, rows: Sequence[tuple[np.ndarray, ...]]
+    ) -> list[tuple[np.ndarray, ...]]: ...
+
+
+@dataclass(frozen=True)
+class BlsTarget:
+    """The Triton model a served model operator calls through BLS, and its tensor names.
+
+    Filled in by the build from the export actually chosen (names differ per format: TorchScript
+    wants ``name__index``), and carried in ``pipe.pickle`` in place of the torch module.
+    """
+
+    model_name: str
+    format: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    max_batch_size: int
+
+
+class ModelOp:
+    """A ``torch.nn.Module`` as a pipeline operator that is served as its own Triton model.
+
+    ``example_inputs`` (a tensor or a tuple of tensors, leading dimension = batch) drive export
+    and its numerical check and fix the dtypes and dims of the model's inputs; ``dynamic_axes``
+    names further varying axes (``{"tokens": [1]}``); the batch axis always varies.
+    ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device_ids``,
+    ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
+    ``max_batch_size`` and ``format_priority``.
+
+    The module is put in eval mode: operators do inference.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        example_inputs: Any,
+        pre: Callable[..., Any] | None = None,
+        post: Callable[..., Any] | None = None,
+        name: str | None = None,
+        op_config: Mapping[str, Any] | None = None,
+        *,
+        input_names: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+        dynamic_axes: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise PipelineError(f"ModelOp needs a torch.nn.Module, got {type(module).__name__}")
+        self.name = name or _default_model_name(module)
+        if not _MODEL_NAME.match(self.name):
+            raise PipelineError(
+                f"model operator name {self.name!r} is not a valid Triton model name "
+                "(letters, digits, '_', '.', '-')"
+            )
+        self.module = module.eval()
+        examples = example_inputs if isinstance(example_inputs, (tuple, list)) else (
+            example_inputs,
+        )
+        self.example_inputs = tuple(torch.as_tensor(e) for e in examples)
+        if not self.example_inputs or any(e.dim() == 0 for e in self.example_inputs):
+            raise PipelineError(
+                f"model operator {self.name!r}: example_inputs need a leading batch dimension"
+            )
+        self.input_names = tuple(input_names or _forward_names(module, len(self.example_inputs)))
+        if len(self.input_names) != len(self.example_inputs):
+            raise PipelineError(
+                f"model operator {self.name!r}: {len(self.input_names)} input names for "
+                f"{len(self.example_inputs)} example inputs"
+            )
+        self.output_names = tuple(output_names) if output_names else None
+        self.dynamic_axes = {k: tuple(v) for k, v in (dynamic_axes or {}).items()}
+        unknown = set(self.dynamic_axes) - set(self.input_names) - set(self.output_names or ())
+        if unknown:
+            raise PipelineError(
+                f"model operator {self.name!r}: dynamic_axes names unknown tensors "
+                f"{sorted(unknown)}; inputs are {list(self.input_names)}"
+            )
+        self.input_dtypes = tuple(
+            str(e.detach().cpu().numpy().dtype) for e in self.example_inputs
+        )
+        self.input_dims = tuple(
+            tuple(-1 if axis in self.dynamic_axes.get(n, ()) else size
+                  for axis, size in enumerate(e.shape[1:], start=1))
+            for n, e in zip(self.input_names, self.example_inputs, strict=True)
+        )
+        self.pre = pre
+        self.post = post
+        self.op_config = validate_op_config(op_config or {}, self.name)
+        self.served: BlsTarget | None = None
+        self._runner: ModelRunner | None = None
+
+    def __repr__(self) -> str:
+        return f"ModelOp({self.name!r})"
+
+    # -- calling ---------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        return self.call_batch([args])[0]
+
+    def call_batch(self, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``pre`` per row, the module once for all rows the runner can batch, ``post`` per row."""
+        prepared = [self.prepare(*row) for row in rows]
+        outputs = self.runner().infer(self, prepared)
+        return [self.finish(out) for out in outputs]
+
+    def prepare(self, *args: Any) -> tuple[np.ndarray, ...]:
+        """``pre`` → the module inputs as arrays of the exported dtypes, shapes checked."""
+        value = self.pre(*args) if self.pre is not None else (args[0] if len(args) == 1 else args)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if len(values) != len(self.input_names):
+            raise PipelineError(
+                f"model operator {self.name!r}: pre returned {len(values)} inputs, the model "
+                f"takes {len(self.input_names)} ({', '.join(self.input_names)})"
+            )
+        arrays = []
+        for value, name, dtype, dims in zip(
+            values, self.input_names, self.input_dtypes, self.input_dims, strict=True
+        ):
+            array = _to_numpy(value)
+            if array.ndim != len(dims) + 1 or any(
+                d != -1 and d != s for d, s in zip(dims, array.shape[1:], strict=True)
+            ):
+                raise PipelineError(
+                    f"model operator {self.name!r}: input {name!r} has shape "
+                    f"{list(array.shape)}, the model takes [batch, "
+                    f"{', '.join(map(str, dims))}] (see example_inputs and dynamic_axes)"
+                )
+            arrays.append(np.ascontiguousarray(array, dtype=np.dtype(dtype)))
+        return tuple(arrays)
+
+    def finish(self, outputs: tuple[np.ndarray, ...]) -> Any:
+        """``post`` on the module outputs (NumPy arrays), or the outputs themselves."""
+        if self.post is not None:
+            return self.post(*outputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    # -- where the module runs -------------------------------------------------------------
+    def runner(self) -> ModelRunner:
+        if self._runner is not None:
+            return self._runner
+        if self.module is None:
+            raise PipelineError(
+                f"model operator {self.name!r} has no module and no runner: it was not bound "
+                "to its served model (was it hidden from the build's operator discovery?)"
+            )
+        return LocalRunner()
+
+    def bind(self, runner: ModelRunner | None) -> None:
+        """Route calls to ``runner`` (the served pipeline binds its BLS runner here)."""
+        self._runner = runner
+
+    def serving_state(self, served: BlsTarget) -> dict[str, Any]:
+        """What ``pipe.pickle`` keeps of this operator: everything but the module and examples."""
+        state = dict(self.__dict__)
+        state.update(module=None, example_inputs=None, served=served, _runner=None)
+        return state
+
+
+def restore_model_op(cls: type, state: dict[str, Any]) -> ModelOp:
+    """Rebuild a served :class:`ModelOp` from :meth:`ModelOp.serving_state` (unpickling)."""
+    op = cls.__new__(cls)
+    op.__dict__.update(state)
+    return op
+
+
+class LocalRunner:
+    """Runs the torch module in this process, one row at a time: the in-process reference."""
+
+    def infer(
+        self, op: ModelOp, rows: Sequence[tuple[np.ndarray, ...]]
+    ) -> list[tuple[np.ndarray, ...]]:
+        import torch
+
+        results = []
+        with torch.no_grad():
+            for row in rows:
+                outputs = op.module(*(torch.from_numpy(np.array(a)) for a in row))
+                outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+                results.append(tuple(_to_numpy(o) for o in outputs))
+        return results
+
+
+# -- op_config -------------------------------------------------------------------------------
+def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """Check ``op_config`` keys and value types; the error names the operator."""
+    config = dict(config)
+    unknown = set(config) - OP_CONFIG_KEYS
+    if unknown:
+        raise PipelineError(
+            f"operator {owner!r}: unknown op_config keys {sorted(unknown)}; "
+            f"known: {sorted(OP_CONFIG_KEYS)}"
+        )
+
+    def fail(key: str, expected: str) -> None:
+        raise PipelineError(
+            f"operator {owner!r}: op_config[{key!r}] must be {expected}, got {config[key]!r}"
+        )
+
+    for key in ("instance_count", "max_batch_size"):
+        if key in config and (not isinstance(config[key], int) or config[key] < 1):
+            fail(key, "a positive int")
+    if "device_ids" in config and (
+        not isinstance(config["device_ids"], (list, tuple))
+        or not all(isinstance(d, int) and d >= 0 for d in config["device_ids"])
+    ):
+        fail("device_ids", "a list of GPU indices")
+    if "format_priority" in config:
+        if isinstance(config["format_priority"], str) or not config["format_priority"]:
+            fail("format_priority", "a non-empty list of formats")
+        config["format_priority"] = list(config["format_priority"])
+    if "dynamic_batching" in config:
+        batching = config["dynamic_batching"]
+        if not isinstance(batching, Mapping) or set(batching) - DYNAMIC_BATCHING_KEYS:
+            fail("dynamic_batching", f"a mapping with keys {sorted(DYNAMIC_BATCHING_KEYS)}")
+        config["dynamic_batching"] = dict(batching)
+    return config
+
+
+# -- naming and discovery --------------------------------------------------------------------
+def operator_name(op: Any) -> str:
+    """A readable name for error messages: the model name, function or class name."""
+    if isinstance(op, ModelOp):
+        return op.name
+    if isinstance(op, functools.partial):
+        return operator_name(op.func)
+    name = getattr(op, "__qualname__", None)  # functions, methods, classes; not instances
+    if isinstance(name, str):
+        return "lambda" if name.endswith("<lambda>") else name
+    return type(op).__name__
+
+
+def find_model_ops(roots: Sequence[Any], max_depth: int = 8) -> list[ModelOp]:
+    """Every :class:`ModelOp` reachable from ``roots``, in discovery order.
+
+    Why: a model operator may sit inside another operator (a decoder inside a greedy-decoding
+    loop); the build must export it and the served pipeline must bind it to BLS. We follow what
+    such code can reach: attributes, closures, ``functools.partial`` arguments, bound methods,
+    containers, and the globals a function of a user's module refers to.
+    """
+    found: dict[int, ModelOp] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if depth > max_depth or id(obj) in seen or _is_leaf(obj):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, ModelOp):
+            found.setdefault(id(obj), obj)
+            for part in (obj.pre, obj.post):
+                visit(part, depth + 1)
+            return
+        for child in _children(obj):
+            visit(child, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return list(found.values())
+
+
+def _children(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, dict):
+        yield from obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from obj
+    elif isinstance(obj, functools.partial):
+        yield obj.func
+        yield from obj.args
+        yield from obj.keywords.values()
+    elif isinstance(obj, types.MethodType):
+        yield obj.__func__
+        yield obj.__self__
+    elif isinstance(obj, types.FunctionType):
+        for cell in obj.__closure__ or ():
+            try:
+                yield cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+        yield from obj.__defaults__ or ()
+        if not is_installed(obj.__module__):
+            for name in _referenced_names(obj.__code__):
+                if name in obj.__globals__:
+                    yield obj.__globals__[name]
+    elif isinstance(obj, type):
+        return
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            yield from state.values()
+        for slot in getattr(type(obj), "__slots__", ()):
+            if hasattr(obj, slot):
+                yield getattr(obj, slot)
+        call = getattr(type(obj), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            yield call
+        batch = getattr(type(obj), "call_batch", None)
+        if isinstance(batch, types.FunctionType):
+            yield batch
+
+
+def _referenced_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _referenced_names(const)
+
+
+def _is_leaf(obj: Any) -> bool:
+    if isinstance(obj, (str, bytes, bytearray, int, float, complex, bool, type(None),
+                        np.ndarray, np.generic, types.ModuleType, types.BuiltinFunctionType)):
+        return True
+    module = type(obj).__module__ or ""
+    return module.split(".")[0] in ("torch", "numpy", "onnx", "onnxruntime")
+
+
+def _default_model_name(module: Any) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", type(module).__name__)
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    return name or "model"
+
+
+def _forward_names(module: Any, count: int) -> list[str]:
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = [
+        p.name for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(names) >= count and len(set(names[:count])) == count:
+        return names[:count]
+    return [f"input_{i}" for i in range(count)]
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach") and type(value).__module__.startswith("torch"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)

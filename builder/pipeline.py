@@ -1,0 +1,294 @@
+"""The pipeline DSL, in the spirit of Towhee's, and the :class:`Pipeline` it builds.
+
+>>> p = (pipe.input('text')
+...      .map('text', ('ids', 'mask'), tokenize)
+...      .map(('ids', 'mask'), 'hidden', encoder)       # a ModelOp
+...      .map(('hidden', 'mask'), 'vec', mean_pool)
+...      .output('vec'))
+>>> p('hello world')                                    # runs in process: the reference
+
+Semantics (see :mod:`builder.dag` for the row streams):
+
+* ``map(inputs, outputs, op)`` — ``op(*inputs)`` per row; several outputs → return a tuple.
+* ``flat_map(inputs, outputs, op)`` — ``op(*inputs)`` returns an iterable; each item becomes a
+  row of a new stream (a tuple per item when there are several outputs).
+* ``filter(inputs, outputs, filter_columns, op)`` — keeps the rows where ``op(*filter_columns)``
+  is true, passing ``inputs`` on as ``outputs`` in a new stream. ``filter(inputs, outputs, op)``
+  filters on the inputs themselves.
+* ``output(*columns)`` — ``p(*inputs)`` returns the value of the only output column, or a tuple
+  of them; an output after a ``flat_map``/``filter`` is the *list* of that call's rows.
+
+Columns are names (a ``str``, or a tuple of them for several). Builders are immutable, so one
+prefix can grow several pipelines. Structure is validated by ``output()``; types by
+:meth:`Pipeline.signature`, which runs the examples given with :meth:`Pipeline.with_example`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from builder.dag import Node, Plan, compile_plan
+from builder.errors import OperatorError, PipelineError, SignatureError
+from builder.executor import CallResult, execute
+from builder.operators import ModelOp, find_model_ops
+from builder.signature import (
+    PipelineSignature,
+    TensorSpec,
+    as_spec,
+    fits,
+    infer_spec,
+    merge_specs,
+)
+
+Columns = str | Sequence[str]
+
+
+class Pipeline:
+    """A validated pipeline: callable in process, and what ``build_pipeline_model`` serves."""
+
+    def __init__(
+        self,
+        inputs: Sequence[str],
+        nodes: Sequence[Node],
+        outputs: Sequence[str],
+        *,
+        input_schema: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        examples: Sequence[tuple[Any, ...]] = (),
+    ) -> None:
+        self.plan: Plan = compile_plan(inputs, nodes, outputs)
+        self.input_schema = _schema(input_schema, self.plan.inputs, "input")
+        self.output_schema = _schema(output_schema, self.plan.outputs, "output")
+        self.examples: tuple[tuple[Any, ...], ...] = tuple(tuple(e) for e in examples)
+        for example in self.examples:
+            self._check_arity(example)
+        self._signature: PipelineSignature | None = None
+        self.model_ops()  # fails early on clashing model names
+
+    # -- what it is ------------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.plan.inputs
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.plan.outputs
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.plan.nodes
+
+    def __repr__(self) -> str:
+        steps = " -> ".join(self.nodes[i].label for i in self.plan.order)
+        return f"Pipeline({', '.join(self.inputs)} -> {steps} -> {', '.join(self.outputs)})"
+
+    def model_ops(self) -> list[ModelOp]:
+        """The model operators, including those inside other operators (a decoder in a loop)."""
+        ops = find_model_ops([node.op for node in self.nodes])
+        by_name: dict[str, ModelOp] = {}
+        for op in ops:
+            if op.name in by_name:
+                raise PipelineError(
+                    f"two different model operators are named {op.name!r}: each becomes its "
+                    "own Triton model, give them distinct names (ModelOp(..., name=...))"
+                )
+            by_name[op.name] = op
+        return ops
+
+    # -- running in process ----------------------------------------------------------------
+    def __call__(self, *values: Any) -> Any:
+        """Run one call in process and return its output value(s): the reference result."""
+        self._check_arity(values)
+        result = execute(self.plan, [values])[0]
+        if not result.ok:
+            raise result.error
+        return self._shape_result(result)
+
+    def batch(self, calls: Sequence[Sequence[Any]], *, return_exceptions: bool = False) -> list:
+        """Run several calls together (model operators batch their rows), results in order.
+
+        Each call is a tuple of input values; a one-input pipeline also takes plain values.
+        """
+        if len(self.inputs) == 1:
+            calls = [c if isinstance(c, tuple) else (c,) for c in calls]
+        calls = [tuple(c) for c in calls]
+        for values in calls:
+            self._check_arity(values)
+        results = []
+        for result in self.run(calls):
+            if result.ok:
+                results.append(self._shape_result(result))
+            elif return_exceptions:
+                results.append(result.error)
+            else:
+                raise result.error
+        return results
+
+    def run(self, calls: Sequence[tuple[Any, ...]]) -> list[CallResult]:
+        """Run calls and return each one's outputs or error (what the served model does)."""
+        return execute(self.plan, calls)
+
+    def _shape_result(self, result: CallResult) -> Any:
+        values = tuple(result.outputs[c] for c in self.outputs)
+        return values[0] if len(values) == 1 else values
+
+    def _check_arity(self, values: tuple[Any, ...]) -> None:
+        if len(values) != len(self.inputs):
+            raise PipelineError(
+                f"the pipeline takes {len(self.inputs)} inputs ({', '.join(self.inputs)}), "
+                f"got {len(values)}"
+            )
+
+    # -- types -----------------------------------------------------------------------------
+    def with_example(self, *values: Any) -> Pipeline:
+        """A copy with one more example call, used to infer and check types at build time."""
+        return Pipeline(
+            self.inputs, self.nodes, self.outputs,
+            input_schema=self.input_schema, output_schema=self.output_schema,
+            examples=(*self.examples, values),
+        )
+
+    def signature(self) -> PipelineSignature:
+        """The Triton type of every input and output: declared, else inferred from examples.
+
+        Runs every example: an operator failing on one is reported with the example.
+        """
+        if self._signature is None:
+            self._signature = self._infer_signature()
+        return self._signature
+
+    def _infer_signature(self) -> PipelineSignature:
+        if not self.examples:
+            missing = [c for c in self.inputs if c not in self.input_schema] + [
+                c for c in self.outputs if c not in self.output_schema
+            ]
+            if missing:
+                raise SignatureError(
+                    f"the types of {', '.join(repr(c) for c in missing)} are unknown: give an "
+                    "example call with pipeline.with_example(...) or declare them with "
+                    "schema={...} in input()/output()"
+                )
+        results = execute(self.plan, self.examples)
+        for number, (example, result) in enumerate(zip(self.examples, results, strict=True), 1):
+            if not result.ok:
+                error = OperatorError(f"{result.error} (on example {number}: {_short(example)})")
+                raise error from result.error.__cause__ or result.error
+        inputs = {
+            column: self._column_spec(
+                column, self.input_schema.get(column), False,
+                [example[i] for example in self.examples],
+            )
+            for i, column in enumerate(self.inputs)
+        }
+        outputs = {}
+        for column in self.outputs:
+            ragged = self.plan.is_ragged(column)
+            values = [r.outputs[column] for r in results]
+            if ragged:
+                values = [row for rows in values for row in rows]
+            outputs[column] = self._column_spec(
+                column, self.output_schema.get(column), ragged, values
+            )
+        return PipelineSignature(inputs, outputs)
+
+    def _column_spec(
+        self, column: str, declared: TensorSpec | None, ragged: bool, values: list[Any]
+    ) -> TensorSpec:
+        if declared is not None:
+            spec = replace(declared, ragged=False)
+            for value in values:
+                if not fits(spec, value):
+                    raise SignatureError(
+                        f"column {column!r} is declared {spec.describe()} but an example gives "
+                        f"{_short(value)}"
+                    )
+            return replace(spec, ragged=ragged)
+        if not values:
+            raise SignatureError(
+                f"column {column!r} has no rows in any example, so its type is unknown: add an "
+                "example that produces rows or declare it with output(..., schema={...})"
+            )
+        spec = infer_spec(values[0], column)
+        for value in values[1:]:
+            spec = merge_specs(spec, infer_spec(value, column), column)
+        return replace(spec, ragged=ragged)
+
+
+class PipeBuilder:
+    """A pipeline under construction; every step returns a new builder."""
+
+    def __init__(
+        self, inputs: tuple[str, ...], schema: Mapping[str, Any], nodes: tuple[Node, ...] = ()
+    ) -> None:
+        self._inputs = inputs
+        self._schema = dict(schema)
+        self._nodes = nodes
+
+    def _add(self, node: Node) -> PipeBuilder:
+        return PipeBuilder(self._inputs, self._schema, (*self._nodes, node))
+
+    def map(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
+            name: str | None = None) -> PipeBuilder:
+        """``outputs = op(*inputs)`` for every row."""
+        return self._add(Node("map", _columns(inputs), _columns(outputs), op, name=name))
+
+    def flat_map(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
+                 name: str | None = None) -> PipeBuilder:
+        """Each item of ``op(*inputs)`` becomes a row of a new stream."""
+        return self._add(Node("flat_map", _columns(inputs), _columns(outputs), op, name=name))
+
+    def filter(self, inputs: Columns, outputs: Columns, filter_columns: Columns | Callable,
+               op: Callable[..., Any] | None = None, *, name: str | None = None) -> PipeBuilder:
+        """Rows where ``op(*filter_columns)`` is true, with ``inputs`` renamed ``outputs``."""
+        if op is None:
+            if not callable(filter_columns):
+                raise PipelineError("filter(inputs, outputs, filter_columns, op): op is missing")
+            op, filter_columns = filter_columns, inputs
+        return self._add(Node("filter", _columns(inputs), _columns(outputs), op,
+                              filter_columns=_columns(filter_columns), name=name))
+
+    def output(self, *columns: str, schema: Mapping[str, Any] | None = None) -> Pipeline:
+        """Finish: validate the DAG and return the :class:`Pipeline`."""
+        flat = tuple(c for column in columns for c in _columns(column))
+        return Pipeline(self._inputs, self._nodes, flat, input_schema=self._schema,
+                        output_schema=schema)
+
+
+class _Pipe:
+    """The entry point, ``pipe.input(...)``, as in Towhee."""
+
+    def input(self, *columns: str, schema: Mapping[str, Any] | None = None) -> PipeBuilder:
+        """Start a pipeline with these input columns; ``schema`` declares their types."""
+        flat = tuple(c for column in columns for c in _columns(column))
+        if not flat:
+            raise PipelineError("pipe.input() needs at least one column")
+        return PipeBuilder(flat, schema or {})
+
+
+pipe = _Pipe()
+
+
+def _columns(columns: Columns) -> tuple[str, ...]:
+    if isinstance(columns, str):
+        return (columns,)
+    if isinstance(columns, Sequence) and all(isinstance(c, str) for c in columns):
+        return tuple(columns)
+    raise PipelineError(f"columns are a name or a tuple of names, got {columns!r}")
+
+
+def _schema(schema: Mapping[str, Any] | None, columns: tuple[str, ...], what: str):
+    schema = dict(schema or {})
+    unknown = set(schema) - set(columns)
+    if unknown:
+        raise PipelineError(
+            f"schema names {sorted(unknown)}, which are not pipeline {what} columns "
+            f"({', '.join(columns)})"
+        )
+    return {column: as_spec(declared, column) for column, declared in schema.items()}
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
