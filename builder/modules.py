@@ -13,12 +13,17 @@ import os
 import site
 import sys
 import sysconfig
-from functools import lru_cache
 
 
-@lru_cache(maxsize=1)
+_INSTALLATION_PATHS: list[tuple[str, ...]] = []
+"""Cache of :func:`installation_paths` (a plain list: ``lru_cache`` wrappers pickle by reference,
+and this module is captured by value into ``pipe.pickle``)."""
+
+
 def installation_paths() -> tuple[str, ...]:
     """The directories holding the standard library and installed packages."""
+    if _INSTALLATION_PATHS:
+        return _INSTALLATION_PATHS[0]
     paths = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
@@ -30,7 +35,8 @@ def installation_paths() -> tuple[str, ...]:
     user_site = getattr(site, "getusersitepackages", lambda: None)()
     if user_site:
         paths.add(os.path.realpath(user_site))
-    return tuple(sorted(paths))
+    _INSTALLATION_PATHS.append(tuple(sorted(paths)))
+    return _INSTALLATION_PATHS[0]
 
 
 def is_installed(module_name: str | None) -> bool:

@@ -1,0 +1,31 @@
+"""Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment."""
+
+from builder.errors import (
+    BuildError,
+    ExportError,
+    OperatorError,
+    PipelineError,
+    SerializationError,
+    SignatureError,
+)
+from builder.operators import ModelOp
+from builder.pipeline import Pipeline, pipe
+from builder.repository import BuildResult, build_pipeline_model
+from builder.signature import Array, List, TensorSpec
+
+__all__ = [
+    "Array",
+    "BuildError",
+    "BuildResult",
+    "ExportError",
+    "List",
+    "ModelOp",
+    "OperatorError",
+    "Pipeline",
+    "PipelineError",
+    "SerializationError",
+    "SignatureError",
+    "TensorSpec",
+    "build_pipeline_model",
+    "pipe",
+]

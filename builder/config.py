@@ -1,0 +1,112 @@
+"""Triton model configurations, built as protobuf and written as ``config.pbtxt``.
+
+Why protobuf: a ``config.pbtxt`` produced with ``tritonclient.grpc.model_config_pb2`` and
+``google.protobuf.text_format`` is valid by construction (no typos in field names, enum values
+checked) and parses back into an equal message. :class:`ModelConfigSpec` is plain data: the
+repository builder fills it from operators and options, and later features add fields or
+``parameters`` (an execution environment, ...) without touching the proto code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+CONFIG_FILE = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """A model input or output: name, Triton dtype (``TYPE_FP32``) and dims without batch."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+
+
+@dataclass
+class ModelConfigSpec:
+    """Everything we put in a model's configuration, as data.
+
+    ``dynamic_batching`` is ``None`` (off) or a mapping with ``preferred_batch_size`` and
+    ``max_queue_delay_microseconds`` (an empty mapping turns it on with Triton's defaults).
+    ``device_ids`` non-empty makes the instances ``KIND_GPU`` on those GPUs (``instance_count``
+    instances on each); otherwise they are ``KIND_CPU``.
+    """
+
+    name: str
+    inputs: Sequence[TensorConfig]
+    outputs: Sequence[TensorConfig]
+    max_batch_size: int
+    backend: str | None = None
+    platform: str | None = None
+    instance_count: int = 1
+    device_ids: Sequence[int] = ()
+    dynamic_batching: Mapping[str, Any] | None = field(default_factory=dict)
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
+    """The ``ModelConfig`` message for ``spec``."""
+    if (spec.backend is None) == (spec.platform is None):
+        raise ValueError(f"model {spec.name!r}: give exactly one of backend and platform")
+    config = mc.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size)
+    if spec.backend:
+        config.backend = spec.backend
+    else:
+        config.platform = spec.platform
+    for tensors, target in ((spec.inputs, config.input), (spec.outputs, config.output)):
+        for tensor in tensors:
+            target.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype),
+                       dims=list(tensor.dims))
+    group = config.instance_group.add(count=spec.instance_count)
+    if spec.device_ids:
+        group.kind = mc.ModelInstanceGroup.KIND_GPU
+        group.gpus.extend(spec.device_ids)
+    else:
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+    if spec.dynamic_batching is not None and spec.max_batch_size > 0:
+        batching = config.dynamic_batching
+        batching.SetInParent()
+        batching.preferred_batch_size.extend(
+            spec.dynamic_batching.get("preferred_batch_size", ())
+        )
+        delay = spec.dynamic_batching.get("max_queue_delay_microseconds")
+        if delay is not None:
+            batching.max_queue_delay_microseconds = int(delay)
+    for key, value in spec.parameters.items():
+        config.parameters[key].string_value = str(value)
+    return config
+
+
+def dumps_config(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def loads_config(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def write_config(config: mc.ModelConfig, model_directory: Path) -> Path:
+    """Write ``<model_directory>/config.pbtxt``."""
+    path = Path(model_directory) / CONFIG_FILE
+    path.write_text(dumps_config(config))
+    return path
+
+
+def read_config(model_directory: Path) -> mc.ModelConfig:
+    """Parse ``<model_directory>/config.pbtxt``."""
+    return loads_config((Path(model_directory) / CONFIG_FILE).read_text())
+
+
+def tensors(config: mc.ModelConfig, which: str) -> list[TensorConfig]:
+    """The inputs (``which="input"``) or outputs of a config, as :class:`TensorConfig`."""
+    return [
+        TensorConfig(t.name, mc.DataType.Name(t.data_type), tuple(t.dims))
+        for t in getattr(config, which)
+    ]

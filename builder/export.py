@@ -1,0 +1,396 @@
+"""Exporting a model operator's torch module to a Triton model, format by format.
+
+Formats are tried in ``format_priority`` order; a format that fails to export, or whose model
+disagrees with torch on the example inputs, falls through to the next, and every attempt is
+kept with its reason so the build can report it:
+
+* ``onnx`` — ``torch.onnx.export`` (TorchScript-based exporter) with a dynamic batch axis;
+  served by the onnxruntime backend (``platform: "onnxruntime_onnx"``).
+* ``torchscript`` — ``torch.jit.trace``; served by the PyTorch backend (``pytorch_libtorch``),
+  whose tensor names follow its ``<name>__<index>`` convention.
+* ``python`` — the module itself, pickled by value, run with torch inside the python backend by
+  :mod:`builder.runtime.torch_model`: the fallback for whatever the other formats cannot express.
+* ``tensorrt`` — a TensorRT engine built from the ONNX export, where ``tensorrt`` and a CUDA
+  device exist.
+
+The numerical check runs the exported model on the example inputs and on the examples stacked
+twice along the batch axis (which proves the batch axis really is dynamic), and compares with
+torch: floats within ``tolerance`` (absolute and relative), integers and booleans exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import pickle
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builder.config import TensorConfig
+from builder.errors import ExportError
+from builder.operators import ModelOp
+from builder.signature import triton_dtype
+
+FORMATS = ("onnx", "torchscript", "python", "tensorrt")
+TORCH_MODEL_RUNTIME = Path(__file__).parent / "runtime" / "torch_model.py"
+ONNX_OPSET = 17
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportAttempt:
+    """One format tried for one model: whether it worked and, if not, why."""
+
+    format: str
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class ExportedModel:
+    """A model exported into a Triton model version directory."""
+
+    format: str
+    inputs: list[TensorConfig]
+    outputs: list[TensorConfig]
+    backend: str | None = None
+    platform: str | None = None
+    attempts: list[ExportAttempt] = field(default_factory=list)
+
+
+class FormatFailed(Exception):
+    """This format cannot serve this module; the message says why."""
+
+
+@dataclass
+class Reference:
+    """Inputs and torch's outputs: the examples, and the examples stacked twice."""
+
+    cases: list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]]
+    output_names: tuple[str, ...]
+
+
+def check_formats(formats: Sequence[str], owner: str) -> list[str]:
+    """Validate a ``format_priority`` list; the error names the operator it is for."""
+    if isinstance(formats, str) or not formats:
+        raise ExportError(f"{owner}: format_priority must be a non-empty list of formats")
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ExportError(f"{owner}: unknown formats {unknown}; known: {list(FORMATS)}")
+    return list(formats)
+
+
+def export_model(
+    op: ModelOp,
+    version_directory: Path,
+    formats: Sequence[str],
+    tolerance: float = 1e-4,
+    max_batch_size: int = 64,
+) -> ExportedModel:
+    """Export ``op``'s module into ``version_directory`` in the first format that works.
+
+    Raises :class:`ExportError` naming the operator and every format's reason when none does.
+    """
+    formats = check_formats(formats, f"model operator {op.name!r}")
+    reference = reference_outputs(op)
+    attempts: list[ExportAttempt] = []
+    for name in formats:
+        version_directory.mkdir(parents=True, exist_ok=True)
+        try:
+            exporter = EXPORTERS[name]
+            if name == "tensorrt":
+                exporter = functools.partial(exporter, max_batch_size=max_batch_size)
+            exported = exporter(op, version_directory, reference, tolerance)
+        except FormatFailed as failure:
+            attempts.append(ExportAttempt(name, False, str(failure)))
+            log.warning("model operator %r: format %s failed: %s", op.name, name, failure)
+            _empty(version_directory)
+            continue
+        except Exception as error:  # noqa: BLE001 - an exporter crash is a failed format too
+            reason = f"{type(error).__name__}: {error}"
+            attempts.append(ExportAttempt(name, False, reason))
+            log.warning("model operator %r: format %s failed: %s", op.name, name, reason)
+            _empty(version_directory)
+            continue
+        attempts.append(ExportAttempt(name, True))
+        exported.attempts = attempts
+        return exported
+    reasons = "; ".join(f"{a.format}: {a.reason}" for a in attempts)
+    raise ExportError(
+        f"model operator {op.name!r} could not be exported in any of {formats} ({reasons}); "
+        "add a fallback format such as 'python' to format_priority"
+    )
+
+
+def reference_outputs(op: ModelOp) -> Reference:
+    """Run torch on the examples (and on them stacked twice) to get what exports must match."""
+    import torch
+
+    single = tuple(e.detach().cpu().numpy() for e in op.example_inputs)
+    double = tuple(np.concatenate([a, a]) for a in single)
+    cases = []
+    with torch.no_grad():
+        for inputs in (single, double):
+            outputs = op.module(*(torch.from_numpy(a.copy()) for a in inputs))
+            outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+            if not all(isinstance(o, torch.Tensor) for o in outputs):
+                raise ExportError(
+                    f"model operator {op.name!r}: the module must return a tensor or a tuple "
+                    f"of tensors, got {type(outputs[0]).__name__}"
+                )
+            cases.append((inputs, tuple(o.detach().cpu().numpy() for o in outputs)))
+    count = len(cases[0][1])
+    names = tuple(op.output_names or [f"output_{i}" for i in range(count)])
+    if len(names) != count:
+        raise ExportError(
+            f"model operator {op.name!r}: {len(names)} output names for {count} outputs"
+        )
+    return Reference(cases, names)
+
+
+def compare(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], names: Sequence[str],
+            tolerance: float) -> None:
+    """Raise :class:`FormatFailed` unless ``got`` matches torch's ``expected`` outputs."""
+    if len(got) != len(expected):
+        raise FormatFailed(f"{len(got)} outputs, torch gives {len(expected)}")
+    for name, want, have in zip(names, expected, got, strict=True):
+        have = np.asarray(have)
+        if have.shape != want.shape:
+            raise FormatFailed(f"output {name!r} has shape {list(have.shape)}, torch gives "
+                               f"{list(want.shape)}")
+        if want.dtype.kind in "fc":
+            if not np.allclose(have, want, rtol=tolerance, atol=tolerance, equal_nan=True):
+                worst = float(np.max(np.abs(have.astype(np.float64) - want)))
+                raise FormatFailed(
+                    f"output {name!r} differs from torch by up to {worst:.3g} "
+                    f"(tolerance {tolerance:g})"
+                )
+        elif not np.array_equal(have, want):
+            raise FormatFailed(f"output {name!r} differs from torch")
+
+
+# -- onnx ------------------------------------------------------------------------------------
+def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: float,
+                filename: str = "model.onnx") -> ExportedModel:
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    path = directory / filename
+    names = list(op.input_names) + list(reference.output_names)
+    dynamic_axes = {
+        name: {0: "batch", **{axis: f"{name}_{axis}" for axis in op.dynamic_axes.get(name, ())}}
+        for name in names
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            op.module, op.example_inputs, str(path),
+            input_names=list(op.input_names), output_names=list(reference.output_names),
+            dynamic_axes=dynamic_axes, opset_version=ONNX_OPSET, dynamo=False,
+        )
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    inputs, outputs = onnx_io(model)
+    if [t.name for t in inputs] != list(op.input_names):
+        raise FormatFailed(
+            f"the ONNX graph takes inputs {[t.name for t in inputs]}, the operator gives "
+            f"{list(op.input_names)} (torch drops inputs the model does not use)"
+        )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for feeds, expected in reference.cases:
+        got = session.run(list(reference.output_names), dict(zip(op.input_names, feeds,
+                                                                 strict=True)))
+        compare(expected, got, reference.output_names, tolerance)
+        _check_dims(outputs, got)
+    return ExportedModel("onnx", inputs, outputs, platform="onnxruntime_onnx")
+
+
+def onnx_io(model: Any) -> tuple[list[TensorConfig], list[TensorConfig]]:
+    """An ONNX graph's inputs and outputs as config tensors (batch axis dropped, -1 if named).
+
+    Raises :class:`FormatFailed` when a tensor's first axis is not dynamic: Triton batches on it.
+    """
+    import onnx
+
+    initializers = {i.name for i in model.graph.initializer}
+
+    def convert(values) -> list[TensorConfig]:
+        tensors = []
+        for value in values:
+            if value.name in initializers:
+                continue
+            kind = value.type.tensor_type
+            dtype = triton_dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type))
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in kind.shape.dim]
+            if not dims or dims[0] != -1:
+                raise FormatFailed(f"tensor {value.name!r} has no dynamic batch axis: {dims}")
+            tensors.append(TensorConfig(value.name, dtype, tuple(dims[1:])))
+        return tensors
+
+    return convert(model.graph.input), convert(model.graph.output)
+
+
+# -- torchscript -----------------------------------------------------------------------------
+def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
+                       tolerance: float) -> ExportedModel:
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(op.module, op.example_inputs, check_trace=False)
+    path = directory / "model.pt"
+    traced.save(str(path))
+    loaded = torch.jit.load(str(path))
+    outputs = _run_torch(loaded, reference, tolerance)
+    input_names = [f"{name}__{i}" for i, name in enumerate(op.input_names)]
+    output_names = [f"{name}__{i}" for i, name in enumerate(reference.output_names)]
+    return ExportedModel(
+        "torchscript",
+        _tensor_configs(input_names, reference.cases[0][0], op.input_dims),
+        _tensor_configs(output_names, outputs, _output_dims(op, reference)),
+        platform="pytorch_libtorch",
+    )
+
+
+# -- python ----------------------------------------------------------------------------------
+def export_python(op: ModelOp, directory: Path, reference: Reference,
+                  tolerance: float) -> ExportedModel:
+    from builder.serialization import dumps
+
+    payload, _ = dumps(op.module)
+    (directory / "module.pickle").write_bytes(payload)
+    shutil.copyfile(TORCH_MODEL_RUNTIME, directory / "model.py")
+    outputs = _run_torch(pickle.loads(payload), reference, tolerance)
+    return ExportedModel(
+        "python",
+        _tensor_configs(op.input_names, reference.cases[0][0], op.input_dims),
+        _tensor_configs(reference.output_names, outputs, _output_dims(op, reference)),
+        backend="python",
+    )
+
+
+# -- tensorrt --------------------------------------------------------------------------------
+def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
+                    tolerance: float, max_batch_size: int = 64) -> ExportedModel:
+    """A TensorRT engine from the ONNX export, batch profile 1..max_batch_size."""
+    try:
+        import tensorrt as trt
+    except ImportError as error:
+        raise FormatFailed(f"TensorRT is not installed ({error})") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise FormatFailed("TensorRT needs a CUDA device to build and check an engine")
+    if any(op.dynamic_axes.values()):
+        raise FormatFailed("only the batch axis may vary in a TensorRT engine built here")
+    with tempfile.TemporaryDirectory() as scratch:
+        onnx_model = export_onnx(op, Path(scratch), reference, tolerance)
+        logger = trt.Logger(trt.Logger.WARNING)
+        builder = trt.Builder(logger)
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(Path(scratch) / "model.onnx")):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise FormatFailed(f"TensorRT cannot parse the ONNX model: {errors}")
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for tensor in onnx_model.inputs:
+        dims = tuple(tensor.dims)
+        profile.set_shape(tensor.name, (1, *dims), (max(1, max_batch_size // 2), *dims),
+                          (max_batch_size, *dims))
+    config.add_optimization_profile(profile)
+    engine_bytes = builder.build_serialized_network(network, config)
+    if engine_bytes is None:
+        raise FormatFailed("TensorRT could not build an engine")
+    (directory / "model.plan").write_bytes(bytes(engine_bytes))
+    engine = trt.Runtime(logger).deserialize_cuda_engine(bytes(engine_bytes))
+    context = engine.create_execution_context()
+    for feeds, expected in reference.cases:
+        tensors = {}
+        for name, array in zip(op.input_names, feeds, strict=True):
+            tensors[name] = torch.from_numpy(array.copy()).cuda()
+            context.set_input_shape(name, array.shape)
+        for name in reference.output_names:
+            shape = tuple(context.get_tensor_shape(name))
+            dtype = trt.nptype(engine.get_tensor_dtype(name))
+            tensors[name] = torch.from_numpy(np.empty(shape, dtype=dtype)).cuda()
+        for name, tensor in tensors.items():
+            context.set_tensor_address(name, tensor.data_ptr())
+        stream = torch.cuda.Stream()
+        context.execute_async_v3(stream.cuda_stream)
+        stream.synchronize()
+        got = [tensors[n].cpu().numpy() for n in reference.output_names]
+        compare(expected, got, reference.output_names, tolerance)
+    return ExportedModel("tensorrt", onnx_model.inputs, onnx_model.outputs,
+                         platform="tensorrt_plan")
+
+
+EXPORTERS: dict[str, Callable[..., ExportedModel]] = {
+    "onnx": export_onnx,
+    "torchscript": export_torchscript,
+    "python": export_python,
+    "tensorrt": export_tensorrt,
+}
+
+
+# -- helpers shared by the torch-run formats -------------------------------------------------
+def _run_torch(module: Any, reference: Reference, tolerance: float) -> tuple[np.ndarray, ...]:
+    """Run a re-loaded module on the reference cases, compare, return the first outputs."""
+    import torch
+
+    first = None
+    with torch.no_grad():
+        for feeds, expected in reference.cases:
+            outputs = module(*(torch.from_numpy(a.copy()) for a in feeds))
+            outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+            got = [o.detach().cpu().numpy() for o in outputs]
+            compare(expected, got, reference.output_names, tolerance)
+            first = first or tuple(got)
+    return first
+
+
+def _output_dims(op: ModelOp, reference: Reference) -> list[tuple[int, ...]]:
+    dims = []
+    for i, name in enumerate(reference.output_names):
+        shape = reference.cases[0][1][i].shape[1:]
+        varying = op.dynamic_axes.get(name, ())
+        dims.append(tuple(-1 if axis in varying else size
+                          for axis, size in enumerate(shape, start=1)))
+    return dims
+
+
+def _tensor_configs(names: Sequence[str], arrays: Sequence[np.ndarray],
+                    dims: Sequence[tuple[int, ...]]) -> list[TensorConfig]:
+    return [TensorConfig(n, triton_dtype(a.dtype), tuple(d))
+            for n, a, d in zip(names, arrays, dims, strict=True)]
+
+
+def _check_dims(declared: list[TensorConfig], arrays: Sequence[np.ndarray]) -> None:
+    for tensor, array in zip(declared, arrays, strict=True):
+        shape = array.shape[1:]
+        if len(shape) != len(tensor.dims) or any(
+            d != -1 and d != s for d, s in zip(tensor.dims, shape, strict=True)
+        ):
+            raise FormatFailed(
+                f"output {tensor.name!r} has shape {list(array.shape)} but the graph declares "
+                f"[-1, {', '.join(map(str, tensor.dims))}]"
+            )
+
+
+def _empty(directory: Path) -> None:
+    """Remove what a failed format left behind, so the next one starts clean."""
+    for item in directory.iterdir():
+        if item.is_dir():
+            shutil.rmtree(item)
+        else:
+            item.unlink()

@@ -1,0 +1,260 @@
+"""``build_pipeline_model``: a pipeline → a complete Triton model repository.
+
+The repository holds one pipeline model (python backend, :mod:`builder.runtime.pipeline_model`
+with ``pipe.pickle``) and one model per model operator, exported in ``format_priority`` order.
+
+Everything that can be checked is checked before anything is written — options, the DAG, the
+types (by running the examples), whether each operator can be serialized — and each error names
+the operator and column. The repository is then written to a temporary directory beside
+``model_root`` and moved into place, so a failed build (an unexportable model, a full disk)
+leaves the previous repository untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.config import ModelConfigSpec, TensorConfig, build_config, write_config
+from builder.errors import BuildError, PipelineError
+from builder.export import ExportAttempt, check_formats, export_model
+from builder.operators import BlsTarget, ModelOp, validate_op_config
+from builder.pipeline import PipeBuilder, Pipeline
+from builder.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
+from builder.serialization import versions_record as _versions_record
+from builder.signature import PipelineSignature
+
+PIPELINE_RUNTIME = Path(__file__).parent / "runtime" / "pipeline_model.py"
+SERVERS = ("triton",)
+DEFAULT_OP_CONFIG: dict[str, Any] = {
+    "instance_count": 1,
+    "max_batch_size": 64,
+    "dynamic_batching": {},
+}
+"""Defaults for every model operator, under ``op_defaults`` and each ``op_config``."""
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuiltModel:
+    """One model of the built repository: its format and every format tried for it."""
+
+    name: str
+    format: str
+    attempts: list[ExportAttempt] = field(default_factory=list)
+
+
+@dataclass
+class BuildResult:
+    """What ``build_pipeline_model`` wrote."""
+
+    model_root: Path
+    pipeline_model: str
+    signature: PipelineSignature
+    models: list[BuiltModel]
+
+    def report(self) -> str:
+        """Human-readable summary, including why formats fell through."""
+        lines = [f"{self.model_root}: pipeline model {self.pipeline_model!r}",
+                 self.signature.describe()]
+        for model in self.models:
+            lines.append(f"model {model.name!r}: {model.format}")
+            lines.extend(f"  {a.format} failed: {a.reason}" for a in model.attempts if not a.ok)
+        return "\n".join(lines)
+
+
+def build_pipeline_model(
+    pipe: Pipeline,
+    model_root: str | os.PathLike = "models",
+    format_priority: Sequence[str] = ("onnx",),
+    parallelism: int = 1,
+    server: str = "triton",
+    *,
+    name: str = "pipeline",
+    op_defaults: Mapping[str, Any] | None = None,
+    max_batch_size: int = 64,
+    dynamic_batching: Mapping[str, Any] | None = None,
+    tolerance: float = 1e-4,
+) -> BuildResult:
+    """Write the Triton model repository serving ``pipe`` to ``model_root``.
+
+    ``parallelism`` is the pipeline model's instance count; ``format_priority`` the export
+    formats tried for model operators (an operator's ``op_config`` may override it);
+    ``op_defaults`` is an ``op_config`` applied to every model operator; ``max_batch_size`` and
+    ``dynamic_batching`` configure the pipeline model. Raises a :class:`PipelineError` subclass,
+    before anything is written, for a bad pipeline or option.
+    """
+    if server not in SERVERS:
+        raise BuildError(f"server {server!r} is not supported; supported: {list(SERVERS)}")
+    if isinstance(pipe, PipeBuilder):
+        raise BuildError("the pipeline is unfinished: end it with .output(...)")
+    if not isinstance(pipe, Pipeline):
+        raise BuildError(f"expected a Pipeline, got {type(pipe).__name__}")
+    if not isinstance(parallelism, int) or parallelism < 1:
+        raise BuildError(f"parallelism must be a positive int, got {parallelism!r}")
+    if not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise BuildError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
+    if not _MODEL_NAME.match(name):
+        raise BuildError(f"{name!r} is not a valid Triton model name")
+    check_formats(format_priority, "build_pipeline_model")
+    defaults = {**DEFAULT_OP_CONFIG, **validate_op_config(op_defaults or {}, "op_defaults")}
+    pipeline_batching = validate_op_config(
+        {"dynamic_batching": dynamic_batching or {}}, name)["dynamic_batching"]
+
+    signature = pipe.signature()
+    model_ops = pipe.model_ops()
+    plans = {op.name: _model_plan(op, defaults, format_priority) for op in model_ops}
+    if name in plans:
+        raise BuildError(
+            f"model operator {name!r} has the same name as the pipeline model; rename one"
+        )
+    placeholders = {
+        op.name: BlsTarget(op.name, "?", op.input_names, (), 1) for op in model_ops
+    }
+    for node in pipe.nodes:
+        check_serializable(node.op, node.label, placeholders)
+
+    root = Path(model_root).absolute()
+    with _staging(root) as staging:
+        built, targets = [], {}
+        for op in model_ops:
+            formats, config = plans[op.name]
+            version_dir = staging / op.name / "1"
+            exported = export_model(op, version_dir, formats, tolerance, config["max_batch_size"])
+            write_config(build_config(ModelConfigSpec(
+                name=op.name,
+                inputs=exported.inputs,
+                outputs=exported.outputs,
+                max_batch_size=config["max_batch_size"],
+                backend=exported.backend,
+                platform=exported.platform,
+                instance_count=config["instance_count"],
+                device_ids=config.get("device_ids", ()),
+                dynamic_batching=config["dynamic_batching"],
+            )), staging / op.name)
+            targets[op.name] = BlsTarget(
+                op.name, exported.format,
+                tuple(t.name for t in exported.inputs), tuple(t.name for t in exported.outputs),
+                config["max_batch_size"],
+            )
+            built.append(BuiltModel(op.name, exported.format, exported.attempts))
+        _write_pipeline_model(staging / name, pipe, signature, targets, ModelConfigSpec(
+            name=name,
+            inputs=_tensors(signature.inputs),
+            outputs=_tensors(signature.outputs),
+            max_batch_size=max_batch_size,
+            backend="python",
+            instance_count=parallelism,
+            dynamic_batching=pipeline_batching,
+        ))
+    result = BuildResult(root, name, signature, built)
+    log.info("%s", result.report())
+    return result
+
+
+def _model_plan(op: ModelOp, defaults: dict[str, Any],
+                format_priority: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    config = {**defaults, **op.op_config}
+    formats = check_formats(config.pop("format_priority", format_priority),
+                            f"model operator {op.name!r}")
+    return formats, config
+
+
+def _tensors(specs: Mapping[str, Any]) -> list[TensorConfig]:
+    return [TensorConfig(n, s.dtype, s.served_dims) for n, s in specs.items()]
+
+
+def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSignature,
+                          targets: Mapping[str, BlsTarget], spec: ModelConfigSpec) -> None:
+    version = directory / "1"
+    version.mkdir(parents=True)
+    served = copy.copy(pipe)
+    served.examples = ()  # examples may be large and are not needed to serve
+    served._signature = signature
+    payload, referenced = dumps(served, targets)
+    (version / PIPELINE_FILE).write_bytes(payload)
+    (version / VERSIONS_FILE).write_text(
+        json.dumps(_versions_record(referenced), indent=2, sort_keys=True) + "\n"
+    )
+    shutil.copyfile(PIPELINE_RUNTIME, version / "model.py")
+    write_config(build_config(spec), directory)
+
+
+class _staging:  # noqa: N801 - used as a context manager, reads like contextlib's
+    """A temporary directory beside ``root`` that replaces ``root`` only if the block succeeds.
+
+    The old repository is moved aside, the new one moved in, then the old one deleted; if the
+    second move fails the old one is moved back. Parents created for the build are removed
+    again when it fails.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.created: list[Path] = []
+        self.path: Path | None = None
+
+    def __enter__(self) -> Path:
+        missing = []
+        parent = self.root.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            directory.mkdir()
+            self.created.append(directory)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.building-",
+                                          dir=self.root.parent))
+        return self.path
+
+    def __exit__(self, kind, error, traceback) -> None:
+        assert self.path is not None
+        if kind is not None:
+            self._abandon()
+            if isinstance(error, PipelineError):
+                return
+            if isinstance(error, OSError):
+                raise BuildError(f"could not write the model repository: {error}") from error
+            return
+        try:
+            self._replace()
+        except OSError as failure:
+            self._abandon()
+            raise BuildError(f"could not move the model repository into place: {failure}") \
+                from failure
+
+    def _replace(self) -> None:
+        if self.root.is_symlink() or self.root.is_file():
+            raise BuildError(f"{self.root} exists and is not a directory")
+        old = None
+        if self.root.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.old-", dir=self.root.parent))
+            old.rmdir()
+            os.rename(self.root, old)
+        try:
+            os.rename(self.path, self.root)
+        except OSError:
+            if old is not None:
+                os.rename(old, self.root)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _abandon(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        for directory in reversed(self.created):
+            try:
+                directory.rmdir()
+            except OSError:
+                break

@@ -1,0 +1,293 @@
+"""The pipeline model: Triton's python backend running a pipeline's DAG.
+
+Copied into ``<pipeline>/1/model.py`` beside ``pipe.pickle`` (the pipeline, user code captured
+by value) and ``pipe.versions.json`` (the Python and library versions it was pickled with).
+
+``execute`` receives a dynamic batch of requests, each holding a batch of calls (one per element
+of the batch dimension). It decodes every call's typed input tensors into Python values, runs all
+calls through the DAG together — Python operators in process, model operators through BLS, one
+BLS request for the rows of all calls where their shapes agree — and answers each request with
+typed output tensors, or with an error response when one of its calls failed; the other requests
+still get their results.
+
+Everything this module needs from ``triton_python_backend_utils`` goes through
+:class:`TritonApi`, so the logic here runs, and is tested, without Triton. It imports nothing
+from ``builder``: the serving environment need not have it installed.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import platform
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton: unit tests pass a stand-in to TritonPythonModel
+    pb_utils = None
+
+PIPELINE_FILE = "pipe.pickle"
+VERSIONS_FILE = "pipe.versions.json"
+
+
+class PipelineLoadError(RuntimeError):
+    """``pipe.pickle`` cannot be loaded here (Python or library mismatch, missing package)."""
+
+
+class BlsError(RuntimeError):
+    """A model operator's BLS request failed."""
+
+
+# -- the seam to Triton ----------------------------------------------------------------------
+class TritonApi:
+    """The few things the pipeline model does with ``triton_python_backend_utils``."""
+
+    def __init__(self, pb: Any) -> None:
+        self.pb = pb
+
+    def input_array(self, request: Any, name: str) -> np.ndarray | None:
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return None if tensor is None else self.to_numpy(tensor)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A Triton tensor as a host array: ``as_numpy`` on CPU, dlpack for GPU memory."""
+        if tensor.is_cpu():
+            return tensor.as_numpy()
+        try:
+            import torch.utils.dlpack
+        except ImportError as error:
+            raise BlsError(
+                "a model returned a tensor in GPU memory and torch, needed to copy it to the "
+                f"host through dlpack, is not installed ({error})"
+            ) from None
+        return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+    def infer(self, model_name: str, inputs: dict[str, np.ndarray],
+              output_names: Sequence[str]) -> list[np.ndarray]:
+        """One BLS request; its outputs in ``output_names`` order."""
+        pb = self.pb
+        options = {}
+        if hasattr(pb, "PreferredMemory"):  # ask for host memory; dlpack covers the rest
+            options["preferred_memory"] = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0)
+        request = pb.InferenceRequest(
+            model_name=model_name,
+            requested_output_names=list(output_names),
+            inputs=[pb.Tensor(name, np.ascontiguousarray(a)) for name, a in inputs.items()],
+            **options,
+        )
+        response = request.exec()
+        if response.has_error():
+            raise BlsError(f"model {model_name!r}: {response.error().message()}")
+        arrays = []
+        for name in output_names:
+            tensor = pb.get_output_tensor_by_name(response, name)
+            if tensor is None:
+                raise BlsError(f"model {model_name!r} returned no output {name!r}")
+            arrays.append(self.to_numpy(tensor))
+        return arrays
+
+    def response(self, outputs: dict[str, np.ndarray]) -> Any:
+        return self.pb.InferenceResponse(output_tensors=[
+            self.pb.Tensor(name, np.ascontiguousarray(array)) for name, array in outputs.items()
+        ])
+
+    def error_response(self, message: str) -> Any:
+        return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
+
+    def log_warning(self, message: str) -> None:
+        logger = getattr(self.pb, "Logger", None)
+        if logger is not None:
+            logger.log_warn(message)
+        else:
+            print(message, file=sys.stderr)
+
+
+# -- model operators through BLS -------------------------------------------------------------
+class BlsRunner:
+    """Runs model operators as BLS requests, batching rows whose non-batch shapes agree."""
+
+    def __init__(self, api: TritonApi) -> None:
+        self.api = api
+
+    def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
+        target = op.served
+        results: list[Any] = [None] * len(rows)
+        groups: dict[tuple, list[int]] = {}
+        for index, row in enumerate(rows):
+            key = tuple((a.shape[1:], a.dtype.str) for a in row)
+            groups.setdefault(key, []).append(index)
+        for members in groups.values():
+            for chunk in _chunks(members, [rows[i][0].shape[0] for i in members],
+                                 target.max_batch_size, op.name):
+                merged = {
+                    name: np.concatenate([rows[i][k] for i in chunk])
+                    for k, name in enumerate(target.input_names)
+                }
+                outputs = self.api.infer(target.model_name, merged, target.output_names)
+                bounds = np.cumsum([rows[i][0].shape[0] for i in chunk])[:-1]
+                parts = [np.split(output, bounds) for output in outputs]
+                for position, index in enumerate(chunk):
+                    results[index] = tuple(p[position] for p in parts)
+        return results
+
+
+def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list[list[int]]:
+    """Consecutive rows whose batch sizes add up to at most the model's ``max_batch_size``."""
+    chunks: list[list[int]] = []
+    total = 0
+    for index, size in zip(members, sizes, strict=True):
+        if size > limit:
+            raise BlsError(
+                f"model operator {name!r}: one row has batch size {size}, more than the "
+                f"model's max_batch_size {limit}"
+            )
+        if not chunks or total + size > limit:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(index)
+        total += size
+    return chunks
+
+
+# -- loading the pipeline --------------------------------------------------------------------
+def check_versions(record: dict[str, Any]) -> list[str]:
+    """Compare the versions ``pipe.pickle`` was written with to this Python; return warnings.
+
+    Raises :class:`PipelineLoadError` for what cannot work: another Python minor version
+    (pickled code objects are version specific), or a library that is not installed.
+    """
+    built = record.get("python", "?")
+    here = platform.python_version()
+    if built.split(".")[:2] != here.split(".")[:2] or (
+        record.get("implementation", sys.implementation.name) != sys.implementation.name
+    ):
+        raise PipelineLoadError(
+            f"{PIPELINE_FILE} was written by Python {built} "
+            f"({record.get('implementation', '?')}) and this server runs Python {here} "
+            f"({sys.implementation.name}); pickled code loads only in the same Python minor "
+            "version: build the pipeline with the Python of the serving environment"
+        )
+    warnings = []
+    missing = []
+    for distribution, version in sorted(record.get("libraries", {}).items()):
+        try:
+            installed = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{distribution}=={version}")
+            continue
+        if installed != version:
+            warnings.append(
+                f"{PIPELINE_FILE} was written with {distribution} {version}; this server has "
+                f"{installed}"
+            )
+    if missing:
+        raise PipelineLoadError(
+            f"{PIPELINE_FILE} needs packages that are not installed in the serving "
+            f"environment: {', '.join(missing)} (the versions it was written with)"
+        )
+    return warnings
+
+
+def load_pipeline(directory: Path) -> tuple[Any, list[str]]:
+    """Check versions, then unpickle the pipeline in ``directory``; return it and warnings."""
+    directory = Path(directory)
+    versions = directory / VERSIONS_FILE
+    if not versions.exists():
+        raise PipelineLoadError(f"{versions} is missing: rebuild the model repository")
+    record = json.loads(versions.read_text())
+    warnings = check_versions(record)
+    try:
+        with open(directory / PIPELINE_FILE, "rb") as file:
+            pipeline = pickle.load(file)
+    except Exception as error:  # noqa: BLE001 - explain with the recorded versions
+        raise PipelineLoadError(
+            f"cannot load {directory / PIPELINE_FILE}: {type(error).__name__}: {error} "
+            f"(written by Python {record.get('python')} with {record.get('libraries')})"
+        ) from error
+    return pipeline, warnings
+
+
+# -- requests <-> calls ----------------------------------------------------------------------
+def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list[tuple]:
+    """A request's input tensors → one tuple of Python input values per call."""
+    columns = []
+    size = None
+    for name, spec in inputs.items():
+        array = api.input_array(request, name)
+        if array is None:
+            raise ValueError(f"input {name!r} is missing")
+        values = spec.decode_batch(array)
+        if size is not None and len(values) != size:
+            raise ValueError(f"input {name!r} has batch size {len(values)}, others {size}")
+        size = len(values)
+        columns.append(values)
+    return list(zip(*columns, strict=True))
+
+
+def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:
+    """Run a dynamic batch of requests through the pipeline; one response per request."""
+    signature = pipeline.signature()
+    responses: list[Any] = [None] * len(requests)
+    calls: list[tuple] = []
+    spans: list[tuple[int, int, int]] = []
+    for index, request in enumerate(requests):
+        try:
+            values = decode_request(api, request, signature.inputs)
+        except Exception as error:  # noqa: BLE001 - this request's error response
+            responses[index] = api.error_response(f"bad request: {error}")
+            continue
+        spans.append((index, len(calls), len(values)))
+        calls.extend(values)
+    results = pipeline.run(calls)
+    for index, start, count in spans:
+        own = results[start:start + count]
+        failed = next((r for r in own if not r.ok), None)
+        if failed is not None:
+            where = f" (call {own.index(failed)} of the request's batch)" if count > 1 else ""
+            responses[index] = api.error_response(f"{failed.error}{where}")
+            continue
+        try:
+            outputs = {
+                name: spec.encode_batch([r.outputs[name] for r in own])
+                for name, spec in signature.outputs.items()
+            }
+        except Exception as error:  # noqa: BLE001 - an output that does not fit its type
+            responses[index] = api.error_response(f"output does not fit its type: {error}")
+            continue
+        responses[index] = api.response(outputs)
+    return responses
+
+
+class TritonPythonModel:
+    """The python backend's entry point for the pipeline model."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.api = TritonApi(pb_utils)
+        directory = Path(args["model_repository"]) / args["model_version"]
+        self.pipeline, warnings = load_pipeline(directory)
+        for warning in warnings:
+            self.api.log_warning(warning)
+        config = json.loads(args["model_config"])
+        signature = self.pipeline.signature()
+        expected = {t["name"] for t in config["input"]}, {t["name"] for t in config["output"]}
+        if expected != (set(signature.inputs), set(signature.outputs)):
+            raise PipelineLoadError(
+                f"config.pbtxt declares inputs {sorted(expected[0])} and outputs "
+                f"{sorted(expected[1])}, {PIPELINE_FILE} has {sorted(signature.inputs)} and "
+                f"{sorted(signature.outputs)}: rebuild the model repository"
+            )
+        runner = BlsRunner(self.api)
+        for op in self.pipeline.model_ops():
+            if op.served is None:
+                raise PipelineLoadError(f"model operator {op.name!r} has no served model")
+            op.bind(runner)
+
+    def execute(self, requests: list) -> list:
+        return serve(self.pipeline, self.api, requests)

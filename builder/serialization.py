@@ -1,0 +1,148 @@
+"""Capturing a pipeline into ``pipe.pickle`` so it loads where the user's code does not exist.
+
+Why by value: a custom operator may live in a module anywhere on disk (a script, a temporary
+directory, a checkout) that the serving image does not have. Every imported module that is not
+part of the Python installation — the user's modules and this project itself — is pickled *by
+value* with cloudpickle: the image needs neither the user's source nor ``triton-builder``
+installed. Installed packages (numpy, ...) are pickled by reference and must be installed where
+the pipeline is served; their versions are recorded beside the pickle (``pipe.versions.json``) and
+checked when the served model loads (:mod:`builder.runtime.pipeline_model`).
+
+A :class:`~builder.operators.ModelOp` is pickled without its torch module and example inputs: in
+the served pipeline it only needs the :class:`~builder.operators.BlsTarget` of its exported model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import pickle
+import platform
+import sys
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import cloudpickle
+
+from builder.errors import SerializationError
+from builder.modules import installation_paths, is_installed, user_modules
+from builder.operators import BlsTarget, ModelOp, restore_model_op
+
+PIPELINE_FILE = "pipe.pickle"
+VERSIONS_FILE = "pipe.versions.json"
+
+
+class _ServingPickler(cloudpickle.Pickler):
+    """cloudpickle, with model operators reduced to their served form and imports recorded."""
+
+    def __init__(self, file: io.BytesIO, targets: Mapping[str, BlsTarget]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._targets = targets
+        self.referenced_modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, ModelOp) and obj.module is not None:
+            target = self._targets.get(obj.name)
+            if target is None:
+                raise SerializationError(
+                    f"model operator {obj.name!r} has no exported model to call"
+                )
+            return restore_model_op, (type(obj), obj.serving_state(target))
+        return super().reducer_override(obj)
+
+    def persistent_id(self, obj: Any) -> None:
+        """Never replaces anything; notes which modules the pickle will import on load."""
+        if isinstance(obj, types.ModuleType):
+            self.referenced_modules.add(obj.__name__)
+        elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            module = getattr(obj, "__module__", None)
+            if isinstance(module, str):
+                self.referenced_modules.add(module)
+        return None
+
+
+@contextlib.contextmanager
+def user_code_by_value() -> Iterator[list[str]]:
+    """Register every imported non-installed module with cloudpickle as by-value, then undo it."""
+    registered = []
+    try:
+        for name in user_modules():
+            module = sys.modules[name]
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except ValueError:  # already registered by the user
+                continue
+            registered.append(name)
+        yield registered
+    finally:
+        for name in registered:
+            with contextlib.suppress(ValueError, KeyError):
+                cloudpickle.unregister_pickle_by_value(sys.modules[name])
+
+
+def dumps(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[bytes, set[str]]:
+    """Pickle ``obj`` with user code by value; also return the modules it imports on load."""
+    buffer = io.BytesIO()
+    with user_code_by_value():
+        pickler = _ServingPickler(buffer, targets or {})
+        pickler.dump(obj)
+    return buffer.getvalue(), pickler.referenced_modules
+
+
+def check_serializable(obj: Any, what: str, targets: Mapping[str, BlsTarget] | None = None) -> None:
+    """Pickle and unpickle ``obj`` (an operator); the error names ``what`` on failure."""
+    try:
+        payload, _ = dumps(obj, targets)
+        pickle.loads(payload)
+    except Exception as error:  # noqa: BLE001 - any failure means it cannot be deployed
+        raise SerializationError(
+            f"operator {what} cannot be serialized into {PIPELINE_FILE}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+def versions_record(referenced_modules: set[str]) -> dict[str, Any]:
+    """Python and library versions the pickle needs where it is loaded.
+
+    Libraries are the distributions providing installed, non-standard-library modules the pickle
+    refers to by reference.
+    """
+    distributions = importlib.metadata.packages_distributions()
+    libraries: dict[str, str] = {}
+    modules: dict[str, str] = {}
+    stdlib = _stdlib_paths()
+    for name in sorted(referenced_modules):
+        top = name.split(".")[0]
+        if top in ("builtins", "__main__") or top in sys.builtin_module_names:
+            continue
+        if not is_installed(top) or _in_stdlib(top, stdlib):
+            continue
+        for distribution in distributions.get(top, [top]):
+            try:
+                libraries[distribution] = importlib.metadata.version(distribution)
+                modules[top] = distribution
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    libraries.setdefault("cloudpickle", cloudpickle.__version__)
+    modules.setdefault("cloudpickle", "cloudpickle")
+    return {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "libraries": libraries,
+        "modules": modules,
+    }
+
+
+def _stdlib_paths() -> tuple[str, ...]:
+    return tuple(p for p in installation_paths() if "site-packages" not in p
+                 and "dist-packages" not in p)
+
+
+def _in_stdlib(top: str, stdlib: tuple[str, ...]) -> bool:
+    module = sys.modules.get(top)
+    path = getattr(module, "__file__", None) or ""
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    return any(path.startswith(p) for p in stdlib)
