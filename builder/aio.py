@@ -1,0 +1,104 @@
+"""The asyncio clients: :class:`AsyncTritonRemoteModel` and (for pipelines) ``AsyncClient``.
+
+For services that already run an event loop (a web server fanning requests out to Triton), a
+blocking client would stall the loop or need a thread per request. These behave as
+:mod:`builder.remote_model` and :mod:`builder.client` do (same checks before sending, same
+results, same retries) over ``tritonclient.grpc.aio`` and ``tritonclient.http.aio``, and
+``batch`` keeps a bounded number of requests in flight on the loop itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from builder.aio_transport import AsyncTransport, open_async_transport
+from builder.coercion import Request, bind, prepare
+from builder.endpoint import Endpoint, parse_endpoint
+from builder.fanout import amap_bounded
+from builder.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, call_arguments, unbatch
+from builder.retry import RetryPolicy, acall_with_retry, as_policy
+from builder.served_model import ServedModel, served_model
+
+
+class AsyncTritonRemoteModel:
+    """:class:`builder.remote_model.TritonRemoteModel` for asyncio: ``await model(...)``.
+
+    >>> async with AsyncTritonRemoteModel("http://127.0.0.1:8000/linear") as linear:
+    ...     (await linear([1.0, 2.0, 3.0, 4.0]))["OUTPUT"]
+
+    Use it from one event loop. Nothing is connected until the first call.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        endpoint: str | None = None,
+        scheme: str | None = None,
+        *,
+        version: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int | RetryPolicy = 5,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self.endpoint: Endpoint = parse_endpoint(url, endpoint, scheme, version)
+        self.retry_policy = as_policy(retries)
+        self.max_in_flight = max_in_flight
+        self._transport: AsyncTransport = open_async_transport(self.endpoint, timeout,
+                                                               max_in_flight)
+        self._spec: ServedModel | None = None
+        self._lock = asyncio.Lock()
+
+    async def spec(self) -> ServedModel:
+        """The model's inputs, outputs and batching, read from the server on first use."""
+        if self._spec is None:
+            async with self._lock:
+                if self._spec is None:
+                    metadata = await acall_with_retry(self._transport.metadata, self.retry_policy)
+                    config = await acall_with_retry(self._transport.config, self.retry_policy)
+                    self._spec = served_model(metadata, config)
+        return self._spec
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run the model; see :meth:`builder.remote_model.TritonRemoteModel.__call__`."""
+        return await self.send(await self.prepare(*args, **kwargs))
+
+    async def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Like calling the model, with inputs in a mapping."""
+        return await self(**inputs)
+
+    async def prepare(self, *args: Any, **kwargs: Any) -> Request:
+        """Check and convert the inputs of one call, without sending them."""
+        spec = await self.spec()
+        return prepare(spec, bind(spec, args, kwargs))
+
+    async def send(self, request: Request) -> dict[str, np.ndarray]:
+        """Send a prepared request (retrying while the server is unavailable)."""
+        names = [output.name for output in (await self.spec()).outputs]
+        outputs = await acall_with_retry(lambda: self._transport.infer(request.tensors, names),
+                                         self.retry_policy)
+        return unbatch(outputs) if request.single else outputs
+
+    async def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
+        """One call per item, up to ``max_in_flight`` at a time; see ``TritonRemoteModel.batch``."""
+        spec = await self.spec()
+        requests = [prepare(spec, bind(spec, args, kwargs))
+                    for args, kwargs in (call_arguments(item, len(spec.inputs))
+                                         for item in items)]
+        return await amap_bounded(self.send, requests, self.max_in_flight)
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncTritonRemoteModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncTritonRemoteModel({self.endpoint.url!r})"

@@ -1,0 +1,144 @@
+"""The asyncio gRPC and HTTP transports: ``tritonclient.grpc.aio`` and ``tritonclient.http.aio``.
+
+The asyncio twins of :mod:`builder.transport`, with the same interface made of coroutines. The
+underlying clients (a ``grpc.aio`` channel, an ``aiohttp`` session) belong to the event loop
+they are created in, so they are created on first use inside the loop, not in ``__init__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from tritonclient.utils import np_to_triton_dtype
+
+from builder.endpoint import Endpoint
+from builder.transport import GRPC_MESSAGE_ARGS, GRPC_RECONNECT_ARGS, translated_errors
+
+
+class AsyncTransport(Protocol):
+    """What the asyncio client needs from a protocol."""
+
+    async def metadata(self) -> dict[str, Any]: ...
+
+    async def config(self) -> dict[str, Any]: ...
+
+    async def infer(self, tensors: Mapping[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    async def close(self) -> None: ...
+
+
+def open_async_transport(endpoint: Endpoint, timeout: float,
+                         max_connections: int) -> AsyncTransport:
+    """The asyncio transport for ``endpoint.scheme``; ``timeout`` bounds each request."""
+    if endpoint.scheme == "grpc":
+        return AsyncGrpcTransport(endpoint, timeout)
+    return AsyncHttpTransport(endpoint, timeout, max_connections)
+
+
+class AsyncGrpcTransport:
+    """One ``grpc.aio`` channel; concurrent calls are multiplexed on it."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._client: Any = None
+        self._closed = False
+
+    def _get_client(self) -> Any:
+        if self._closed:
+            raise RuntimeError(f"the client of {self._endpoint.url} is closed")
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcaio
+
+            self._client = grpcaio.InferenceServerClient(
+                self._endpoint.address, ssl=self._endpoint.ssl,
+                channel_args=GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
+        return self._client
+
+    async def metadata(self) -> dict[str, Any]:
+        with translated_errors(f"metadata of {self._endpoint.url}"):
+            return await self._get_client().get_model_metadata(
+                self._endpoint.model, self._endpoint.version, as_json=True,
+                client_timeout=self._timeout)
+
+    async def config(self) -> dict[str, Any]:
+        with translated_errors(f"config of {self._endpoint.url}"):
+            return await self._get_client().get_model_config(
+                self._endpoint.model, self._endpoint.version, as_json=True,
+                client_timeout=self._timeout)
+
+    async def infer(self, tensors: Mapping[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        import tritonclient.grpc as grpcclient
+
+        inputs = []
+        for name, array in tensors.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        with translated_errors(f"inference on {self._endpoint.url}"):
+            result = await self._get_client().infer(
+                self._endpoint.model, inputs, self._endpoint.version,
+                outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
+                client_timeout=self._timeout)
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def close(self) -> None:
+        client, self._client, self._closed = self._client, None, True
+        if client is not None:
+            await client.close()
+
+
+class AsyncHttpTransport:
+    """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float, max_connections: int) -> None:
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._max_connections = max_connections
+        self._client: Any = None
+        self._closed = False
+
+    def _get_client(self) -> Any:
+        if self._closed:
+            raise RuntimeError(f"the client of {self._endpoint.url} is closed")
+        if self._client is None:
+            import tritonclient.http.aio as httpaio
+
+            self._client = httpaio.InferenceServerClient(
+                self._endpoint.address, ssl=self._endpoint.ssl,
+                conn_limit=self._max_connections, conn_timeout=self._timeout)
+        return self._client
+
+    async def metadata(self) -> dict[str, Any]:
+        with translated_errors(f"metadata of {self._endpoint.url}"):
+            return await self._get_client().get_model_metadata(
+                self._endpoint.model, self._endpoint.version)
+
+    async def config(self) -> dict[str, Any]:
+        with translated_errors(f"config of {self._endpoint.url}"):
+            return await self._get_client().get_model_config(
+                self._endpoint.model, self._endpoint.version)
+
+    async def infer(self, tensors: Mapping[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        import tritonclient.http as httpclient
+
+        inputs = []
+        for name, array in tensors.items():
+            tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array, binary_data=True)
+            inputs.append(tensor)
+        requested = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
+        with translated_errors(f"inference on {self._endpoint.url}"):
+            result = await self._get_client().infer(
+                self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def close(self) -> None:
+        client, self._client, self._closed = self._client, None, True
+        if client is not None:
+            await client.close()

@@ -1,0 +1,64 @@
+"""The ways a call to a served model fails, told apart the same way for gRPC and HTTP.
+
+tritonclient reports failures as an ``InferenceServerException`` whose status is a gRPC code
+name or an HTTP status number, or lets socket, gevent and aiohttp exceptions through. Callers
+need three answers, whatever the protocol: retry (the server is not there), give up waiting (a
+deadline passed) or fix the request (the server refused it). :func:`classify` maps everything
+onto those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from tritonclient.utils import InferenceServerException
+
+
+class RemoteModelError(RuntimeError):
+    """The server answered with an error; ``status`` is its gRPC code or HTTP status."""
+
+    def __init__(self, message: str, status: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerUnavailableError(ConnectionError):
+    """The server could not be reached, or said it cannot serve now (gRPC UNAVAILABLE, HTTP 503,
+    connection refused or reset). The only failure that is retried."""
+
+
+class RemoteTimeoutError(TimeoutError):
+    """No answer within the client's timeout; not retried, the request may still be running."""
+
+
+_UNAVAILABLE = {"StatusCode.UNAVAILABLE", "503"}
+_TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED", "504"}
+
+
+def classify(error: BaseException, what: str) -> Exception | None:
+    """The error to raise instead of ``error``, or None when it is not a transport failure."""
+    if isinstance(error, InferenceServerException):
+        status = error.status() or ""
+        message = f"{what}: {error.message()}"
+        if status in _UNAVAILABLE:
+            return ServerUnavailableError(message)
+        if status in _TIMEOUT:
+            return RemoteTimeoutError(message)
+        return RemoteModelError(f"{message} [{status}]" if status else message, status)
+    if isinstance(error, (TimeoutError, asyncio.TimeoutError)) or _is_gevent_timeout(error):
+        return RemoteTimeoutError(f"{what}: timed out ({type(error).__name__} {error})")
+    if isinstance(error, (ConnectionError, OSError)) or _is_aiohttp_connection_error(error):
+        return ServerUnavailableError(f"{what}: {type(error).__name__}: {error}")
+    return None
+
+
+def _is_gevent_timeout(error: BaseException) -> bool:
+    # gevent is imported by tritonclient.http only; do not import it for gRPC users
+    gevent_timeout = getattr(sys.modules.get("gevent"), "Timeout", None)
+    return gevent_timeout is not None and isinstance(error, gevent_timeout)
+
+
+def _is_aiohttp_connection_error(error: BaseException) -> bool:
+    aiohttp = sys.modules.get("aiohttp")
+    return aiohttp is not None and isinstance(error, aiohttp.ClientConnectionError)

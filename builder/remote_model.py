@@ -1,0 +1,161 @@
+"""Calling a served model from Python with plain values: :class:`TritonRemoteModel`.
+
+Raw tritonclient makes every caller build ``InferInput`` objects with the right names, shapes and
+datatype strings, add the batch dimension by hand and decode bytes; mistakes come back from the
+server as errors about tensors. Here the model's metadata and config are read once from the
+server, and a call takes numpy arrays, lists, scalars, ``str`` and ``bytes``, checks them against
+the model before sending (:mod:`builder.coercion`) and returns numpy arrays by output name.
+
+Results are always a ``dict`` of output name to array, even for a one-output model: the shape
+of the result never depends on the model. The pipeline-level client, which returns what the
+in-process pipeline returns, is :class:`builder.client.Client`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from builder.coercion import Request, bind, prepare
+from builder.endpoint import Endpoint, parse_endpoint
+from builder.fanout import map_bounded
+from builder.retry import RetryPolicy, as_policy, call_with_retry
+from builder.served_model import ServedModel, served_model
+from builder.transport import Transport, open_transport
+
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_MAX_IN_FLIGHT = 8
+
+
+class TritonRemoteModel:
+    """One model on a Triton server, called like a function.
+
+    >>> with TritonRemoteModel("grpc://127.0.0.1:8001/linear") as linear:
+    ...     linear([1.0, 2.0, 3.0, 4.0])["OUTPUT"]          # one sample: shape (3,)
+    ...     linear(np.ones((5, 4), np.float32))["OUTPUT"]  # a batch: shape (5, 3)
+
+    ``url`` names the protocol, address and model (see :func:`builder.endpoint.parse_endpoint`);
+    ``endpoint`` (the model name) and ``scheme`` fill in what it leaves out. ``timeout`` bounds
+    each request in seconds; ``retries`` (a count or a :class:`RetryPolicy`) is how often a
+    request that found the server unavailable is tried again, with exponential backoff.
+
+    Nothing is connected until the first call, so a model may be created before its server is
+    up. Safe to share between threads; :meth:`batch` runs up to ``max_in_flight`` requests at
+    once on the model's own threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        endpoint: str | None = None,
+        scheme: str | None = None,
+        *,
+        version: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int | RetryPolicy = 5,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self.endpoint: Endpoint = parse_endpoint(url, endpoint, scheme, version)
+        self.retry_policy = as_policy(retries)
+        self.max_in_flight = max_in_flight
+        self._transport: Transport = open_transport(self.endpoint, timeout)
+        self._spec: ServedModel | None = None
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def spec(self) -> ServedModel:
+        """The model's inputs, outputs and batching, read from the server on first use."""
+        if self._spec is None:
+            with self._lock:
+                if self._spec is None:
+                    metadata = call_with_retry(self._transport.metadata, self.retry_policy)
+                    config = call_with_retry(self._transport.config, self.retry_policy)
+                    self._spec = served_model(metadata, config)
+        return self._spec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run the model on the inputs given in the model's input order or by name.
+
+        A value of rank ``len(dims)`` for a batching model is one sample: the batch dimension is
+        added and taken off the outputs again. Wrong names, ranks, sizes or kinds of value raise
+        :class:`builder.coercion.InputError` before anything is sent.
+        """
+        return self.send(self.prepare(*args, **kwargs))
+
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Like calling the model, with inputs in a mapping (names need not be identifiers)."""
+        return self(**inputs)
+
+    def prepare(self, *args: Any, **kwargs: Any) -> Request:
+        """Check and convert the inputs of one call, without sending them."""
+        return prepare(self.spec, bind(self.spec, args, kwargs))
+
+    def send(self, request: Request) -> dict[str, np.ndarray]:
+        """Send a prepared request (retrying while the server is unavailable)."""
+        names = [output.name for output in self.spec.outputs]
+        outputs = call_with_retry(lambda: self._transport.infer(request.tensors, names),
+                                  self.retry_policy)
+        return unbatch(outputs) if request.single else outputs
+
+    def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
+        """Call the model once per item, up to ``max_in_flight`` requests at a time.
+
+        An item is the one input's value, a mapping of input names to values, or a tuple of
+        positional values (models with several inputs). Results are in the order of ``items``.
+        All items are checked before the first is sent.
+        """
+        requests = [self.prepare(*args, **kwargs)
+                    for args, kwargs in (call_arguments(item, len(self.spec.inputs))
+                                         for item in items)]
+        return list(map_bounded(self.send, requests, self.max_in_flight, self._pool()))
+
+    def close(self) -> None:
+        """Finish the batch threads and close the connections."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._transport.close()
+
+    def __enter__(self) -> TritonRemoteModel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TritonRemoteModel({self.endpoint.url!r})"
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # Kept for the model's lifetime: each thread holds its own HTTP connection.
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_in_flight,
+                                                    thread_name_prefix="triton-client")
+            return self._executor
+
+
+def unbatch(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Take off the batch dimension the client added to a single sample."""
+    return {name: array[0] for name, array in outputs.items()}
+
+
+def call_arguments(item: Any, input_count: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """How one item of a batch becomes ``(args, kwargs)`` of one call.
+
+    With one input the item is its value (even a tuple: a vector may well be written as one);
+    otherwise a mapping gives names and a tuple gives positions.
+    """
+    if isinstance(item, Mapping):
+        return (), dict(item)
+    if input_count == 1:
+        return (item,), {}
+    if isinstance(item, tuple):
+        return item, {}
+    raise TypeError(f"with {input_count} inputs, give each batch item as a tuple or a mapping, "
+                    f"not {type(item).__name__}")

@@ -1,0 +1,88 @@
+"""Retrying calls that failed because the server was not there, with exponential backoff.
+
+A server that restarts, a pod that is rescheduled, a client started before its server: these
+fail with UNAVAILABLE for a few seconds and then work. Retrying exactly that (never a wrong
+input, a model error or a timeout, which would fail the same way again or run twice) hides the
+gap; the backoff keeps a crowd of clients from hammering a server that is coming up, and the
+jitter keeps them from coming back in lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from builder.remote_errors import ServerUnavailableError
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """``retries`` more attempts after the first, waiting ``initial_delay`` then ``multiplier``
+    times longer each time, never more than ``max_delay``; ``jitter`` is the fraction of each
+    wait drawn at random."""
+
+    retries: int = 5
+    initial_delay: float = 0.1
+    multiplier: float = 2.0
+    max_delay: float = 5.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.initial_delay < 0 or self.multiplier < 1 or self.max_delay < 0:
+            raise ValueError(f"invalid retry policy: {self}")
+
+    def delays(self) -> Iterator[float]:
+        """The waits before each retry."""
+        delay = self.initial_delay
+        for _ in range(self.retries):
+            capped = min(delay, self.max_delay)
+            yield capped * (1 - self.jitter * random.random())
+            delay *= self.multiplier
+
+
+def as_policy(retries: int | RetryPolicy) -> RetryPolicy:
+    """Accept a plain count where a policy is expected."""
+    return retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
+
+
+def call_with_retry(call: Callable[[], T], policy: RetryPolicy) -> T:
+    """Run ``call``; on :class:`ServerUnavailableError` wait and run it again, up to the policy."""
+    delays = policy.delays()
+    while True:
+        try:
+            return call()
+        except ServerUnavailableError as error:
+            delay = next(delays, None)
+            if delay is None:
+                raise _exhausted(error, policy) from error
+            log.info("%s; retrying in %.2fs", error, delay)
+            time.sleep(delay)
+
+
+async def acall_with_retry(call: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
+    """The asyncio twin of :func:`call_with_retry`: the waits do not block the event loop."""
+    delays = policy.delays()
+    while True:
+        try:
+            return await call()
+        except ServerUnavailableError as error:
+            delay = next(delays, None)
+            if delay is None:
+                raise _exhausted(error, policy) from error
+            log.info("%s; retrying in %.2fs", error, delay)
+            await asyncio.sleep(delay)
+
+
+def _exhausted(error: ServerUnavailableError, policy: RetryPolicy) -> Exception:
+    attempts = policy.retries + 1
+    return ServerUnavailableError(f"{error} (gave up after {attempts} attempt"
+                                  f"{'s' if attempts > 1 else ''})")

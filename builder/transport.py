@@ -1,0 +1,168 @@
+"""The blocking gRPC and HTTP transports: tritonclient's two clients behind one small interface.
+
+The two clients differ in ways that leak into every caller if left alone: how inputs and
+requested outputs are built, how timeouts are set, what errors look like, and threading (the
+gRPC client is thread-safe, the gevent-based HTTP client is not). A transport hides that: it
+takes and returns numpy arrays by name, raises the errors of :mod:`builder.remote_errors`, and
+may be used from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import numpy as np
+from tritonclient.utils import np_to_triton_dtype
+
+from builder.endpoint import Endpoint
+from builder.remote_errors import classify
+
+# gRPC channels back off up to 120 s between reconnection attempts by default, and every call
+# made meanwhile fails at once with UNAVAILABLE: a server that came back would stay unreachable
+# long after our retries gave up. Keep the channel's own backoff short; ours paces the retries.
+GRPC_RECONNECT_ARGS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# The limits tritonclient sets when given no channel arguments (ours replace its defaults).
+GRPC_MESSAGE_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+]
+
+
+class Transport(Protocol):
+    """What the client needs from a protocol; implemented for gRPC and HTTP."""
+
+    def metadata(self) -> dict[str, Any]: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+    def infer(self, tensors: Mapping[str, np.ndarray],
+              outputs: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def open_transport(endpoint: Endpoint, timeout: float) -> Transport:
+    """The transport for ``endpoint.scheme``; ``timeout`` bounds each request, in seconds."""
+    if endpoint.scheme == "grpc":
+        return GrpcTransport(endpoint, timeout)
+    return HttpTransport(endpoint, timeout)
+
+
+@contextmanager
+def translated_errors(what: str) -> Iterator[None]:
+    """Re-raise tritonclient's, sockets' and gevent's errors as :mod:`builder.remote_errors`."""
+    try:
+        yield
+    except BaseException as error:
+        replacement = classify(error, what)
+        if replacement is None:
+            raise
+        raise replacement from error
+
+
+class GrpcTransport:
+    """One gRPC channel shared by all threads (it multiplexes concurrent calls)."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self._grpc = grpcclient
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._client = grpcclient.InferenceServerClient(
+            endpoint.address, ssl=endpoint.ssl,
+            channel_args=GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
+
+    def metadata(self) -> dict[str, Any]:
+        with translated_errors(f"metadata of {self._endpoint.url}"):
+            return self._client.get_model_metadata(
+                self._endpoint.model, self._endpoint.version, as_json=True,
+                client_timeout=self._timeout)
+
+    def config(self) -> dict[str, Any]:
+        with translated_errors(f"config of {self._endpoint.url}"):
+            return self._client.get_model_config(
+                self._endpoint.model, self._endpoint.version, as_json=True,
+                client_timeout=self._timeout)
+
+    def infer(self, tensors: Mapping[str, np.ndarray],
+              outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        inputs = []
+        for name, array in tensors.items():
+            tensor = self._grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        with translated_errors(f"inference on {self._endpoint.url}"):
+            result = self._client.infer(
+                self._endpoint.model, inputs, self._endpoint.version,
+                outputs=[self._grpc.InferRequestedOutput(name) for name in outputs],
+                client_timeout=self._timeout)
+        return {name: result.as_numpy(name) for name in outputs}
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class HttpTransport:
+    """One HTTP client per thread: tritonclient's gevent-based client must stay in one thread.
+
+    Each client keeps its keep-alive connection; :meth:`close` closes them all.
+    """
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        import tritonclient.http as httpclient
+
+        self._http = httpclient
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _client(self) -> Any:
+        if self._closed:
+            raise RuntimeError(f"the client of {self._endpoint.url} is closed")
+        client = getattr(self._local, "client", None)
+        if client is None:
+            with self._lock:
+                client = self._http.InferenceServerClient(
+                    self._endpoint.address, ssl=self._endpoint.ssl,
+                    connection_timeout=self._timeout, network_timeout=self._timeout)
+                self._clients.append(client)
+            self._local.client = client
+        return client
+
+    def metadata(self) -> dict[str, Any]:
+        with translated_errors(f"metadata of {self._endpoint.url}"):
+            return self._client().get_model_metadata(self._endpoint.model, self._endpoint.version)
+
+    def config(self) -> dict[str, Any]:
+        with translated_errors(f"config of {self._endpoint.url}"):
+            return self._client().get_model_config(self._endpoint.model, self._endpoint.version)
+
+    def infer(self, tensors: Mapping[str, np.ndarray],
+              outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        inputs = []
+        for name, array in tensors.items():
+            tensor = self._http.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array, binary_data=True)
+            inputs.append(tensor)
+        requested = [self._http.InferRequestedOutput(name, binary_data=True) for name in outputs]
+        with translated_errors(f"inference on {self._endpoint.url}"):
+            result = self._client().infer(
+                self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
+        return {name: result.as_numpy(name) for name in outputs}
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients, self._closed = self._clients, [], True
+        for client in clients:
+            client.close()
