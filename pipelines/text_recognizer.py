@@ -1,0 +1,189 @@
+"""Example 3 — text recognition: an encoder–decoder with a greedy autoregressive loop.
+
+    image (uint8 32 x 96) ──normalize──▶ pixels ──recognizer_encoder (ONNX)──▶ memory
+    memory ──greedy_decode: recognizer_decoder (ONNX) once per step until </s>──▶ text
+
+The encoder turns the image into a sequence of feature vectors. :class:`GreedyDecoder` is a
+Python operator holding the decoder model operator: it starts every sequence with ``<s>`` and
+calls the decoder on the tokens so far, appending the most probable next token until ``</s>``
+(or ``MAX_STEPS``). It implements ``call_batch``, so when served, each step makes *one* decoder
+call (a BLS request) for the still-running sequences of every request in the dynamic batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from builder import ModelOp, pipe
+from pipelines.weights import load_weights
+
+HEIGHT, WIDTH = 32, 96
+ALPHABET = "0123456789abcdef"
+BOS, EOS = 0, 1
+VOCAB = ("<s>", "</s>", *ALPHABET)
+DIM = 32
+MAX_STEPS = 12
+EOS_BIAS = 8.0
+
+
+class Encoder(nn.Module):
+    """Two strided convolutions; each column of the feature map becomes one ``DIM`` vector."""
+
+    def __init__(self, dim: int = DIM) -> None:
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(1, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, dim, 3, stride=2, padding=1), nn.ReLU(),
+        )
+        self.project = nn.Linear(dim * HEIGHT // 4, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        features = self.convs(pixels)  # [batch, dim, height / 4, width / 4]
+        batch, channels, height, width = features.shape
+        columns = features.reshape(batch, channels * height, width).transpose(1, 2)
+        return self.norm(self.project(columns))  # [batch, width / 4, dim]
+
+
+class Decoder(nn.Module):
+    """Next-token logits from the tokens so far: causal self-attention, cross-attention."""
+
+    def __init__(self, vocab: int = len(VOCAB), dim: int = DIM, max_steps: int = MAX_STEPS):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.randn(max_steps + 1, dim))
+        self.self_query, self.self_key, self.self_value = (nn.Linear(dim, dim) for _ in range(3))
+        self.cross_query, self.cross_key, self.cross_value = (
+            nn.Linear(dim, dim) for _ in range(3))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        # Random weights stand in for training. Scaled so that positions drive where the
+        # decoder looks in the image and what it sees there drives the token: sequences then
+        # differ by image and end (EOS_BIAS) at varied lengths.
+        nn.init.normal_(self.head.weight, std=1.0)
+        nn.init.normal_(self.cross_value.weight, std=3.0)
+        nn.init.normal_(self.cross_query.weight, std=3.0)
+        with torch.no_grad():
+            self.embed.weight.mul_(0.3)
+            self.position.mul_(3.0)
+            self.head.bias[EOS] += EOS_BIAS
+
+    def forward(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        steps = tokens.shape[1]
+        x = self.embed(tokens) + self.position[:steps]
+        scale = math.sqrt(x.shape[-1])
+        scores = self.self_query(x) @ self.self_key(x).transpose(1, 2) / scale
+        future = torch.triu(torch.ones(steps, steps, dtype=torch.bool), diagonal=1)
+        scores = scores.masked_fill(future, -1e4)
+        x = x + torch.softmax(scores, dim=-1) @ self.self_value(x)
+        cross = self.cross_query(x) @ self.cross_key(memory).transpose(1, 2) / scale
+        x = x + torch.softmax(cross, dim=-1) @ self.cross_value(memory)
+        return self.head(self.norm(x[:, -1]))
+
+
+class GreedyDecoder:
+    """Greedy decoding: call the decoder until every sequence has produced ``</s>``."""
+
+    def __init__(self, decoder: ModelOp, max_steps: int = MAX_STEPS) -> None:
+        self.decoder = decoder
+        self.max_steps = max_steps
+
+    def __call__(self, memory: np.ndarray) -> str:
+        return self.call_batch([(memory,)])[0]
+
+    def call_batch(self, rows: Sequence[tuple[np.ndarray]]) -> list[str]:
+        memories = [row[0] for row in rows]
+        sequences = [[BOS] for _ in rows]
+        running = list(range(len(rows)))
+        for _ in range(self.max_steps):
+            if not running:
+                break
+            logits = self.decoder.call_batch(
+                [(np.array(sequences[i], dtype=np.int64), memories[i]) for i in running])
+            still = []
+            for i, scores in zip(running, logits, strict=True):
+                token = 1 + int(np.argmax(scores[1:]))  # never <s> again
+                if token == EOS:
+                    continue
+                sequences[i].append(token)
+                still.append(i)
+            running = still
+        return ["".join(VOCAB[t] for t in sequence[1:]) for sequence in sequences]
+
+
+def normalize(image: np.ndarray) -> np.ndarray:
+    """``uint8 H x W`` → ``float32 1 x H x W`` in [0, 1] (dark ink on light paper → ink = 1)."""
+    return (1.0 - image.astype(np.float32) / 255.0)[None]
+
+
+def decoder_inputs(tokens: np.ndarray, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return tokens[None], memory[None]
+
+
+def add_batch_axis(array: np.ndarray) -> np.ndarray:
+    return array[None]
+
+
+def first_row(batch: np.ndarray) -> np.ndarray:
+    return batch[0]
+
+
+_GLYPHS = {  # 3 x 5 bitmaps, row by row
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111",
+    "3": "111001111001111", "4": "101101111001001", "5": "111100111001111",
+    "6": "111100111101111", "7": "111001010010010", "8": "111101111101111",
+    "9": "111101111001111", "a": "010101111101101", "b": "110101110101110",
+    "c": "011100100100011", "d": "110101101101110", "e": "111100110100111",
+    "f": "111100110100100",
+}
+
+
+def render(text: str, seed: int = 0) -> np.ndarray:
+    """A text line as a ``uint8 32 x 96`` image: dark glyphs on paper, jitter and noise."""
+    rng = np.random.default_rng(seed)
+    image = np.full((HEIGHT, WIDTH), 235.0) + rng.normal(0, 8, (HEIGHT, WIDTH))
+    scale = 4
+    x = int(rng.integers(2, 8))
+    for char in text:
+        glyph = np.array([int(b) for b in _GLYPHS[char]], dtype=float).reshape(5, 3)
+        block = np.kron(glyph, np.ones((scale, scale)))
+        y = int(rng.integers(2, HEIGHT - block.shape[0] - 2))
+        if x + block.shape[1] > WIDTH:
+            break
+        image[y:y + block.shape[0], x:x + block.shape[1]] -= block * rng.uniform(150, 220)
+        x += block.shape[1] + int(rng.integers(2, 5))
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def make_pipeline():
+    encoder_module = load_weights(Encoder, "recognizer_encoder", seed=2)
+    decoder_module = load_weights(Decoder, "recognizer_decoder", seed=3)
+    example_pixels = torch.from_numpy(normalize(render("0a1b"))[None])
+    with torch.no_grad():
+        example_memory = encoder_module(example_pixels)
+    encoder = ModelOp(encoder_module, example_inputs=example_pixels, pre=add_batch_axis,
+                      post=first_row, name="recognizer_encoder")
+    decoder = ModelOp(
+        decoder_module,
+        example_inputs=(torch.tensor([[BOS, 5, 7]]), example_memory),
+        pre=decoder_inputs,
+        post=first_row,
+        name="recognizer_decoder",
+        dynamic_axes={"tokens": [1]},
+    )
+    return (
+        pipe.input("image")
+        .map("image", "pixels", normalize)
+        .map("pixels", "memory", encoder)
+        .map("memory", "text", GreedyDecoder(decoder), name="greedy_decode")
+        .output("text")
+        .with_example(render("0a1b"))
+    )
+
+
+pipeline = make_pipeline()
