@@ -102,7 +102,7 @@ def compile_plan(
     inputs, nodes, outputs = tuple(inputs), tuple(nodes), tuple(outputs)
     _check_names(inputs, nodes, outputs)
     producer = _producers(inputs, nodes)
-    for index, node in enumerate(nodes):
+    for node in nodes:
         for column in node.reads:
             if column not in producer and column not in inputs:
                 raise PipelineError(

@@ -14,7 +14,6 @@ import site
 import sys
 import sysconfig
 
-
 _INSTALLATION_PATHS: list[tuple[str, ...]] = []
 """Cache of :func:`installation_paths` (a plain list: ``lru_cache`` wrappers pickle by reference,
 and this module is captured by value into ``pipe.pickle``)."""

@@ -340,12 +340,10 @@ def _children(obj: Any) -> Iterator[Any]:
         for slot in getattr(type(obj), "__slots__", ()):
             if hasattr(obj, slot):
                 yield getattr(obj, slot)
-        call = getattr(type(obj), "__call__", None)
-        if isinstance(call, types.FunctionType):
-            yield call
-        batch = getattr(type(obj), "call_batch", None)
-        if isinstance(batch, types.FunctionType):
-            yield batch
+        for method in ("__call__", "call_batch"):  # their globals may hold model operators
+            function = getattr(type(obj), method, None)
+            if isinstance(function, types.FunctionType):
+                yield function
 
 
 def _referenced_names(code: types.CodeType) -> Iterator[str]:

@@ -45,7 +45,7 @@ TRITON_TO_NUMPY: dict[str, Any] = {
 _NUMPY_TO_TRITON = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.items()}
 
 KINDS = ("scalar", "list", "tuple", "array", "tensor")
-"""How a value looks in Python: a scalar, a list or tuple of scalars, a NumPy array, a torch tensor."""
+"""How a value looks in Python: a scalar, a list or tuple of scalars, an array, a torch tensor."""
 
 PYTYPES = ("str", "bytes", "int", "float", "bool", "numpy")
 """The element type: Python ``str``/``bytes``/``int``/``float``/``bool``, or a NumPy dtype."""
@@ -56,7 +56,7 @@ _PYTHON_SCALARS = {"bool": ("TYPE_BOOL", bool), "int": ("TYPE_INT64", int),
 
 
 def triton_dtype(dtype: Any) -> str:
-    """The Triton type name for a NumPy dtype (``float32`` → ``TYPE_FP32``; text → ``TYPE_STRING``)."""
+    """The Triton type of a NumPy dtype (``float32`` → ``TYPE_FP32``, text → ``TYPE_STRING``)."""
     dtype = np.dtype(dtype)
     if dtype.kind in "USO":
         return "TYPE_STRING"
@@ -115,7 +115,7 @@ class TensorSpec:
         return self.dims or (1,)
 
     def describe(self) -> str:
-        """A short human-readable type, for error messages (``list[str] [3]``, ``TYPE_FP32 [8]``)."""
+        """A short readable type for messages: ``list[str] [3]``, ``ndarray TYPE_FP32 [8]``."""
         what = {
             "scalar": self.pytype if self.pytype != "numpy" else f"numpy {self.dtype}",
             "list": f"list[{self.pytype}]",
@@ -142,8 +142,8 @@ class TensorSpec:
                 raise SignatureError(f"expected {self.describe()}, got {type(value).__name__}")
             for element in value:
                 _check_pytype(element, self.pytype, self)
-            array = np.empty(len(value), dtype=dtype) if dtype == object else None
-            if array is not None:
+            if self.dtype == "TYPE_STRING":
+                array = np.empty(len(value), dtype=object)
                 array[:] = [_to_wire(v, self.pytype) for v in value]
             else:
                 array = np.asarray(list(value), dtype=dtype)
