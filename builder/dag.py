@@ -139,7 +139,7 @@ def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tupl
         raise PipelineError("a pipeline needs at least one output column")
     for what, columns in (("input", inputs), ("output", outputs)):
         for column in columns:
-            _check_column(column, f"pipeline {what}")
+            check_column(column, f"pipeline {what}")
         seen = set()
         for column in columns:
             if column in seen:
@@ -153,7 +153,7 @@ def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tupl
                 f"operator {node.label} is not callable ({type(node.op).__name__})"
             )
         for column in node.reads + node.outputs:
-            _check_column(column, f"operator {node.label}")
+            check_column(column, f"operator {node.label}")
         if not node.outputs:
             raise PipelineError(f"operator {node.label} produces no column")
         if len(set(node.outputs)) != len(node.outputs):
@@ -171,7 +171,8 @@ def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tupl
                 raise PipelineError(f"operator {node.label}: a filter needs filter columns")
 
 
-def _check_column(column: Any, where: str) -> None:
+def check_column(column: Any, where: str) -> None:
+    """Column names are Triton tensor names: keep them simple."""
     if not isinstance(column, str) or not _COLUMN.match(column):
         raise PipelineError(
             f"{where}: invalid column name {column!r} (a letter or '_' first, then letters, "

@@ -115,7 +115,7 @@ def export_model(
             _empty(version_directory)
             continue
         except Exception as error:  # noqa: BLE001 - an exporter crash is a failed format too
-            reason = f"{type(error).__name__}: {error}"
+            reason = _first_line(f"{type(error).__name__}: {error}")
             attempts.append(ExportAttempt(name, False, reason))
             log.warning("model operator %r: format %s failed: %s", op.name, name, reason)
             _empty(version_directory)
@@ -247,9 +247,9 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(op.module, op.example_inputs, check_trace=False)
-    path = directory / "model.pt"
-    traced.save(str(path))
-    loaded = torch.jit.load(str(path))
+        path = directory / "model.pt"
+        traced.save(str(path))
+        loaded = torch.jit.load(str(path))
     outputs = _run_torch(loaded, reference, tolerance)
     input_names = [f"{name}__{i}" for i, name in enumerate(op.input_names)]
     output_names = [f"{name}__{i}" for i, name in enumerate(reference.output_names)]
@@ -385,6 +385,12 @@ def _check_dims(declared: list[TensorConfig], arrays: Sequence[np.ndarray]) -> N
                 f"output {tensor.name!r} has shape {list(array.shape)} but the graph declares "
                 f"[-1, {', '.join(map(str, tensor.dims))}]"
             )
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    """Exporters put whole graphs in their messages; the first line says what went wrong."""
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _empty(directory: Path) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from builder.dag import Node, Plan, compile_plan
+from builder.dag import Node, Plan, check_column, compile_plan
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.executor import CallResult, execute
 from builder.operators import ModelOp, find_model_ops
@@ -264,6 +264,10 @@ class _Pipe:
         flat = tuple(c for column in columns for c in _columns(column))
         if not flat:
             raise PipelineError("pipe.input() needs at least one column")
+        for column in flat:
+            check_column(column, "pipeline input")
+            if flat.count(column) > 1:
+                raise PipelineError(f"duplicate pipeline input column {column!r}")
         return PipeBuilder(flat, schema or {})
 
 

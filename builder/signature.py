@@ -343,6 +343,8 @@ def _scalar_type(declared: Any) -> tuple[str, str]:
     if declared in (str, bytes, int, float, bool):
         pytype = declared.__name__
         return pytype, _PYTHON_SCALARS[pytype][0]
+    if isinstance(declared, type) and not issubclass(declared, np.generic):
+        raise SignatureError(f"cannot use {declared.__name__} as a column type")
     try:
         dtype = np.dtype(declared)
     except TypeError:
