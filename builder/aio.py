@@ -10,18 +10,24 @@ results, same retries) over ``tritonclient.grpc.aio`` and ``tritonclient.http.ai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from builder.aio_transport import AsyncTransport, open_async_transport
+from builder.client import batch_calls
 from builder.coercion import Request, bind, prepare
 from builder.endpoint import Endpoint, parse_endpoint
 from builder.fanout import amap_bounded
+from builder.pipeline_codec import PipelineCodec, read_signature
+from builder.remote_errors import RemoteModelError
 from builder.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, call_arguments, unbatch
 from builder.retry import RetryPolicy, acall_with_retry, as_policy
 from builder.served_model import ServedModel, served_model
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class AsyncTritonRemoteModel:
@@ -88,7 +94,11 @@ class AsyncTritonRemoteModel:
         requests = [prepare(spec, bind(spec, args, kwargs))
                     for args, kwargs in (call_arguments(item, len(spec.inputs))
                                          for item in items)]
-        return await amap_bounded(self.send, requests, self.max_in_flight)
+        return await self.fan_out(self.send, requests)
+
+    async def fan_out(self, call: Callable[[T], Awaitable[R]], items: Iterable[T]) -> list[R]:
+        """``await call(item)`` for each item, ``max_in_flight`` at a time, results in order."""
+        return await amap_bounded(call, items, self.max_in_flight)
 
     async def close(self) -> None:
         """Close the connections."""
@@ -102,3 +112,73 @@ class AsyncTritonRemoteModel:
 
     def __repr__(self) -> str:
         return f"AsyncTritonRemoteModel({self.endpoint.url!r})"
+
+
+class AsyncClient:
+    """:class:`builder.client.Client` for asyncio: ``await client(*values)`` returns what
+    ``pipe(*values)`` returns.
+
+    >>> async with AsyncClient("grpc://127.0.0.1:8001/text_embedding") as embed:
+    ...     vec = await embed("hello world")
+    """
+
+    def __init__(
+        self,
+        url: str,
+        endpoint: str | None = None,
+        scheme: str | None = None,
+        *,
+        version: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int | RetryPolicy = 5,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self.model = AsyncTritonRemoteModel(url, endpoint, scheme, version=version,
+                                            timeout=timeout, retries=retries,
+                                            max_in_flight=max_in_flight)
+        self._codec: PipelineCodec | None = None
+
+    async def codec(self) -> PipelineCodec:
+        """The pipeline's signature, read from the served model on first use."""
+        if self._codec is None:
+            spec = await self.model.spec()
+            self._codec = PipelineCodec(spec.name, read_signature(spec))
+        return self._codec
+
+    async def __call__(self, *values: Any) -> Any:
+        """One pipeline call; see :meth:`builder.client.Client.__call__`."""
+        return await self._send((await self.codec()).encode(values))
+
+    async def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
+        """Many calls, ``max_in_flight`` at a time; see :meth:`builder.client.Client.batch`."""
+        codec = await self.codec()
+        requests = [codec.encode(values)
+                    for values in batch_calls(calls, len(codec.signature.inputs))]
+
+        async def send(tensors: dict) -> Any:
+            try:
+                return await self._send(tensors)
+            except RemoteModelError as error:
+                if return_exceptions:
+                    return error
+                raise
+
+        return await self.model.fan_out(send, requests)
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self.model.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.model.endpoint.url!r})"
+
+    async def _send(self, tensors: dict) -> Any:
+        spec = await self.model.spec()
+        codec = await self.codec()
+        return codec.decode(await self.model.send(prepare(spec, tensors)))

@@ -14,9 +14,9 @@ in-process pipeline returns, is :class:`builder.client.Client`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from builder.fanout import map_bounded
 from builder.retry import RetryPolicy, as_policy, call_with_retry
 from builder.served_model import ServedModel, served_model
 from builder.transport import Transport, open_transport
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_IN_FLIGHT = 8
@@ -112,7 +115,11 @@ class TritonRemoteModel:
         requests = [self.prepare(*args, **kwargs)
                     for args, kwargs in (call_arguments(item, len(self.spec.inputs))
                                          for item in items)]
-        return list(map_bounded(self.send, requests, self.max_in_flight, self._pool()))
+        return self.fan_out(self.send, requests)
+
+    def fan_out(self, call: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """``call(item)`` for each item on the model's threads, ``max_in_flight`` at a time."""
+        return list(map_bounded(call, items, self.max_in_flight, self._pool()))
 
     def close(self) -> None:
         """Finish the batch threads and close the connections."""

@@ -1,0 +1,121 @@
+"""Calling a served pipeline exactly like the in-process one: :class:`Client`.
+
+``Client(url)(*values)`` takes the values ``pipe(*values)`` takes and returns what it returns —
+the one output's value, or a tuple of them; ``str`` as ``str``, lists as lists, floats as
+floats — by reading the pipeline's signature from the served model (see
+:mod:`builder.pipeline_codec`). Swapping ``pipe`` for ``Client(url)`` changes where the pipeline
+runs, not what the caller sees.
+
+For any Triton model, pipeline or not, :class:`TritonRemoteModel` (re-exported here) takes and
+returns arrays by tensor name.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from builder.coercion import prepare
+from builder.pipeline_codec import PipelineCodec, read_signature
+from builder.remote_errors import RemoteModelError
+from builder.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, TritonRemoteModel
+from builder.retry import RetryPolicy
+
+__all__ = ["Client", "TritonRemoteModel", "batch_calls"]
+
+
+class Client:
+    """A pipeline served by Triton, called like the pipeline.
+
+    >>> with Client("grpc://127.0.0.1:8001/text_embedding") as embed:
+    ...     vec = embed("hello world")               # == pipeline("hello world")
+    ...     vecs = embed.batch(["a", "b", "c"])      # == pipeline.batch([...])
+
+    Arguments as for :class:`TritonRemoteModel`. Nothing is connected until the first call.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        endpoint: str | None = None,
+        scheme: str | None = None,
+        *,
+        version: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int | RetryPolicy = 5,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self.model = TritonRemoteModel(url, endpoint, scheme, version=version, timeout=timeout,
+                                       retries=retries, max_in_flight=max_in_flight)
+        self._codec: PipelineCodec | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def codec(self) -> PipelineCodec:
+        """The pipeline's signature, read from the served model on first use."""
+        if self._codec is None:
+            spec = self.model.spec
+            with self._lock:
+                self._codec = PipelineCodec(spec.name, read_signature(spec))
+        return self._codec
+
+    def __call__(self, *values: Any) -> Any:
+        """Run one pipeline call on the server; returns what ``pipe(*values)`` returns.
+
+        Values that do not fit the pipeline's inputs raise
+        :class:`builder.coercion.InputError` before anything is sent; a call the pipeline
+        fails on raises :class:`builder.remote_errors.RemoteModelError` with its message.
+        """
+        return self._send(self.codec.encode(values))
+
+    def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
+        """Run many calls, up to ``max_in_flight`` requests at once; results in order.
+
+        As ``Pipeline.batch``: each call is a tuple of input values, a one-input pipeline also
+        takes plain values. Every call is checked before the first is sent. With
+        ``return_exceptions`` a call the server failed gives its error in place of a result.
+        """
+        codec = self.codec
+        requests = [codec.encode(values)
+                    for values in batch_calls(calls, len(codec.signature.inputs))]
+
+        def send(tensors: dict) -> Any:
+            try:
+                return self._send(tensors)
+            except RemoteModelError as error:
+                if return_exceptions:
+                    return error
+                raise
+
+        return self.model.fan_out(send, requests)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.model.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.model.endpoint.url!r})"
+
+    def _send(self, tensors: dict) -> Any:
+        # prepare() checks the encoded tensors against the served config once more
+        return self.codec.decode(self.model.send(prepare(self.model.spec, tensors)))
+
+
+def batch_calls(calls: Iterable[Any], input_count: int) -> list[tuple[Any, ...]]:
+    """Each call of a batch as a tuple of input values (plain values for one input)."""
+    if input_count == 1:
+        return [call if isinstance(call, tuple) else (call,) for call in calls]
+    result = []
+    for call in calls:
+        if not isinstance(call, Sequence) or isinstance(call, (str, bytes)):
+            raise TypeError(f"the pipeline takes {input_count} inputs: give each call as a "
+                            f"tuple of values, not {type(call).__name__}")
+        result.append(tuple(call))
+    return result
