@@ -1,0 +1,140 @@
+"""A STAND-IN for ``triton_python_backend_utils``, for unit tests of the runtimes only.
+
+It is not Triton: it implements just the calls :mod:`builder.runtime.pipeline_model` and
+:mod:`builder.runtime.torch_model` make (tensors, requests, responses, BLS, the logger), with
+Triton's observable behaviour where it matters to them — ``as_numpy`` refuses a tensor in "GPU"
+memory, which must go through dlpack; a BLS response carries an error instead of raising. BLS
+requests run the models of the repository under test in process (the exported ONNX files
+through onnxruntime), so a unit test checks the runtime against the models it really calls.
+The end-to-end tests run the real server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch.utils.dlpack
+
+TRITONSERVER_MEMORY_CPU = 0
+
+
+class TritonError:
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def message(self) -> str:
+        return self._message
+
+
+class Tensor:
+    """A named tensor; ``on_gpu`` simulates device memory (only dlpack can read it)."""
+
+    def __init__(self, name: str, array: np.ndarray, on_gpu: bool = False) -> None:
+        self._name = name
+        self._array = np.asarray(array)
+        self._on_gpu = on_gpu
+
+    def name(self) -> str:
+        return self._name
+
+    def is_cpu(self) -> bool:
+        return not self._on_gpu
+
+    def as_numpy(self) -> np.ndarray:
+        if self._on_gpu:
+            raise RuntimeError("Tensor is stored in GPU and cannot be converted to NumPy.")
+        return self._array
+
+    def to_dlpack(self) -> Any:
+        return torch.utils.dlpack.to_dlpack(torch.from_numpy(np.array(self._array)))
+
+    @classmethod
+    def from_dlpack(cls, name: str, capsule: Any) -> Tensor:
+        return cls(name, torch.utils.dlpack.from_dlpack(capsule).cpu().numpy())
+
+
+class InferenceResponse:
+    """As in Triton: built with ``error=``, read with ``has_error()`` and ``error()``."""
+
+    def __init__(self, output_tensors: list[Tensor] | None = None,
+                 error: TritonError | None = None) -> None:
+        self.output_tensors = list(output_tensors or [])
+        self._error = error
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+@dataclass
+class Request:
+    """What Triton hands ``execute``: named input tensors."""
+
+    inputs: dict[str, np.ndarray]
+
+
+def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
+    return Tensor(name, request.inputs[name]) if name in request.inputs else None
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors if t.name() == name), None)
+
+
+class PreferredMemory:
+    def __init__(self, kind: int, device: int) -> None:
+        self.kind, self.device = kind, device
+
+
+class Logger:
+    messages: list[str] = []
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.messages.append(message)
+
+
+@dataclass
+class BlsCall:
+    model_name: str
+    batch_size: int
+
+
+class Models:
+    """The models BLS requests reach: name → function(inputs) → outputs; records every call."""
+
+    registry: dict[str, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] = {}
+    calls: list[BlsCall] = []
+    outputs_on_gpu = False
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.registry, cls.calls, cls.outputs_on_gpu = {}, [], False
+
+
+class InferenceRequest:
+    def __init__(self, model_name: str, requested_output_names: list[str], inputs: list[Tensor],
+                 preferred_memory: PreferredMemory | None = None) -> None:
+        self.model_name = model_name
+        self.requested_output_names = requested_output_names
+        self.inputs = {t.name(): t.as_numpy() for t in inputs}
+
+    def exec(self) -> InferenceResponse:
+        Models.calls.append(BlsCall(self.model_name, len(next(iter(self.inputs.values())))))
+        model = Models.registry.get(self.model_name)
+        if model is None:
+            return InferenceResponse(error=TritonError(
+                f"Request for unknown model: '{self.model_name}' is not found"))
+        try:
+            outputs = model(self.inputs)
+        except Exception as error:  # noqa: BLE001 - Triton reports model errors this way
+            return InferenceResponse(error=TritonError(str(error)))
+        return InferenceResponse(output_tensors=[
+            Tensor(name, outputs[name], on_gpu=Models.outputs_on_gpu)
+            for name in self.requested_output_names
+        ])

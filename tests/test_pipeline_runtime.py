@@ -1,0 +1,186 @@
+"""The served pipeline model's runtime, run without Triton against a stand-in ``pb_utils``.
+
+The repository is really built, and BLS requests really run its exported ONNX models (through
+onnxruntime); only Triton's plumbing is the stand-in of :mod:`tests.pb_utils_standin`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import json_format
+
+from builder import build_pipeline_model, pipe
+from builder.config import read_config
+from builder.runtime import pipeline_model, torch_model
+from builder.runtime.pipeline_model import PipelineLoadError
+from tests import pb_utils_standin as pb
+from tests.tiny_models import affine_op
+
+
+def _refuse_13(v):
+    if v[0] == 13:
+        raise ValueError("13 is unlucky")
+    return v
+
+
+def _label(y):
+    return "pos" if float(y.sum()) > 0 else "neg"
+
+
+def _make_pipeline(op_config=None):
+    op = affine_op(op_config=op_config or {})
+    return (pipe.input("v")
+            .map("v", "checked", _refuse_13)
+            .map("checked", "y", op)
+            .map("y", "label", _label)
+            .flat_map("v", "part", lambda v: [float(x) for x in v if x > 0])
+            .output("y", "label", "part")
+            .with_example([1.0, 2.0, 3.0, 4.0]))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runtime") / "models"
+    pipeline = _make_pipeline({"max_batch_size": 3})
+    build_pipeline_model(pipeline, root)
+    return pipeline, root
+
+
+@pytest.fixture
+def served(built, monkeypatch):
+    """The pipeline model initialised as Triton would, BLS wired to the exported ONNX model."""
+    pipeline, root = built
+    pb.Models.reset()
+    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
+    pb.Models.registry["affine"] = lambda inputs: dict(
+        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    model = pipeline_model.TritonPythonModel()
+    model.initialize(_args(root / "pipeline"))
+    return pipeline, model
+
+
+def _args(model_dir) -> dict:
+    """What Triton passes ``initialize``: paths, the config as JSON, the instance kind."""
+    config = read_config(model_dir)
+    return {
+        "model_repository": str(model_dir), "model_version": "1",
+        "model_config": json.dumps(json_format.MessageToDict(config)),
+        "model_instance_kind": "CPU", "model_instance_device_id": "0",
+    }
+
+
+def _request(*vectors) -> pb.Request:
+    return pb.Request({"v": np.array(vectors, dtype=np.float64)})
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    assert not response.has_error(), response.error().message()
+    return {t.name(): t.as_numpy() for t in response.output_tensors}
+
+
+def _assert_matches(pipeline, vectors, outputs):
+    for i, vector in enumerate(vectors):
+        y, label, part = pipeline(vector)
+        np.testing.assert_allclose(outputs["y"][i], y, atol=1e-5)
+        assert outputs["label"][i, 0] == label.encode()
+        assert outputs["part"][i].tolist() == part
+
+
+def test_requests_of_a_dynamic_batch_share_one_bls_call_per_model(served):
+    pipeline, model = served
+    requests = [_request([1, 2, 3, 4]), _request([-1, 2, -3, 4], [0.5, -1, -1, 1]),
+                _request([4, 3, 2, 1])]
+    responses = model.execute(requests)
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(responses[0]))
+    _assert_matches(pipeline, [[-1, 2, -3, 4], [0.5, -1, -1, 1]], _outputs(responses[1]))
+    _assert_matches(pipeline, [[4, 3, 2, 1]], _outputs(responses[2]))
+    # 4 rows, the model's max_batch_size is 3: two BLS calls instead of four
+    assert [(c.model_name, c.batch_size) for c in pb.Models.calls] == [("affine", 3),
+                                                                       ("affine", 1)]
+
+
+def test_a_failing_call_fails_only_its_own_request(served):
+    pipeline, model = served
+    responses = model.execute([_request([1, 2, 3, 4]), _request([13, 0, 0, 0]),
+                               _request([2, 2, 2, 2])])
+    assert not responses[0].has_error() and not responses[2].has_error()
+    message = responses[1].error().message()
+    assert message == ("operator '_refuse_13' (map v -> checked) failed: ValueError: "
+                       "13 is unlucky")
+    _assert_matches(pipeline, [[2, 2, 2, 2]], _outputs(responses[2]))
+
+
+def test_a_failing_call_in_a_request_batch_is_located(served):
+    _, model = served
+    (response,) = model.execute([_request([1, 2, 3, 4], [13, 1, 1, 1])])
+    assert response.error().message().endswith("(call 1 of the request's batch)")
+
+
+def test_a_bad_request_gets_an_error_response(served):
+    _, model = served
+    responses = model.execute([pb.Request({}), _request([1, 2, 3, 4])])
+    assert responses[0].error().message() == "bad request: input 'v' is missing"
+    assert not responses[1].has_error()
+
+
+def test_ragged_outputs_of_different_lengths_need_separate_requests(served):
+    _, model = served
+    (response,) = model.execute([_request([1, 2, 3, 4], [1, -2, 3, 4])])
+    assert "send them in separate requests" in response.error().message()
+
+
+def test_bls_errors_become_error_responses(served):
+    _, model = served
+
+    def broken(inputs):
+        raise RuntimeError("model crashed")
+
+    pb.Models.registry["affine"] = broken
+    responses = model.execute([_request([1, 2, 3, 4]), _request([2, 2, 2, 2])])
+    for response in responses:
+        assert "model 'affine': model crashed" in response.error().message()
+
+
+def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
+    pipeline, model = served
+    pb.Models.outputs_on_gpu = True
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+
+
+def test_the_runtime_refuses_a_pickle_from_another_python(built, monkeypatch, tmp_path):
+    _, root = built
+    copy = tmp_path / "pipeline"
+    (copy / "1").mkdir(parents=True)
+    for item in (root / "pipeline").rglob("*"):
+        if item.is_file():
+            (copy / item.relative_to(root / "pipeline")).write_bytes(item.read_bytes())
+    versions = copy / "1" / "pipe.versions.json"
+    record = json.loads(versions.read_text())
+    versions.write_text(json.dumps({**record, "python": "3.7.9"}))
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    with pytest.raises(PipelineLoadError, match=r"written by Python 3\.7\.9"):
+        pipeline_model.TritonPythonModel().initialize(_args(copy))
+
+
+def test_the_python_format_runtime_batches_and_isolates_bad_requests(tmp_path, monkeypatch):
+    pipeline = _make_pipeline({"format_priority": ["python"]})
+    build_pipeline_model(pipeline, tmp_path / "models")
+    monkeypatch.setattr(torch_model, "pb_utils", pb)
+    model = torch_model.TritonPythonModel()
+    model.initialize(_args(tmp_path / "models" / "affine"))
+    good = np.arange(8, dtype=np.float32).reshape(2, 4)
+    responses = model.execute([pb.Request({"x": good}), pb.Request({"x": good[:1, :3]}),
+                               pb.Request({"x": good[1:]})])
+    op = pipeline.model_ops()[0]
+    with torch.no_grad():
+        expected = op.module(torch.from_numpy(good)).numpy()
+    np.testing.assert_allclose(_outputs(responses[0])["output_0"], expected, atol=1e-6)
+    np.testing.assert_allclose(_outputs(responses[2])["output_0"], expected[1:], atol=1e-6)
+    assert responses[1].has_error()
