@@ -108,8 +108,8 @@ class TritonRemoteModel:
     def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
         """Call the model once per item, up to ``max_in_flight`` requests at a time.
 
-        An item is the one input's value, a mapping of input names to values, or a tuple of
-        positional values (models with several inputs). Results are in the order of ``items``.
+        An item is a mapping of input names to values, a tuple of positional values (models
+        with several inputs), or else the first input's value. Results are in the order of ``items``.
         All items are checked before the first is sent.
         """
         requests = [self.prepare(*args, **kwargs)
@@ -155,14 +155,12 @@ def unbatch(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def call_arguments(item: Any, input_count: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """How one item of a batch becomes ``(args, kwargs)`` of one call.
 
-    With one input the item is its value (even a tuple: a vector may well be written as one);
-    otherwise a mapping gives names and a tuple gives positions.
+    A mapping gives values by name; with several inputs a tuple gives them by position; any
+    other item (and any tuple, for a one-input model: a vector may well be written as one) is
+    the value of the first input.
     """
     if isinstance(item, Mapping):
         return (), dict(item)
-    if input_count == 1:
-        return (item,), {}
-    if isinstance(item, tuple):
+    if input_count > 1 and isinstance(item, tuple):
         return item, {}
-    raise TypeError(f"with {input_count} inputs, give each batch item as a tuple or a mapping, "
-                    f"not {type(item).__name__}")
+    return (item,), {}

@@ -113,7 +113,11 @@ class GrpcTransport:
 class HttpTransport:
     """One HTTP client per thread: tritonclient's gevent-based client must stay in one thread.
 
-    Each client keeps its keep-alive connection; :meth:`close` closes them all.
+    Each client keeps its keep-alive connection; those of threads that have ended are closed
+    when the next thread opens one (a server answering each request on a new thread would
+    otherwise pile them up), and :meth:`close` closes the rest. gevent still keeps a hub (two
+    file descriptors) for every thread that ever used it: for a thread-per-request caller,
+    prefer gRPC or the asyncio client.
     """
 
     def __init__(self, endpoint: Endpoint, timeout: float) -> None:
@@ -123,7 +127,7 @@ class HttpTransport:
         self._endpoint = endpoint
         self._timeout = timeout
         self._local = threading.local()
-        self._clients: list[Any] = []
+        self._clients: list[tuple[threading.Thread, Any]] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -133,11 +137,15 @@ class HttpTransport:
         client = getattr(self._local, "client", None)
         if client is None:
             with self._lock:
+                ended = [c for thread, c in self._clients if not thread.is_alive()]
+                self._clients = [(t, c) for t, c in self._clients if t.is_alive()]
                 client = self._http.InferenceServerClient(
                     self._endpoint.address, ssl=self._endpoint.ssl,
                     connection_timeout=self._timeout, network_timeout=self._timeout)
-                self._clients.append(client)
+                self._clients.append((threading.current_thread(), client))
             self._local.client = client
+            for stale in ended:
+                stale.close()
         return client
 
     def metadata(self) -> dict[str, Any]:
@@ -164,5 +172,5 @@ class HttpTransport:
     def close(self) -> None:
         with self._lock:
             clients, self._clients, self._closed = self._clients, [], True
-        for client in clients:
+        for _, client in clients:
             client.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 
@@ -132,7 +133,8 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, monk
     """Clients made before their server exists wait for it; a restart is ridden out.
 
     The server is pinned to ports chosen in advance (the clients must know them before it
-    starts); everything else is real: refused connections, a real restart.
+    starts); everything else is real: refused connections, a real restart. Closed clients
+    leave no connection open (Triton waits for open HTTP connections when it stops).
     """
     root = write_sample_repository(tmp_path / "models")
     ports = builder.server._free_ports(3)
@@ -169,7 +171,20 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, monk
         for result in call_all_while(server.start):
             np.testing.assert_array_equal(result["Y"], expected_scale(x))
         assert caplog.records, "the restart was not noticed"
+
+        # closing lets the server shut down at once: no keep-alive connection is left behind
+        models[1].batch([x] * 8)  # several threads, several HTTP connections
+        asyncio.run(_async_call(f"http://127.0.0.1:{http_port}/scale", x))
+        for model in models:
+            model.close()
+        server.stop()
+        assert not re.search(r"Found [1-9]\d* HTTP service connections", server.logs())
     finally:
         for model in models:
             model.close()
         server.close()
+
+
+async def _async_call(model_url: str, x: np.ndarray) -> None:
+    async with AsyncTritonRemoteModel(model_url) as model:
+        await model.batch([x] * 4)
