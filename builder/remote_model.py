@@ -109,8 +109,8 @@ class TritonRemoteModel:
         """Call the model once per item, up to ``max_in_flight`` requests at a time.
 
         An item is a mapping of input names to values, a tuple of positional values (models
-        with several inputs), or else the first input's value. Results are in the order of ``items``.
-        All items are checked before the first is sent.
+        with several inputs), or else the first input's value. Results are in the order of
+        ``items``. All items are checked before the first is sent.
         """
         requests = [self.prepare(*args, **kwargs)
                     for args, kwargs in (call_arguments(item, len(self.spec.inputs))
