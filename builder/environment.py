@@ -1,0 +1,157 @@
+"""The model environment of an image: one packed tarball, made once and reused while unchanged.
+
+:func:`pack_environment` turns a merged spec (:mod:`builder.environment_spec`) into a checked
+tarball for a target (:mod:`builder.environment_target`) with a packer (:mod:`builder.packers`).
+Making one takes a download, an install in a container and a compression pass; so the result
+is cached under a key that hashes everything it depends on — the spec's canonical text, the
+packer, the target's Python, platform and base image id, the package sources — and reused
+as long as none of them changes. Nothing enters the cache unchecked
+(:func:`builder.environment_check.check_archive`): a cached tarball is one Triton can load.
+
+The tarball then goes into the repository with
+:func:`builder.environment_attach.attach_environment`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.cache import cache_dir
+from builder.environment_check import check_archive, check_spec, numpy_constraint
+from builder.environment_errors import ArchiveCheckError
+from builder.environment_spec import EnvironmentSpec
+from builder.environment_target import EnvironmentTarget
+from builder.images import content_hash
+from builder.package_index import PackageIndex
+from builder.packers import ARCHIVE_NAME, Packer, choose_packer
+
+RECIPE = "triton-builder environment 1"
+"""Bumped when the way environments are made changes, so old cache entries stop matching."""
+
+LOCK_NAME = "environment.lock.txt"
+METADATA_NAME = "environment.json"
+_COMPLETE = ".complete"
+
+
+@dataclass(frozen=True)
+class EnvironmentTarball:
+    """A checked environment archive, its lock (what it holds, pinned) and where it came from."""
+
+    path: Path
+    lock: Path | None
+    """The lock file; None for an archive made elsewhere that came without one."""
+    key: str
+    packer: str
+    python_version: str
+    numpy_version: str
+    reused: bool
+    """True when it came from the cache, made by an earlier build."""
+    seconds: float = 0.0
+    """Time this call took to produce it (cache lookups included)."""
+
+    @classmethod
+    def from_archive(cls, archive: str | os.PathLike, target: EnvironmentTarget, *,
+                     lock: str | os.PathLike | None = None) -> EnvironmentTarball:
+        """Use an archive made elsewhere, once it passes the same checks as ours."""
+        archive = Path(archive).resolve()
+        report = check_archive(archive, target)
+        return cls(path=archive, lock=Path(lock).resolve() if lock else None,
+                   key=content_hash(archive),
+                   packer="prebuilt", python_version=report.python_version,
+                   numpy_version=report.numpy_version, reused=True)
+
+
+def environment_key(spec: EnvironmentSpec, target: EnvironmentTarget, packer: Packer,
+                    index: PackageIndex) -> str:
+    """The cache key: sha256 of everything the tarball depends on (not the CA bundle)."""
+    return content_hash(RECIPE, packer.name, packer.fingerprint(), spec.canonical(),
+                        target.fingerprint(), index.fingerprint(), numpy_constraint(target) or "")
+
+
+def pack_environment(
+    spec: EnvironmentSpec,
+    target: EnvironmentTarget,
+    *,
+    packer: str | Packer | None = None,
+    index: PackageIndex | None = None,
+    cache: str | os.PathLike | None = None,
+    on_log: Callable[[str], None] | None = None,
+) -> EnvironmentTarball:
+    """Return the checked environment tarball for ``spec`` on ``target``, cached by content.
+
+    ``packer`` is ``"venv"``, ``"conda"`` or a :class:`~builder.packers.Packer` (default:
+    chosen by the spec); ``cache`` defaults to ``$TRITON_BUILDER_CACHE/environments``. Raises
+    :class:`~builder.environment_errors.EnvironmentBuildError` before anything is cached.
+    """
+    started = time.monotonic()
+    log = on_log or (lambda line: None)
+    index = index or PackageIndex()
+    chosen = choose_packer(spec, packer)
+    if chosen.name == "venv":
+        target.require_matching_stub()
+    check_spec(spec, target)
+    key = environment_key(spec, target, chosen, index)
+    root = Path(cache) if cache is not None else cache_dir("environments")
+    root.mkdir(parents=True, exist_ok=True)
+    entry = root / key[:32]
+    if (entry / _COMPLETE).exists():
+        log(f"environment {key[:12]} is cached: {entry / ARCHIVE_NAME}")
+        return _load(entry, reused=True, started=started)
+    with tempfile.TemporaryDirectory(prefix=f"{key[:12]}.partial-", dir=root) as workdir:
+        work = Path(workdir)
+        result = chosen.pack(spec, target, work, index=index, on_log=log)
+        log(f"checking {result.archive.name} against {target.where}")
+        report = check_archive(result.archive, target, label=chosen.describe(spec))
+        staged = work / "entry"
+        staged.mkdir()
+        shutil.move(result.archive, staged / ARCHIVE_NAME)
+        (staged / ARCHIVE_NAME).chmod(0o644)
+        (staged / LOCK_NAME).write_text(_lock_header(chosen.name, report.python_version,
+                                                     target) + result.lock)
+        (staged / METADATA_NAME).write_text(json.dumps({
+            "key": key, "packer": chosen.name, "python_version": report.python_version,
+            "numpy_version": report.numpy_version, "layout": report.layout,
+            "target": target.where, "target_image_id": target.image_id,
+            "spec": json.loads(spec.canonical()), "warnings": list(result.warnings),
+        }, indent=2) + "\n")
+        (staged / _COMPLETE).touch()
+        _publish(staged, entry)
+    log(f"environment {key[:12]} packed: {entry / ARCHIVE_NAME}")
+    return _load(entry, reused=False, started=started)
+
+
+def _publish(staged: Path, entry: Path) -> None:
+    """Move a finished entry into place; a concurrent build of the same key may have won."""
+    if entry.exists() and not (entry / _COMPLETE).exists():
+        shutil.rmtree(entry)  # left by a build that died half-way
+    try:
+        staged.rename(entry)
+    except OSError:
+        if not (entry / _COMPLETE).exists():
+            raise
+
+
+def _load(entry: Path, *, reused: bool, started: float) -> EnvironmentTarball:
+    metadata = json.loads((entry / METADATA_NAME).read_text())
+    archive = entry / ARCHIVE_NAME
+    if not archive.is_file():
+        raise ArchiveCheckError(f"cache entry {entry} lost its archive: delete the directory "
+                                f"and build again")
+    return EnvironmentTarball(
+        path=archive, lock=entry / LOCK_NAME, key=metadata["key"], packer=metadata["packer"],
+        python_version=metadata["python_version"], numpy_version=metadata["numpy_version"],
+        reused=reused, seconds=time.monotonic() - started,
+    )
+
+
+def _lock_header(packer: str, python_version: str, target: EnvironmentTarget) -> str:
+    return (f"# The model environment, as packed by triton-builder ({packer} packer) for "
+            f"{target.where}\n# Python {python_version}, {target.machine}, glibc "
+            f"{target.glibc_version} or newer\n")

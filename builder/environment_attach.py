@@ -1,0 +1,101 @@
+"""Put the environment into a written model repository: one file, every python model using it.
+
+Triton extracts an environment archive once per (real path, mtime) and server: models whose
+``EXECUTION_ENV_PATH`` leads to the same file — directly or through symlinks — share one
+extraction; copies are extracted once each (minutes for a big environment, server#5045).
+``$$TRITON_MODEL_DIRECTORY`` is substituted only as a prefix, so the file has to be reached
+from inside each model directory. Hence: the archive (and its lock) goes into the first python
+model's directory (hard-linked from the cache where it can be), every other python model gets a
+relative symlink to it, and every python model's ``config.pbtxt`` gets the same
+``$$TRITON_MODEL_DIRECTORY/environment.tar.gz``.
+
+Copy the repository with its symlinks kept (``shutil.copytree(..., symlinks=True)``, Docker's
+``COPY`` does): dereferenced, each link becomes a copy and is extracted on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from builder.environment import EnvironmentTarball
+from builder.environment_errors import EnvironmentBuildError
+
+ENV_PARAMETER = "EXECUTION_ENV_PATH"
+MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
+LOCK_FILE = "environment.lock.txt"
+
+
+def attach_environment(
+    repository: str | os.PathLike,
+    tarball: EnvironmentTarball,
+    *,
+    models: Iterable[str] | None = None,
+) -> list[str]:
+    """Make python models of ``repository`` use ``tarball``; return their names.
+
+    ``models`` limits it to those models (default: every model with ``backend: "python"``).
+    A repository without python models is left as it is.
+    """
+    repository = Path(repository)
+    configs = _python_models(repository, None if models is None else set(models))
+    if not configs:
+        return []
+    filename = "environment" + (".tar.gz" if tarball.path.name.endswith(".tar.gz") else ".tar")
+    holder = min(configs)
+    _place(tarball.path, repository / holder / filename)
+    if tarball.lock is not None:
+        shutil.copyfile(tarball.lock, repository / holder / LOCK_FILE)
+    for name in configs:
+        if name != holder:
+            link = repository / name / filename
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path("..") / holder / filename)
+    for name, config in configs.items():
+        config.parameters[ENV_PARAMETER].string_value = f"{MODEL_DIRECTORY}/{filename}"
+        (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return sorted(configs)
+
+
+def _python_models(repository: Path,
+                   wanted: set[str] | None) -> dict[str, model_config_pb2.ModelConfig]:
+    if not repository.is_dir():
+        raise EnvironmentBuildError(f"model repository {repository} does not exist")
+    configs: dict[str, model_config_pb2.ModelConfig] = {}
+    for directory in sorted(p for p in repository.iterdir() if p.is_dir()):
+        path = directory / "config.pbtxt"
+        if not path.is_file() or (wanted is not None and directory.name not in wanted):
+            continue
+        config = model_config_pb2.ModelConfig()
+        try:
+            text_format.Parse(path.read_text(), config)
+        except text_format.ParseError as error:
+            raise EnvironmentBuildError(f"{path} is not a valid model config: {error}") from error
+        if config.backend == "python":
+            configs[directory.name] = config
+    missing = (wanted or set()) - set(configs)
+    if missing:
+        raise EnvironmentBuildError(
+            f"not python-backend models of {repository}: {', '.join(sorted(missing))} "
+            f"(only backend: \"python\" models take an environment)"
+        )
+    return configs
+
+
+def _place(archive: Path, destination: Path) -> None:
+    """Hard-link the archive in (gigabytes are not copied per build); copy across filesystems."""
+    if destination.exists() and os.path.samefile(archive, destination):
+        return
+    if destination.is_symlink() or destination.exists():
+        destination.unlink()
+    try:
+        os.link(archive, destination)
+    except OSError:
+        shutil.copyfile(archive, destination)
+    destination.chmod(0o644)

@@ -1,0 +1,270 @@
+"""Checks on a packed environment before it ships: would Triton extract and use it?
+
+A failed extraction in Triton poisons every later environment model in that server process
+(server#4955), and the other failures (wrong Python, no numpy) surface only as a model that
+does not load, deep in a container log. So the whole archive is read here — every member, to
+the end of the compressed stream — and held against the target, each failure with a message
+that says what to do.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import posixpath
+import re
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder.environment_errors import ArchiveCheckError, SpecError
+from builder.environment_spec import EnvironmentSpec
+from builder.environment_target import EnvironmentTarget
+
+FORMATS = {".tar.gz": "r:gz", ".tar": "r:"}
+"""What Triton's python backend extracts (besides a plain directory, used in place)."""
+
+NUMPY_2_FIRST_TRITON: Version | None = None
+"""The first Triton whose stub we have seen work with numpy 2: none yet.
+
+The stub of Triton 2.51 returns *empty* output tensors when the environment has numpy 2, with
+no error anywhere; until a release is checked, numpy 2 is refused for every target.
+"""
+
+_NUMPY_1_RELEASES = ("1.19.5", "1.20.3", "1.21.6", "1.22.4", "1.23.5", "1.24.4", "1.25.2",
+                     "1.26.4")
+_SITE = re.compile(r"^lib/python(3\.\d+)/site-packages(?:/|$)")
+_NUMPY_METADATA = re.compile(
+    r"^lib/python3\.\d+/site-packages/numpy-([^-/]+)(?:-py[^/]*)?\.(?:dist-info|egg-info)/")
+_KEPT = frozenset({"pyvenv.cfg", "bin/activate"})
+_HARD_CODED_ACTIVATE = re.compile(r"^\s*(?:export\s+)?VIRTUAL_ENV=['\"]?/", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class ArchiveReport:
+    """What the archive holds, as far as Triton cares."""
+
+    path: Path
+    layout: str
+    """``venv`` (``pyvenv.cfg``) or ``conda`` (``conda-meta/``)."""
+    python_version: str
+    numpy_version: str
+    home: str | None
+    """A venv's base interpreter directory (``home`` in ``pyvenv.cfg``)."""
+    members: int
+
+
+def numpy_constraint(target: EnvironmentTarget) -> str | None:
+    """The numpy constraint the target's stub needs (``numpy<2``), or None."""
+    if NUMPY_2_FIRST_TRITON is not None and target.triton_version:
+        if Version(target.triton_version) >= NUMPY_2_FIRST_TRITON:
+            return None
+    return "numpy<2"
+
+
+def check_spec(spec: EnvironmentSpec, target: EnvironmentTarget) -> None:
+    """Refuse, before anything is downloaded, a spec that cannot work with the target's stub."""
+    if numpy_constraint(target) is None:
+        return
+    for line in spec.requirements:
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) == "numpy" and not any(
+                requirement.specifier.contains(version) for version in _NUMPY_1_RELEASES):
+            raise SpecError(
+                f"{line!r} ({spec.where(line)}) asks for numpy 2, but the python backend stub "
+                f"of Triton {target.triton_version or '(this version)'} returns empty output "
+                f"tensors with numpy 2, silently: require numpy<2 instead"
+            )
+
+
+def check_archive(path: str | Path, target: EnvironmentTarget, *,
+                  label: str | None = None) -> ArchiveReport:
+    """Read the whole archive and check it against the target; raise what would go wrong.
+
+    ``label`` names the environment in messages about its contents (default: the path).
+    """
+    path = Path(path)
+    name = label or str(path)
+    mode = _mode(path)
+    contents = _read(path, mode)
+    names = contents.names
+    if "bin/activate" not in names:
+        raise ArchiveCheckError(
+            f"{name} has no bin/activate: Triton sources it before it starts the stub. Pack "
+            f"the environment with venv-pack or conda-pack (a plain tar of an environment "
+            f"does not work)"
+        )
+    if contents.activate and _HARD_CODED_ACTIVATE.search(contents.activate):
+        raise ArchiveCheckError(
+            f"{name}: bin/activate sets VIRTUAL_ENV to the absolute path it was built at, but "
+            f"Triton extracts the archive elsewhere: pack it with venv-pack, which writes a "
+            f"relocatable activate"
+        )
+    layout, python_version, home = _layout(name, contents)
+    if python_version != target.stub_python_version:
+        raise ArchiveCheckError(
+            f"{name} is a Python {python_version} environment, but the python backend stub of "
+            f"{target.where} is built for Python {target.stub_python_version}: the stub would "
+            f"not start. Rebuild it with Python {target.stub_python_version} (the venv packer "
+            f"builds it with the target's own python3; for conda, set "
+            f"python={target.stub_python_version})"
+        )
+    if layout == "venv" and home not in target.interpreter_dirs:
+        raise ArchiveCheckError(
+            f"{name} is a venv whose base interpreter lives in {home} (pyvenv.cfg `home`), "
+            f"but on {target.where} python3 is {target.python_executable}: the environment "
+            f"would have no interpreter. Build it in the target (the venv packer's default)"
+        )
+    numpy = contents.numpy_version
+    if numpy is None:
+        raise ArchiveCheckError(
+            f"{name} has no numpy: the python backend stub imports numpy from inside the "
+            f"environment (the image's own packages are not visible there). Add "
+            f"{numpy_constraint(target) or 'numpy'} to the environment's requirements"
+        )
+    _check_numpy_version(name, numpy, target)
+    return ArchiveReport(path=path, layout=layout, python_version=python_version,
+                         numpy_version=numpy, home=home, members=len(names))
+
+
+@dataclass
+class _Contents:
+    names: set[str]
+    python_dirs: set[str]
+    pyvenv_cfg: str | None = None
+    conda_python: str | None = None
+    activate: str | None = None
+    numpy_version: str | None = None
+
+
+def _mode(path: Path) -> str:
+    for suffix, mode in FORMATS.items():
+        if path.name.endswith(suffix):
+            with open(path, "rb") as stream:
+                gzipped = stream.read(2) == b"\x1f\x8b"
+            if gzipped != (suffix == ".tar.gz"):
+                raise ArchiveCheckError(
+                    f"{path} is named {suffix} but is {'' if gzipped else 'not '}gzip-"
+                    f"compressed: Triton picks how to extract by the name. Rename or re-pack it"
+                )
+            return mode
+    raise ArchiveCheckError(
+        f"{path}: Triton's python backend takes only .tar.gz or .tar environment archives "
+        f"(or a directory). Pack it with `venv-pack -o env.tar.gz` or `conda-pack -o env.tar.gz`"
+    )
+
+
+def _read(path: Path, mode: str) -> _Contents:
+    contents = _Contents(names=set(), python_dirs=set())
+    try:
+        with tarfile.open(path, mode) as archive:
+            for member in archive:
+                name = _member_name(path, member)
+                contents.names.add(name)
+                site = _SITE.match(name)
+                if site:
+                    contents.python_dirs.add(site.group(1))
+                numpy = _NUMPY_METADATA.match(name)
+                if numpy:
+                    contents.numpy_version = numpy.group(1)
+                if name.endswith("/site-packages/numpy/__init__.py") and (
+                        contents.numpy_version is None):
+                    contents.numpy_version = "unknown"  # metadata may follow
+                if not member.isfile():
+                    continue
+                data = _read_member(archive, member, keep=name in _KEPT or name.startswith(
+                    "conda-meta/python-"))
+                if name == "pyvenv.cfg":
+                    contents.pyvenv_cfg = data.decode(errors="replace")
+                elif name == "bin/activate":
+                    contents.activate = data.decode(errors="replace")
+                elif re.match(r"^conda-meta/python-\d[^/]*\.json$", name):
+                    record = json.loads(data)
+                    if record.get("name") == "python":
+                        contents.conda_python = record.get("version")
+    except (tarfile.TarError, EOFError, zlib.error, OSError, json.JSONDecodeError) as error:
+        raise ArchiveCheckError(
+            f"{path} is corrupt or truncated ({type(error).__name__}: {error}). Triton would "
+            f"fail to extract it — and a failed extraction breaks every later environment "
+            f"model in that server. Re-pack it (and check the disk it was written to)"
+        ) from error
+    if not contents.names:
+        raise ArchiveCheckError(f"{path} is an empty archive: re-pack the environment")
+    return contents
+
+
+def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo, *, keep: bool) -> bytes:
+    """Read a member to its end (that is what verifies the stream); return it if ``keep``."""
+    stream = archive.extractfile(member)
+    if stream is None:
+        return b""
+    if keep:
+        return stream.read()
+    while stream.read(1 << 20):
+        pass
+    return b""
+
+
+def _member_name(path: Path, member: tarfile.TarInfo) -> str:
+    name = posixpath.normpath(member.name.removeprefix("./"))
+    if name.startswith(("/", "../")) or name == "..":
+        raise ArchiveCheckError(f"{path}: member {member.name!r} would extract outside the "
+                                f"environment directory; refusing the archive")
+    return name  # links may point anywhere: a venv's bin/python3 names the base interpreter
+
+
+def _layout(path: str, contents: _Contents) -> tuple[str, str, str | None]:
+    if len(contents.python_dirs) != 1:
+        found = ", ".join(sorted(contents.python_dirs)) or "none"
+        raise ArchiveCheckError(
+            f"{path} must hold exactly one lib/python3.X/site-packages (found: {found}): "
+            f"pack one environment made with one Python"
+        )
+    (python_version,) = contents.python_dirs
+    if contents.pyvenv_cfg is not None:
+        parser = configparser.ConfigParser()
+        parser.read_string("[venv]\n" + contents.pyvenv_cfg)
+        home = parser.get("venv", "home", fallback="").strip().rstrip("/") or None
+        declared = parser.get("venv", "version", fallback="") or parser.get(
+            "venv", "version_info", fallback="")
+        if declared and ".".join(declared.strip().split(".")[:2]) != python_version:
+            raise ArchiveCheckError(
+                f"{path}: pyvenv.cfg says Python {declared.strip()} but the packages are in "
+                f"lib/python{python_version}: the environment is inconsistent; rebuild it"
+            )
+        return "venv", python_version, home
+    if "conda-meta/history" in contents.names or contents.conda_python is not None:
+        if contents.conda_python and not contents.conda_python.startswith(python_version):
+            raise ArchiveCheckError(
+                f"{path}: conda-meta records python {contents.conda_python} but the packages "
+                f"are in lib/python{python_version}: the environment is inconsistent; rebuild it"
+            )
+        if f"bin/python{python_version}" not in contents.names:
+            raise ArchiveCheckError(f"{path} is a conda environment without "
+                                    f"bin/python{python_version}: add python to it")
+        return "conda", python_version, None
+    raise ArchiveCheckError(
+        f"{path} is neither a venv (pyvenv.cfg) nor a conda environment (conda-meta/): pack "
+        f"it with venv-pack or conda-pack"
+    )
+
+
+def _check_numpy_version(path: str, numpy: str, target: EnvironmentTarget) -> None:
+    constraint = numpy_constraint(target)
+    if constraint is None:
+        return
+    try:
+        major = Version(numpy).major
+    except InvalidVersion:
+        return
+    if major >= 2:
+        raise ArchiveCheckError(
+            f"{path} has numpy {numpy}: the python backend stub of Triton "
+            f"{target.triton_version or '(this version)'} returns empty output tensors with "
+            f"numpy 2, silently. Pin {constraint} in the environment's requirements"
+        )

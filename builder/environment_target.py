@@ -1,0 +1,212 @@
+"""Where a model environment will run: a Triton image, or this host for host-process servers.
+
+A packed environment only works where its Python minor equals the python backend stub's, its
+base interpreter exists at the same absolute path, and its compiled wheels fit the C library.
+All of that is read from the target itself — a throwaway container of the image, or the host
+interpreter — rather than assumed, and the same object runs the build commands there, so a
+venv is made by the very interpreter that will run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder.distribution import TRITON_VERSION
+from builder.environment_errors import TargetError
+
+IMAGE_STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
+"""Where NGC images (and our CPU base image) keep the python backend stub."""
+
+_PROBE = r"""
+import json, os, platform, re, sys
+stub = sys.argv[1]
+linked = None
+if stub and os.path.exists(stub):
+    with open(stub, "rb") as binary:
+        found = re.search(rb"libpython(3\.\d+)\.so", binary.read())
+    linked = found.group(1).decode() if found else None
+executable = sys.executable
+print(json.dumps({
+    "version": "%d.%d" % sys.version_info[:2], "full_version": platform.python_version(),
+    "executable": executable,
+    "interpreter_dirs": sorted({os.path.dirname(executable),
+                                os.path.dirname(os.path.realpath(executable))}),
+    "machine": platform.machine(), "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "",
+    "stub_found": bool(stub) and os.path.exists(stub), "stub_python": linked,
+    "triton_version": os.environ.get("TRITON_SERVER_VERSION"),
+}))
+"""
+
+_HOST_VARIABLES_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV",
+                           "CONDA_PREFIX")
+
+
+@dataclass(frozen=True)
+class EnvironmentTarget:
+    """The interpreter an environment is built from and the stub that will load it."""
+
+    python_version: str
+    """``major.minor`` of the target's ``python3`` (the interpreter venvs are made from)."""
+    full_python_version: str
+    python_executable: str
+    """Absolute path of that interpreter where the environment runs."""
+    interpreter_dirs: tuple[str, ...]
+    """Directories holding it (as named and resolved): a venv's ``home`` must be one of them."""
+    stub_python_version: str
+    """``major.minor`` of the Python the python backend stub is linked against."""
+    machine: str
+    glibc_version: str
+    triton_version: str | None
+    image: str | None = None
+    image_id: str | None = None
+    client: docker.DockerClient | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        return f"image {self.image}" if self.image else "this host"
+
+    def require_matching_stub(self) -> None:
+        """Refuse a target whose interpreter cannot make environments its stub loads."""
+        if self.python_version != self.stub_python_version:
+            raise TargetError(
+                f"{self.where}: python3 is Python {self.python_version} ({self.python_executable})"
+                f" but the python backend stub is built for Python {self.stub_python_version}; "
+                f"an environment made from this interpreter would not load. Build from an image "
+                f"(or host Python) whose python3 is {self.stub_python_version}, or use a conda "
+                f"environment that brings its own Python {self.stub_python_version}."
+            )
+
+    def platform_tags(self) -> list[str]:
+        """Wheel platform tags the target can run, most specific first (for ``pip download``)."""
+        major, minor = (int(part) for part in self.glibc_version.split(".")[:2])
+        tags = [f"manylinux_{major}_{m}_{self.machine}" for m in range(minor, 16, -1)]
+        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        tags += [f"{name}_{self.machine}" for floor, name in legacy.items() if minor >= floor]
+        return tags + [f"linux_{self.machine}"]
+
+    def fingerprint(self) -> str:
+        """What an environment built for this target depends on (hashed into the cache key)."""
+        return json.dumps([self.full_python_version, self.python_executable,
+                           self.stub_python_version, self.machine, self.glibc_version,
+                           self.image_id or f"host:{os.path.realpath(self.python_executable)}"])
+
+    def run(self, argv: list[str], *, what: str, binds: Iterable[Path] = (),
+            env: Mapping[str, str] | None = None) -> str:
+        """Run ``argv`` on the target and return its standard output.
+
+        In an image, a container runs it with no network, as this user, with each path of
+        ``binds`` mounted at the same absolute path; on the host it is a plain process with
+        the caller's Python variables removed. A non-zero exit raises with the command's output.
+        """
+        if self.image is None:
+            return _run_on_host(argv, what=what, env=env)
+        assert self.client is not None, "an image target needs its Docker client"
+        return _run_in_image(self.client, self.image, argv, what=what, binds=binds, env=env)
+
+
+def image_target(client: docker.DockerClient, image: str, *,
+                 stub_path: str = IMAGE_STUB) -> EnvironmentTarget:
+    """Probe ``image`` (a throwaway container) for its Python, C library and stub."""
+    try:
+        image_id = client.images.get(image).id
+    except docker.errors.ImageNotFound as error:
+        raise TargetError(f"image {image} is not on this Docker engine: build or pull it "
+                          f"first") from error
+    output = _run_in_image(client, image, ["python3", "-c", _PROBE, stub_path],
+                           what="find python3 and the python backend stub", binds=(), env=None)
+    facts = _facts(output, f"image {image}")
+    if not facts["stub_found"]:
+        raise TargetError(f"image {image} has no python backend stub at {stub_path}: is it a "
+                          f"Triton image? Pass stub_path= if it lives elsewhere")
+    if not facts["stub_python"]:
+        raise TargetError(f"image {image}: cannot tell which libpython {stub_path} links")
+    return _target(facts, facts["stub_python"], image=image, image_id=image_id, client=client)
+
+
+def host_target(python: str | os.PathLike | None = None, *,
+                stub_python_version: str | None = None) -> EnvironmentTarget:
+    """This host as the target, for host-process servers (:class:`builder.server.TritonServer`).
+
+    ``python`` is the interpreter environments are made from (default: this one). The host
+    server runs the stub for the Python running it, which is the default stub version.
+    """
+    python = str(python or sys.executable)
+    output = _run_on_host([python, "-c", _PROBE, ""], what="probe the host Python", env=None)
+    facts = _facts(output, "this host")
+    stub = stub_python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
+    facts["triton_version"] = facts["triton_version"] or TRITON_VERSION
+    return _target(facts, stub, image=None, image_id=None, client=None)
+
+
+def _target(facts: dict, stub: str, *, image: str | None, image_id: str | None,
+            client: docker.DockerClient | None) -> EnvironmentTarget:
+    glibc = facts["glibc"].removeprefix("glibc ").strip()
+    if not glibc:
+        raise TargetError(f"{'image ' + image if image else 'this host'} has no glibc (musl?): "
+                          f"Triton's python backend needs a glibc system")
+    return EnvironmentTarget(
+        python_version=facts["version"], full_python_version=facts["full_version"],
+        python_executable=facts["executable"],
+        interpreter_dirs=tuple(facts["interpreter_dirs"]), stub_python_version=stub,
+        machine=facts["machine"], glibc_version=glibc, triton_version=facts["triton_version"],
+        image=image, image_id=image_id, client=client,
+    )
+
+
+def _facts(output: str, where: str) -> dict:
+    try:
+        return json.loads(output.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as error:
+        raise TargetError(f"{where}: unreadable probe output:\n{output[-2000:]}") from error
+
+
+def _run_on_host(argv: list[str], *, what: str, env: Mapping[str, str] | None) -> str:
+    variables = {key: value for key, value in os.environ.items()
+                 if key not in _HOST_VARIABLES_DROPPED and not key.startswith("PIP_")}
+    variables.update(env or {})
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, env=variables)
+    except OSError as error:
+        raise TargetError(f"could not {what} on this host: {error}") from error
+    if result.returncode != 0:
+        raise TargetError(f"could not {what} on this host (exit {result.returncode}):\n"
+                          f"{_tail(result.stdout + result.stderr)}")
+    return result.stdout
+
+
+def _run_in_image(client: docker.DockerClient, image: str, argv: list[str], *, what: str,
+                  binds: Iterable[Path], env: Mapping[str, str] | None) -> str:
+    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in binds}
+    try:
+        container = client.containers.run(
+            image, entrypoint=argv[:1], command=argv[1:], detach=True, volumes=volumes,
+            environment=dict(env or {}), network_disabled=True,
+            user=f"{os.getuid()}:{os.getgid()}", working_dir="/tmp",
+        )
+    except docker.errors.APIError as error:
+        raise TargetError(f"could not start a container of {image} to {what}: "
+                          f"{error.explanation or error}") from error
+    try:
+        status = container.wait()
+        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    code = status.get("StatusCode", -1)
+    if code != 0:
+        raise TargetError(f"could not {what} in image {image} (exit {code}):\n"
+                          f"{_tail(stdout + stderr)}")
+    return stdout
+
+
+def _tail(text: str, characters: int = 6000) -> str:
+    return text.strip()[-characters:]

@@ -1,0 +1,286 @@
+"""Packers: make the environment for a target and pack it into one relocatable tarball.
+
+* :class:`VenvPacker` (requirements files) — wheels for the target's Python and platform are
+  downloaded on this host (where the package indexes, proxies and certificates are), then the
+  target's own ``python3`` makes the venv and installs them with no network: in a container of
+  the target image, or on this host for host-process servers. So the venv's base interpreter
+  is the image's, at the path the image has it, and every compiled wheel fits its glibc.
+  ``venv-pack`` packs it (it reads the files only: it needs no working interpreter here).
+* :class:`CondaPacker` (``environment.yml``) — ``conda``/``mamba``/``micromamba env create``
+  when one is on ``PATH``, or an existing environment (``prefix=``), packed by ``conda-pack``.
+  A conda environment brings its own Python, so it runs wherever the C library is new enough.
+
+Both return the archive and a lock (what is inside, pinned): ``pip freeze`` for a venv, the
+conda records plus the pip-installed distributions for conda. Every tool's failure is raised
+with its own output; conda-pack's warnings are passed on, never dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from builder.environment_check import numpy_constraint
+from builder.environment_errors import ArchiveCheckError, PackError, TargetError
+from builder.environment_spec import EnvironmentSpec
+from builder.environment_target import EnvironmentTarget
+from builder.package_index import PackageIndex
+
+ARCHIVE_NAME = "environment.tar.gz"
+PIP_FOR_TARGET = "pip"
+"""Run from its wheel by the target's Python: base images often lack pip and python3-venv."""
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """A packed environment: the archive, its lock, and any warnings the packer gave."""
+
+    archive: Path
+    lock: str
+    warnings: tuple[str, ...] = ()
+
+
+class Packer(Protocol):
+    """Makes and packs an environment for a target inside ``workdir``."""
+
+    name: str
+
+    def fingerprint(self) -> str:
+        """What besides the spec and target decides the result (hashed into the cache key)."""
+        ...
+
+    def describe(self, spec: EnvironmentSpec) -> str:
+        """The environment it makes from ``spec``, in words, for messages."""
+        ...
+
+    def pack(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path, *,
+             index: PackageIndex, on_log: Log) -> PackResult: ...
+
+
+def choose_packer(spec: EnvironmentSpec, packer: str | Packer | None = None) -> Packer:
+    """``environment.yml`` specs → conda, requirements → venv; ``packer`` overrides."""
+    if packer is None:
+        packer = "conda" if spec.conda else "venv"
+    if packer == "venv":
+        if spec.conda:
+            raise PackError(
+                "the spec comes from an environment.yml (conda dependencies: "
+                f"{', '.join(spec.conda_dependencies) or 'none'}); the venv packer installs "
+                "pip requirements only: use the conda packer, or give a requirements file"
+            )
+        return VenvPacker()
+    if packer == "conda":
+        return CondaPacker()
+    if isinstance(packer, str):
+        raise PackError(f"unknown packer {packer!r}: use 'venv' or 'conda'")
+    return packer
+
+
+class VenvPacker:
+    """A venv made by the target's own ``python3`` from wheels fetched on this host."""
+
+    name = "venv"
+
+    def fingerprint(self) -> str:
+        return ""
+
+    def describe(self, spec: EnvironmentSpec) -> str:
+        return f"the venv packed from {', '.join(spec.sources()) or 'an empty spec'}"
+
+    def pack(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path, *,
+             index: PackageIndex, on_log: Log) -> PackResult:
+        workdir = workdir.resolve()
+        requirements = workdir / "requirements.txt"
+        constraints = workdir / "constraints.txt"
+        wheels, venv, lock = workdir / "wheels", workdir / "venv", workdir / "lock.txt"
+        requirements.write_text(spec.requirements_text())
+        constraints.write_text(f"{numpy_constraint(target) or ''}\n")
+        on_log(f"downloading wheels for Python {target.full_python_version} "
+               f"({target.machine}, glibc {target.glibc_version})")
+        download_wheels(requirements, constraints, target, wheels, index)
+        pip = _pip_wheel(wheels) / "pip"
+        python = str(venv / "bin" / "python")
+        install = [python, str(pip), "install", "--no-index", "--find-links", str(wheels),
+                   "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
+                   "--no-warn-script-location", "-r", str(requirements), "-c", str(constraints)]
+        freeze = [python, str(pip), "freeze", "--disable-pip-version-check"]
+        create = [target.python_executable, "-m", "venv", "--without-pip", str(venv)]
+        script = (f"set -e; {shlex.join(create)} && {shlex.join(install)}"
+                  f" && {shlex.join(freeze)} > {shlex.quote(str(lock))}")
+        on_log(f"making the venv with {target.python_executable} on {target.where}")
+        try:
+            target.run(["/bin/sh", "-c", script], what="make the venv and install its packages",
+                       binds=[workdir], env={"HOME": "/tmp", "PIP_CONFIG_FILE": os.devnull})
+        except TargetError as error:
+            raise PackError(str(error)) from error
+        archive = workdir / ARCHIVE_NAME
+        on_log(f"packing {venv} with venv-pack")
+        import venv_pack
+
+        try:
+            venv_pack.pack(prefix=str(venv), output=str(archive), format="tar.gz", force=True)
+        except venv_pack.VenvPackException as error:
+            raise PackError(f"venv-pack could not pack {venv}: {error}") from error
+        return PackResult(archive=archive, lock=lock.read_text())
+
+
+class CondaPacker:
+    """A conda environment, created from the spec or taken as it is (``prefix``)."""
+
+    name = "conda"
+
+    def __init__(self, prefix: str | os.PathLike | None = None,
+                 executable: str | None = None) -> None:
+        self.prefix = Path(prefix).resolve() if prefix else None
+        self.executable = executable
+
+    def fingerprint(self) -> str:
+        """An existing environment is identified by its conda records and installed dists."""
+        if self.prefix is None:
+            return ""
+        digest = hashlib.sha256(str(self.prefix).encode())
+        for record in sorted((self.prefix / "conda-meta").glob("*")):
+            digest.update(record.name.encode())
+            digest.update(record.read_bytes() if record.is_file() else b"")
+        for site in sorted(self.prefix.glob("lib/python3.*/site-packages")):
+            digest.update("\n".join(sorted(p.name for p in site.iterdir())).encode())
+        return digest.hexdigest()
+
+    def describe(self, spec: EnvironmentSpec) -> str:
+        if self.prefix is not None:
+            return f"the conda environment at {self.prefix}"
+        return f"the conda environment made from {', '.join(spec.sources()) or 'an empty spec'}"
+
+    def pack(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path, *,
+             index: PackageIndex, on_log: Log) -> PackResult:
+        if target.machine != platform.machine():
+            raise PackError(
+                f"a conda environment is made on this {platform.machine()} host, but "
+                f"{target.where} is {target.machine}: build on a {target.machine} machine"
+            )
+        prefix = self.prefix or self._create(spec, target, workdir.resolve(), index, on_log)
+        _check_prefix_python(prefix, target)
+        archive = workdir.resolve() / ARCHIVE_NAME
+        on_log(f"packing {prefix} with conda-pack")
+        import conda_pack
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                conda_pack.pack(prefix=str(prefix), output=str(archive), format="tar.gz",
+                                force=True)
+            except conda_pack.CondaPackException as error:
+                raise PackError(f"conda-pack could not pack {prefix}:\n{error}") from error
+        notes = tuple(f"conda-pack: {warning.message}" for warning in caught)
+        for note in notes:
+            on_log(note)
+        return PackResult(archive=archive, lock=conda_lock(prefix), warnings=notes)
+
+    def _create(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path,
+                index: PackageIndex, on_log: Log) -> Path:
+        tool = self.executable or next(
+            (found for name in ("mamba", "micromamba", "conda") if (found := shutil.which(name))),
+            None)
+        if tool is None:
+            raise PackError(
+                "an environment.yml needs conda, mamba or micromamba on PATH to create the "
+                "environment, and none is there: install one (micromamba is a single file), "
+                "pack an existing environment (CondaPacker(prefix=...)), or give the "
+                "requirements as a requirements file (venv packer)"
+            )
+        environment_yml = workdir / "environment.yml"
+        environment_yml.write_text(spec.environment_yml(target.stub_python_version))
+        prefix = workdir / "conda-env"
+        if Path(tool).name.startswith("micromamba"):
+            command = [tool, "create", "--yes", "--prefix", str(prefix), "--file",
+                       str(environment_yml)]
+        else:
+            command = [tool, "env", "create", "--prefix", str(prefix), "--file",
+                       str(environment_yml)]
+        on_log(f"creating the conda environment: {shlex.join(command)}")
+        result = subprocess.run(command, capture_output=True, text=True,
+                                env={**os.environ, **index.environment()})
+        if result.returncode != 0:
+            raise PackError(f"{Path(tool).name} could not create the environment (exit "
+                            f"{result.returncode}):\n{(result.stdout + result.stderr)[-6000:]}")
+        return prefix
+
+
+def download_wheels(requirements: Path, constraints: Path, target: EnvironmentTarget,
+                    dest: Path, index: PackageIndex) -> None:
+    """Fetch wheels for the target's Python and platform (never sdists: nothing builds there)."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--implementation", "cp",
+        "--python-version", target.full_python_version,
+        *(argument for tag in target.platform_tags() for argument in ("--platform", tag)),
+        "--dest", str(dest), "--progress-bar", "off", "--disable-pip-version-check",
+        "-r", str(requirements), "-c", str(constraints), *index.pip_arguments(), PIP_FOR_TARGET,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True,
+                            env={**os.environ, **index.environment()})
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()
+        hint = ("pip could not verify the index's certificate: pass the CA bundle that signs it "
+                "(ca_bundle; behind an intercepting proxy, the proxy's CA)"
+                if "CERTIFICATE_VERIFY_FAILED" in output else
+                "only wheels are used (nothing is compiled for the image): for a package without "
+                "a wheel for this platform, build one and pass its directory as find_links")
+        raise PackError(
+            f"pip could not download the environment's wheels for Python "
+            f"{target.full_python_version} on {target.machine} (glibc {target.glibc_version}) "
+            f"(exit {result.returncode}):\n{output[-6000:]}\n{hint}"
+        )
+
+
+def conda_lock(prefix: Path) -> str:
+    """What a conda environment holds: its conda records, then distributions pip put there."""
+    managed: set[str] = set()
+    lines = ["# conda packages: name=version=build (channel)"]
+    for path in sorted((prefix / "conda-meta").glob("*.json")):
+        record = json.loads(path.read_text())
+        managed.update(record.get("files", []))
+        lines.append(f"{record['name']}={record['version']}={record.get('build', '')}"
+                     f"  # {record.get('channel', '')}")
+    lines.append("# installed by pip (not managed by conda)")
+    for site in sorted(prefix.glob("lib/python3.*/site-packages")):
+        for dist in importlib.metadata.distributions(path=[str(site)]):
+            files = [str(Path(site.relative_to(prefix)) / str(f)) for f in dist.files or []]
+            if not any(f in managed for f in files):
+                lines.append(f"{dist.metadata['Name']}=={dist.version}")
+    return "\n".join(lines) + "\n"
+
+
+def _check_prefix_python(prefix: Path, target: EnvironmentTarget) -> None:
+    """Fail before packing (possibly gigabytes) when the environment's Python cannot load."""
+    if not (prefix / "conda-meta").is_dir():
+        raise PackError(f"{prefix} is not a conda environment (no conda-meta/): pass the "
+                        f"environment's prefix, e.g. $CONDA_PREFIX")
+    for path in (prefix / "conda-meta").glob("python-[0-9]*.json"):
+        version = json.loads(path.read_text()).get("version", "")
+        if ".".join(version.split(".")[:2]) != target.stub_python_version:
+            raise ArchiveCheckError(
+                f"{prefix} has Python {version}, but the python backend stub of "
+                f"{target.where} is built for Python {target.stub_python_version}: recreate "
+                f"it with python={target.stub_python_version}"
+            )
+
+
+def _pip_wheel(wheels: Path) -> Path:
+    found = sorted(wheels.glob("pip-*.whl"))
+    if not found:
+        raise PackError(f"no pip wheel was downloaded into {wheels}")
+    return found[-1]
