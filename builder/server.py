@@ -41,12 +41,18 @@ class TritonServer:
         log_verbose: int = 0,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        ports: tuple[int, int, int] | None = None,
+        exit_timeout: int = 5,
     ) -> None:
+        """``ports`` pins (http, grpc, metrics) — clients made before the server need them;
+        ``exit_timeout`` bounds how long a stop waits for idle keep-alive connections."""
         self.model_repository = Path(model_repository).resolve()
         self._distribution = distribution
         self._log_verbose = log_verbose
         self._extra_args = extra_args
         self._env = env or {}
+        self._ports = ports
+        self._exit_timeout = exit_timeout
         self._process: subprocess.Popen | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
@@ -75,7 +81,7 @@ class TritonServer:
         workdir = Path(self._workdir.name)
         python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
         backends = distribution.backend_directory(workdir / "backends", python_version)
-        self.http_port, self.grpc_port, self.metrics_port = _free_ports(3)
+        self.http_port, self.grpc_port, self.metrics_port = self._ports or free_ports(3)
         command = [
             str(distribution.tritonserver),
             f"--model-repository={self.model_repository}",
@@ -84,6 +90,7 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             f"--log-verbose={self._log_verbose}",
+            f"--exit-timeout-secs={self._exit_timeout}",
             *self._extra_args,
         ]
         with open(self.log_path, "wb") as log:
@@ -158,7 +165,8 @@ def _server_environment(distribution: TritonDistribution, extra: dict[str, str])
     return env
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
+    """``count`` ports free on 127.0.0.1 right now."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:

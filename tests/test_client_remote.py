@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-import builder.server
 from builder.aio import AsyncTritonRemoteModel
 from builder.coercion import InputError
 from builder.remote_errors import RemoteTimeoutError
 from builder.remote_model import TritonRemoteModel
 from builder.retry import RetryPolicy
-from builder.server import TritonServer
+from builder.server import TritonServer, free_ports
 from tests.client_repository import write_client_repository
 from tests.sample_repository import (
     FEATURES,
@@ -128,8 +127,7 @@ def test_timeout_is_raised_not_retried(server, scheme):
     time.sleep(1.2)  # let the one model instance finish the slow request
 
 
-def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, monkeypatch,
-                                                                  caplog):
+def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, caplog):
     """Clients made before their server exists wait for it; a restart is ridden out.
 
     The server is pinned to ports chosen in advance (the clients must know them before it
@@ -137,8 +135,7 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, monk
     leave no connection open (Triton waits for open HTTP connections when it stops).
     """
     root = write_sample_repository(tmp_path / "models")
-    ports = builder.server._free_ports(3)
-    monkeypatch.setattr(builder.server, "_free_ports", lambda count: ports)
+    ports = free_ports(3)
     http_port, grpc_port, _ = ports
     patient = RetryPolicy(retries=200, max_delay=0.5)
     models = [TritonRemoteModel(f"grpc://127.0.0.1:{grpc_port}/scale", retries=patient),
@@ -158,8 +155,8 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, monk
         return results
 
     caplog.set_level(logging.INFO, logger="builder.retry")
-    # Triton waits up to --exit-timeout-secs (30) for idle keep-alive HTTP connections to go
-    server = TritonServer(root, extra_args=("--exit-timeout-secs=2",))
+    # Triton waits up to --exit-timeout-secs for idle keep-alive HTTP connections to go
+    server = TritonServer(root, ports=tuple(ports), exit_timeout=2)
     try:
         for result in call_all_while(server.start):
             np.testing.assert_array_equal(result["Y"], expected_scale(x))
