@@ -1,0 +1,202 @@
+"""The example pipelines: in process, and served by a real ``tritonserver`` over gRPC.
+
+Acceptance: for each example the served result equals ``pipe(...)`` in process (exact for
+strings and ints, within 1e-4 for floats) on at least 20 varied inputs, one call per request,
+several calls per request, and as concurrent requests that Triton batches dynamically.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from builder import build_pipeline_model
+from builder.server import TritonServer
+from pipelines import image_classification, text_embedding, text_recognizer
+from pipelines.imaging import decode_image, encode_png, encode_pnm
+from tests.pipeline_client import assert_same, infer, infer_concurrently
+
+TEXTS = [
+    "hello world", "", "Triton serves pipelines.", "a", "THE QUICK BROWN FOX",
+    "the quick brown fox", "naïve café — déjà vu", "emoji 🚀 ok",
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17", "repeated repeated repeated",
+    "punctuation!?;:", "tabs\tand\nnewlines", "x" * 200, "mixed Case words", "日本語のテキスト",
+    "numbers 3.14159", "one", "two words", "three word text",
+    "a much longer sentence that goes past the sixteen token limit of the tokenizer for sure",
+    "  leading and trailing  ", "same", "same", "end.",
+]
+
+
+def _images() -> list[bytes]:
+    images = [image_classification.example_image(seed) for seed in range(16)]
+    images += [image_classification.example_image(seed, height=20 + seed, width=70 - seed)
+               for seed in range(16, 20)]
+    rgb = decode_image(image_classification.example_image(21))
+    images += [encode_pnm(rgb), encode_png(rgb, filter_type=4), encode_png(rgb[:, :, 1]),
+               encode_png(np.dstack([rgb, np.full(rgb.shape[:2], 255, np.uint8)]), 3)]
+    return images
+
+
+def _text_lines() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    lines = []
+    for seed in range(24):
+        text = "".join(rng.choice(list(text_recognizer.ALPHABET), rng.integers(1, 7)))
+        lines.append(text_recognizer.render(text, seed))
+    return lines
+
+
+EXAMPLES = {
+    "text_embedding": (text_embedding.pipeline, TEXTS),
+    "image_classification": (image_classification.pipeline, _images()),
+    "text_recognizer": (text_recognizer.pipeline, _text_lines()),
+}
+
+
+# -- in process -------------------------------------------------------------------------------
+def test_text_embedding_gives_unit_vectors_that_depend_on_the_text():
+    vectors = [text_embedding.pipeline(text) for text in TEXTS[:5]]
+    for vector in vectors:
+        assert vector.shape == (32,) and vector.dtype == np.float32
+        assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
+    assert len({v.tobytes() for v in vectors}) == len(vectors)
+    # the tokenizer lower-cases: same words, same vector
+    np.testing.assert_array_equal(text_embedding.pipeline("THE QUICK BROWN FOX"),
+                                  text_embedding.pipeline("the quick brown fox"))
+
+
+def test_image_classification_gives_ranked_top_k():
+    results = [image_classification.pipeline(image) for image in _images()]
+    for labels, scores in results:
+        assert len(labels) == 3 and set(labels) <= set(image_classification.LABELS)
+        assert scores.dtype == np.float32 and list(scores) == sorted(scores, reverse=True)
+    assert len({tuple(labels) for labels, _ in results}) > 5
+
+
+def test_text_recognizer_decodes_until_the_end_token():
+    texts = [text_recognizer.pipeline(line) for line in _text_lines()]
+    assert all(set(text) <= set(text_recognizer.ALPHABET) for text in texts)
+    assert all(len(text) <= text_recognizer.MAX_STEPS for text in texts)
+    assert len(set(texts)) > 10 and len({len(t) for t in texts}) > 3
+
+
+def test_example_signatures():
+    described = {name: pipeline.signature().describe() for name, (pipeline, _) in
+                 EXAMPLES.items()}
+    assert described["text_embedding"] == (
+        "inputs:\n  text: str\noutputs:\n  vec: ndarray TYPE_FP32 [32]")
+    assert described["image_classification"] == (
+        "inputs:\n  image: bytes\noutputs:\n  labels: list[str] [3]\n"
+        "  scores: ndarray TYPE_FP32 [3]")
+    assert described["text_recognizer"] == (
+        "inputs:\n  image: ndarray TYPE_UINT8 [32, 96]\noutputs:\n  text: str")
+
+
+# -- served -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """All three examples built into repositories and served by one host-process server."""
+    roots = []
+    for name, (pipeline, _) in EXAMPLES.items():
+        root = tmp_path_factory.mktemp(name) / "models"
+        build_pipeline_model(pipeline, root, name=name,
+                             dynamic_batching={"max_queue_delay_microseconds": 20000})
+        roots.append(root)
+    extra = tuple(f"--model-repository={root}" for root in roots[1:])
+    with TritonServer(roots[0], extra_args=extra) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as connected:
+        yield connected
+
+
+def _expected(name):
+    pipeline, inputs = EXAMPLES[name]
+    return pipeline, inputs, [pipeline(value) for value in inputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_served_equals_in_process_one_call_per_request(name, client):
+    pipeline, inputs, expected = _expected(name)
+    assert len(inputs) >= 20
+    signature = pipeline.signature()
+    for value, reference in zip(inputs, expected, strict=True):
+        (served,) = infer(client, name, signature, [(value,)])
+        assert_same(served, reference, where=f"{name}({value!r:.40})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_served_equals_in_process_several_calls_per_request(name, client):
+    pipeline, inputs, expected = _expected(name)
+    signature = pipeline.signature()
+    for start in range(0, len(inputs), 5):
+        calls = [(value,) for value in inputs[start:start + 5]]
+        served = infer(client, name, signature, calls)
+        assert_same(served, expected[start:start + 5], where=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_served_equals_in_process_for_concurrent_requests_batched_dynamically(name, client):
+    pipeline, inputs, expected = _expected(name)
+    models = [op.name for op in pipeline.model_ops()]
+    before = {model: _statistics(client, model) for model in [name, *models]}
+    served = infer_concurrently(client, name, pipeline.signature(), [(v,) for v in inputs])
+    assert_same(served, expected, where=name)
+    after = _statistics(client, name, at_least=before[name]["inference_count"] + len(inputs))
+    requests = after["inference_count"] - before[name]["inference_count"]
+    executions = after["execution_count"] - before[name]["execution_count"]
+    assert requests == len(inputs)
+    assert executions < requests, "Triton did not batch the concurrent requests"
+    for model in models:  # one BLS call carried the rows of several requests
+        stats = _statistics(client, model)
+        rows = stats["inference_count"] - before[model]["inference_count"]
+        calls = stats["execution_count"] - before[model]["execution_count"]
+        assert calls < rows, f"{model}: BLS calls were not batched across requests"
+
+
+def _statistics(client, model, at_least: int = 0) -> dict[str, int]:
+    """Triton's counts for ``model``; they are updated just after responses are sent."""
+    deadline = time.monotonic() + 10
+    while True:
+        (stats,) = client.get_inference_statistics(model).model_stats
+        if stats.inference_count >= at_least or time.monotonic() > deadline:
+            return {"inference_count": stats.inference_count,
+                    "execution_count": stats.execution_count}
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_the_pipeline_model_answers_plain_kserve_v2_http_json(server):
+    text = "hello over HTTP"
+    body = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/text_embedding/infer",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.loads(response.read())
+    (output,) = answer["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("vec", "FP32", [1, 32])
+    np.testing.assert_allclose(np.array(output["data"], np.float32),
+                               text_embedding.pipeline(text), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_failing_request_gets_an_error_and_the_server_keeps_serving(client):
+    signature = image_classification.pipeline.signature()
+    with pytest.raises(grpcclient.InferenceServerException,
+                       match=r"operator 'decode_image' \(map image -> rgb\) failed: ImageError"):
+        infer(client, "image_classification", signature, [(b"not an image",)])
+    image = image_classification.example_image(3)
+    (served,) = infer(client, "image_classification", signature, [(image,)])
+    assert_same(served, image_classification.pipeline(image))
