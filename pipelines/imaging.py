@@ -41,6 +41,8 @@ def decode_png(data: bytes) -> np.ndarray:
             raise ImageError("truncated PNG chunk")
         length, kind = struct.unpack(">I4s", data[position:position + 8])
         body = data[position + 8:position + 8 + length]
+        if len(body) != length:
+            raise ImageError("truncated PNG chunk")
         position += 12 + length
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
@@ -56,7 +58,10 @@ def decode_png(data: bytes) -> np.ndarray:
                          f"interlace {interlace} (8-bit non-interlaced only)")
     channels = _CHANNELS[colour]
     stride = width * channels
-    raw = np.frombuffer(zlib.decompress(b"".join(compressed)), dtype=np.uint8)
+    try:
+        raw = np.frombuffer(zlib.decompress(b"".join(compressed)), dtype=np.uint8)
+    except zlib.error as error:
+        raise ImageError(f"corrupt PNG pixel data: {error}") from None
     if raw.size != height * (stride + 1):
         raise ImageError("PNG pixel data has the wrong size")
     rows = raw.reshape(height, stride + 1)
