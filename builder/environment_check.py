@@ -187,15 +187,35 @@ def _read(path: Path, mode: str) -> _Contents:
                     record = json.loads(data)
                     if record.get("name") == "python":
                         contents.conda_python = record.get("version")
+            trailing = _read_to_end(archive)
     except (tarfile.TarError, EOFError, zlib.error, OSError, json.JSONDecodeError) as error:
         raise ArchiveCheckError(
             f"{path} is corrupt or truncated ({type(error).__name__}: {error}). Triton would "
             f"fail to extract it — and a failed extraction breaks every later environment "
             f"model in that server. Re-pack it (and check the disk it was written to)"
         ) from error
+    if trailing:
+        raise ArchiveCheckError(
+            f"{path} is corrupt or truncated: a tar header cannot be read, and archive data "
+            f"follows it (Python's tarfile stops listing there; Triton's extraction would fail "
+            f"or miss files). Re-pack it (and check the disk it was written to)"
+        )
     if not contents.names:
         raise ArchiveCheckError(f"{path} is an empty archive: re-pack the environment")
     return contents
+
+
+def _read_to_end(archive: tarfile.TarFile) -> bool:
+    """Read past the last member to the end of the stream; True if non-zero data is left.
+
+    tarfile ends its listing quietly at the first unreadable header after the first, so a
+    corrupt header would hide the rest of the archive; and a gzip stream's checksum is only
+    verified once it is read to its end.
+    """
+    trailing = False
+    while block := archive.fileobj.read(1 << 20):
+        trailing = trailing or bool(block.strip(b"\0"))
+    return trailing
 
 
 def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo, *, keep: bool) -> bytes:

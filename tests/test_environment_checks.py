@@ -93,11 +93,14 @@ def test_corrupt_archives_are_refused(docker_client, cpu_base_image, cpu_target,
         ArchiveCheckError, "corrupt or truncated")
     assert "Re-pack it" in message and "every later environment model" in message
 
+    with pytest.raises(ArchiveCheckError, match="has no numpy"):  # intact: read to the end
+        check_archive(archive, host_target())
     flipped = tmp_path / "flipped.tar.gz"
-    middle = len(data) // 2
-    flipped.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
-    with pytest.raises(ArchiveCheckError, match="corrupt or truncated"):
-        check_archive(flipped, cpu_target)
+    for tenth in range(1, 10):  # a byte flipped in a header, in file data, in the deflate stream
+        at = len(data) * tenth // 10
+        flipped.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+        with pytest.raises(ArchiveCheckError, match="corrupt or truncated"):
+            check_archive(flipped, cpu_target)
 
 
 def test_formats_triton_cannot_extract_are_refused(tmp_path):
