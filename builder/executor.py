@@ -103,12 +103,12 @@ def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> 
             elif node.kind == "flat_map":
                 produced.extend(Row(row.call, row, _unpack(node, item)) for item in
                                 _iterate(node, value))
-            elif value:
+            elif _truth(node, value):
                 passed = {out: row.get(col) for col, out in
                           zip(node.inputs, node.outputs, strict=True)}
                 produced.append(Row(row.call, row, passed))
-        except OperatorError as error:
-            failed[row.call] = error
+        except Exception as error:  # noqa: BLE001 - e.g. a generator raising mid-way
+            failed[row.call] = _failure(node, error)
     return [r for r in produced if r.call not in failed]
 
 
@@ -125,7 +125,7 @@ def _call(node: Node, argument_rows: list[tuple]) -> list[tuple[bool, Any]]:
                 return [(False, error)]
         else:
             if len(results) != len(argument_rows):
-                error = OperatorError(
+                error = _attributed(
                     f"operator {node.label}: call_batch returned {len(results)} results "
                     f"for {len(argument_rows)} rows"
                 )
@@ -142,10 +142,18 @@ def _call_one(function, args: tuple) -> tuple[bool, Any]:
         return False, error
 
 
+def _attributed(message: str) -> OperatorError:
+    """An error the executor itself words, already naming the operator."""
+    error = OperatorError(message)
+    error.attributed = True
+    return error
+
+
 def _failure(node: Node, error: BaseException) -> OperatorError:
-    if isinstance(error, OperatorError) and str(error).startswith("operator "):
+    """The error a call reports: the operator, its columns and what it raised."""
+    if getattr(error, "attributed", False):
         return error
-    failure = OperatorError(f"operator {node.label} failed: {type(error).__name__}: {error}")
+    failure = _attributed(f"operator {node.label} failed: {type(error).__name__}: {error}")
     failure.__cause__ = error
     return failure
 
@@ -156,7 +164,7 @@ def _unpack(node: Node, value: Any) -> dict[str, Any]:
     if not isinstance(value, (tuple, list)) or len(value) != len(node.outputs):
         got = f"{len(value)} values" if isinstance(value, (tuple, list)) else (
             f"one {type(value).__name__}")
-        raise OperatorError(
+        raise _attributed(
             f"operator {node.label} returned {got} for {len(node.outputs)} output columns "
             f"({', '.join(node.outputs)}); return a tuple of {len(node.outputs)}"
         )
@@ -165,9 +173,20 @@ def _unpack(node: Node, value: Any) -> dict[str, Any]:
 
 def _iterate(node: Node, value: Any) -> list[Any]:
     try:
-        return list(value)
+        iterator = iter(value)
     except TypeError:
-        raise OperatorError(
+        raise _attributed(
             f"operator {node.label}: a flat_map operator returns an iterable of rows, got "
             f"{type(value).__name__}"
         ) from None
+    return list(iterator)  # a generator's own error is the operator's failure
+
+
+def _truth(node: Node, value: Any) -> bool:
+    try:
+        return bool(value)
+    except Exception as error:  # noqa: BLE001 - e.g. a NumPy array of several booleans
+        raise _attributed(
+            f"operator {node.label}: a filter operator returns true or false, got "
+            f"{type(value).__name__} ({error})"
+        ) from error

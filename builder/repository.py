@@ -29,6 +29,7 @@ from builder.errors import BuildError, PipelineError
 from builder.export import ExportAttempt, check_formats, export_model
 from builder.operators import BlsTarget, ModelOp, validate_op_config
 from builder.pipeline import PipeBuilder, Pipeline
+from builder.pipeline_codec import signature_parameter
 from builder.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
 from builder.serialization import versions_record as _versions_record
 from builder.signature import PipelineSignature
@@ -158,6 +159,7 @@ def build_pipeline_model(
             backend="python",
             instance_count=parallelism,
             dynamic_batching=pipeline_batching,
+            parameters=signature_parameter(signature),  # lets any client rebuild the values
         ))
     result = BuildResult(root, name, signature, built)
     log.info("%s", result.report())

@@ -282,3 +282,39 @@ def test_an_output_with_no_rows_in_any_example_needs_a_declared_type():
         p.signature()
     declared = pipe.input("x").filter("x", "y", bool).output("y", schema={"y": int})
     assert declared.with_example(0).signature().outputs["y"].ragged
+
+
+def test_a_generator_failing_midway_fails_only_its_call():
+    def words(text):
+        for word in text.split():
+            if word == "bad":
+                raise ValueError("bad word")
+            yield word
+
+    p = pipe.input("text").flat_map("text", "word", words).output("word")
+    results = p.batch(["a b", "a bad c", "d"], return_exceptions=True)
+    assert results[0] == ["a", "b"] and results[2] == ["d"]
+    assert str(results[1]) == ("operator 'test_a_generator_failing_midway_fails_only_its_call."
+                               "<locals>.words' (flat_map text -> word) failed: ValueError: "
+                               "bad word")
+
+
+def test_filters_must_return_a_truth_value():
+    p = pipe.input("x").filter("x", "y", lambda x: np.array([True, False])).output("y")
+    with pytest.raises(OperatorError, match="a filter operator returns true or false, got "
+                                            "ndarray"):
+        p(1)
+
+
+def test_call_batch_must_return_one_result_per_row():
+    class Short:
+        def __call__(self, x):
+            return x
+
+        def call_batch(self, rows):
+            return [1]
+
+    p = pipe.input("x").map("x", "y", Short()).output("y")
+    results = p.batch([1, 2], return_exceptions=True)
+    assert [str(r) for r in results] == [
+        "operator 'Short' (map x -> y): call_batch returned 1 results for 2 rows"] * 2

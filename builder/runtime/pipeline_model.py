@@ -245,7 +245,11 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:
             continue
         spans.append((index, len(calls), len(values)))
         calls.extend(values)
-    results = pipeline.run(calls)
+    try:
+        results = pipeline.run(calls)
+    except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
+        message = f"pipeline failed: {type(error).__name__}: {error}"
+        return [r if r is not None else api.error_response(message) for r in responses]
     for index, start, count in spans:
         own = results[start:start + count]
         failed = next((r for r in own if not r.ok), None)
