@@ -5,8 +5,11 @@ Dockerfile line passes a filter that refuses what could start another instructio
 
 * ``sh`` — shell-quote a value for a ``RUN`` line;
 * ``json`` — a JSON string, for exec-form ``CMD``/``ENTRYPOINT``;
-* ``value`` — a quoted ``LABEL``/``ENV`` value with ``$`` escaped (Docker expands it there);
-* ``word`` — an image reference, path or user name that must be one plain token.
+* ``value`` — a double-quoted ``LABEL``/``ENV`` value: backslash, ``"`` and ``$`` escaped the way
+  the Dockerfile parser unescapes them (Docker expands ``$`` there), anything else kept as is;
+* ``label_key`` — a label key: letters, digits, ``.``, ``_``, ``/``, ``-``;
+* ``word`` — an image reference, path or user name that must be one plain token;
+* ``path`` — an absolute path inside the image, one plain token.
 
 A newline in any value is rejected outright: it is the one way to inject a build step.
 """
@@ -47,11 +50,14 @@ def _environment() -> ImmutableSandboxedEnvironment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    environment.filters.update(sh=_shell_quote, json=_json_string, value=_value, word=_word)
+    environment.filters.update(sh=_shell_quote, json=_json_string, value=_value, word=_word,
+                               path=_path, label_key=_label_key)
     return environment
 
 
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+=,-]*$")
+_PATH = re.compile(r"^/[A-Za-z0-9_./@+=,-]*$")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
 def _single_line(value: object) -> str:
@@ -70,11 +76,26 @@ def _json_string(value: object) -> str:
 
 
 def _value(value: object) -> str:
-    return _json_string(value).replace("$", "\\$")
+    text = _single_line(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def _label_key(value: object) -> str:
+    text = _single_line(value)
+    if not _LABEL_KEY.fullmatch(text):
+        raise DockerfileError(f"not a label key: {text!r}")
+    return text
 
 
 def _word(value: object) -> str:
     text = _single_line(value)
     if not _WORD.match(text):
         raise DockerfileError(f"not a plain image name, path or word: {text!r}")
+    return text
+
+
+def _path(value: object) -> str:
+    text = _single_line(value)
+    if not _PATH.match(text) or ".." in text.split("/"):
+        raise DockerfileError(f"not a plain absolute path: {text!r}")
     return text

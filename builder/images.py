@@ -56,11 +56,10 @@ def build_image(
     """Build ``context`` and tag the result with every name in ``tags``.
 
     The first tag is given to the build; the others are added only once the build succeeded,
-    so a failure never leaves a tag pointing at a broken image.
+    so a failure never leaves a tag pointing at a broken image. With no tags the image is left
+    untagged (known by its ID), for callers that tag only after checking it.
     """
     tags = list(tags)
-    if not tags:
-        raise ValueError("build_image needs at least one tag")
     step, step_output, log = "", [], []
     image_id = None
     stream = client.api.build(
@@ -92,6 +91,28 @@ def build_image(
         repository, version = split_tag(tag)
         image.tag(repository, version)
     return BuiltImage(id=image.id, tags=tags, built=True, log=log)
+
+
+_NAME_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    r"^(?:(?P<host>(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*"
+    r"[A-Za-z0-9])?)*(?::[0-9]+)?)/)?"
+    rf"(?P<path>{_NAME_COMPONENT}(?:/{_NAME_COMPONENT})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+)
+
+
+def validate_reference(reference: str) -> str:
+    """Return ``reference`` if it is a valid ``[host[:port]/]name[:tag]``, else raise ValueError.
+
+    The grammar is the distribution project's (lowercase path components, tags of at most 128
+    word characters): anything else — spaces, newlines, ``$(...)``, quotes — is refused before
+    it reaches the engine.
+    """
+    if not isinstance(reference, str) or not _REFERENCE.fullmatch(reference):
+        raise ValueError(f"not a valid image reference ([host[:port]/]name[:tag], lowercase "
+                         f"name): {reference!r}")
+    return reference
 
 
 def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> BuiltImage | None:

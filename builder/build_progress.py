@@ -1,0 +1,62 @@
+"""Showing a build as it happens: a rich progress bar on a terminal, plain lines elsewhere.
+
+A build is minutes of silence otherwise. On a terminal the current ``Step N/M`` drives a bar (and
+cached steps say so); in CI logs and pipes, where bars turn into noise, every line of the build
+log is printed as it comes. Either way the caller gets an ``on_log`` callable for
+:func:`builder.images.build_image`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import IO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+
+
+class BuildProgress:
+    """``with BuildProgress("building x") as progress: build_image(..., on_log=progress)``."""
+
+    def __init__(self, title: str, *, stream: IO[str] | None = None,
+                 plain: bool | None = None) -> None:
+        self.title = title
+        self.console = Console(file=stream or sys.stderr, highlight=False)
+        self.plain = (not self.console.is_terminal) if plain is None else plain
+        self.cached_steps = 0
+        self.steps = 0
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> BuildProgress:
+        if self.plain:
+            self.console.print(self.title, markup=False)
+        else:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=self.console, transient=False)
+            self._progress.start()
+            self._task = self._progress.add_task(self.title, total=None)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __call__(self, line: str) -> None:
+        step = _STEP.match(line)
+        if step:
+            self.steps = int(step.group(2))
+        if line.strip() == "---> Using cache":
+            self.cached_steps += 1
+        if self.plain or self._progress is None:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if step:
+            number, total, instruction = int(step.group(1)), int(step.group(2)), step.group(3)
+            self._progress.update(self._task, total=total, completed=number - 1,
+                                  description=f"{self.title}: {instruction[:60]}")

@@ -1,0 +1,243 @@
+"""Which Triton base image serves a pipeline built for a given CUDA version.
+
+Users say ``cuda='11.8'``; what they need is an ``nvcr.io/nvidia/tritonserver`` release whose CUDA,
+Python (the environment tarball must match the python backend stub), Ubuntu and minimum host
+driver fit their machines. Mismatches between those are the most common complaint about tools
+like ours, so they live in one table (:data:`RELEASES`), and :func:`resolve` is the only way to
+pick a base image.
+
+Sources:
+
+* CUDA per release, Triton versions (``YY.MM`` → ``2.X``, X = 7 at 21.02, +1 a month) and
+  Ubuntu/Python per release: ``REFERENCE.md`` ("nvcr.io/nvidia/tritonserver releases"), which
+  was gathered from the Triton release notes,
+  https://docs.nvidia.com/deeplearning/triton-inference-server/release-notes/ (rel-YY-MM.html).
+* Minimum driver: the "Driver Requirements" paragraph of each release's note, where we read it
+  (column ``NOTES``). Where we did not find the note, the value is the CUDA toolkit's minimum
+  driver for that CUDA minor (CUDA Toolkit release notes, "CUDA Toolkit and Corresponding
+  Driver Versions"; column ``TOOLKIT``) — :attr:`Release.driver_source` says which.
+* The notes are not always consistent with the toolkit: 24.03, 24.04 (CUDA 12.4) and 24.06
+  (12.5) say 545, 25.03 (12.8) says 560, 25.08 and 25.10 (13.0) say 575, lower than the
+  toolkit's 550 / 555 / 570 / 580. We keep what the note says; :attr:`Release.toolkit_driver`
+  carries the toolkit's value beside it, and :attr:`Release.safe_driver` is the larger of the two
+  (what we tell users to install). Data-center GPUs can run older drivers in forward-compatibility
+  mode (each note lists them); we do not model that.
+* From 25.01 the containers need compute capability 7.5 or newer (release notes, "GPU
+  Requirements"); before, 6.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from builder.base import cpu_base_tag
+from builder.distribution import TRITON_VERSION
+
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver"
+CPU_PYTHON = "3.11"
+
+NOTES, TOOLKIT = "release-notes", "cuda-toolkit"
+
+TOOLKIT_DRIVER = {
+    "11.4": 470, "11.5": 495, "11.6": 510, "11.7": 515, "11.8": 520, "12.0": 525, "12.1": 530,
+    "12.2": 535, "12.3": 545, "12.4": 550, "12.5": 555, "12.6": 560, "12.8": 570, "12.9": 575,
+    "13.0": 580,
+}
+"""Minimum Linux driver branch of each CUDA toolkit minor (CUDA Toolkit release notes)."""
+
+# release, Triton, CUDA, Python, Ubuntu, minimum driver, where that driver value comes from,
+# known defect of the release (such releases are skipped unless asked for by version).
+# Triton = 2.(7 + months since 21.02) until 25.06; 25.07 is a patch release (2.59.1), so from
+# 25.08 the minor runs one behind the month rule (REFERENCE.md: 25.08–25.11 = 2.60–2.63).
+RELEASES_TABLE: tuple[tuple[str, str, str, str, str, int, str, str], ...] = (
+    ("21.07", "2.12.0", "11.4", "3.8", "20.04", 470, NOTES, ""),
+    ("21.08", "2.13.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
+    ("21.09", "2.14.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
+    ("21.10", "2.15.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
+    ("21.11", "2.16.0", "11.5", "3.8", "20.04", 495, NOTES, ""),
+    ("21.12", "2.17.0", "11.5", "3.8", "20.04", 495, NOTES, ""),
+    ("22.01", "2.18.0", "11.6", "3.8", "20.04", 510, NOTES, ""),
+    ("22.02", "2.19.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
+    ("22.03", "2.20.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
+    ("22.04", "2.21.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
+    ("22.05", "2.22.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
+    ("22.06", "2.23.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
+    ("22.07", "2.24.0", "11.7", "3.8", "20.04", 515, TOOLKIT, ""),
+    ("22.08", "2.25.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
+    ("22.09", "2.26.0", "11.8", "3.8", "20.04", 520, TOOLKIT, ""),
+    ("22.10", "2.27.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
+    ("22.11", "2.28.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
+    ("22.12", "2.29.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
+    ("23.01", "2.30.0", "12.0", "3.8", "20.04", 525, TOOLKIT, ""),
+    ("23.02", "2.31.0", "12.0", "3.8", "20.04", 525, TOOLKIT, ""),
+    ("23.03", "2.32.0", "12.1", "3.8", "20.04", 530, TOOLKIT, ""),
+    ("23.04", "2.33.0", "12.1", "3.8", "20.04", 530, NOTES, ""),
+    ("23.05", "2.34.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
+    ("23.06", "2.35.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
+    ("23.07", "2.36.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
+    ("23.08", "2.37.0", "12.2", "3.10", "22.04", 535, NOTES, ""),
+    ("23.09", "2.38.0", "12.2", "3.10", "22.04", 535, TOOLKIT, ""),
+    ("23.10", "2.39.0", "12.2", "3.10", "22.04", 535, TOOLKIT, ""),
+    ("23.11", "2.40.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
+    ("23.12", "2.41.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
+    ("24.01", "2.42.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
+    ("24.02", "2.43.0", "12.3", "3.10", "22.04", 545, TOOLKIT,
+     "shipped without the onnxruntime backend (triton-inference-server/server#6991)"),
+    ("24.03", "2.44.0", "12.4", "3.10", "22.04", 545, NOTES, ""),
+    ("24.04", "2.45.0", "12.4", "3.10", "22.04", 545, NOTES, ""),
+    ("24.05", "2.46.0", "12.4", "3.10", "22.04", 550, TOOLKIT, ""),
+    ("24.06", "2.47.0", "12.5", "3.10", "22.04", 545, NOTES, ""),
+    ("24.07", "2.48.0", "12.5", "3.10", "22.04", 555, NOTES, ""),
+    ("24.08", "2.49.0", "12.6", "3.10", "22.04", 560, NOTES, ""),
+    ("24.09", "2.50.0", "12.6", "3.10", "22.04", 560, TOOLKIT, ""),
+    ("24.10", "2.51.0", "12.6", "3.10", "22.04", 560, NOTES, ""),
+    ("24.11", "2.52.0", "12.6", "3.12", "24.04", 560, TOOLKIT, ""),
+    ("24.12", "2.53.0", "12.6", "3.12", "24.04", 560, TOOLKIT, ""),
+    ("25.01", "2.54.0", "12.8", "3.12", "24.04", 570, TOOLKIT, ""),
+    ("25.02", "2.55.0", "12.8", "3.12", "24.04", 570, TOOLKIT, ""),
+    ("25.03", "2.56.0", "12.8", "3.12", "24.04", 560, NOTES, ""),
+    ("25.04", "2.57.0", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
+    ("25.05", "2.58.0", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
+    ("25.06", "2.59.0", "12.9", "3.12", "24.04", 575, NOTES, ""),
+    ("25.07", "2.59.1", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
+    ("25.08", "2.60.0", "13.0", "3.12", "24.04", 575, NOTES, ""),
+    ("25.09", "2.61.0", "13.0", "3.12", "24.04", 580, TOOLKIT, ""),
+    ("25.10", "2.62.0", "13.0", "3.12", "24.04", 575, NOTES, ""),
+    ("25.11", "2.63.0", "13.0", "3.12", "24.04", 580, TOOLKIT, ""),
+)
+
+
+class UnsupportedCudaError(ValueError):
+    """No release matches the requested CUDA version, Triton version or base image."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One base image to build on: an NGC release, or our CPU base (``gpu=False``)."""
+
+    release: str
+    """``YY.MM`` of the NGC container, or ``"cpu"``."""
+    triton_version: str
+    cuda: str | None
+    python_version: str
+    """The Python of the python backend stub: the environment tarball must have the same."""
+    ubuntu: str | None
+    min_driver: int | None
+    driver_source: str | None
+    image: str
+    gpu: bool
+    known_issue: str = ""
+
+    @property
+    def toolkit_driver(self) -> int | None:
+        """The CUDA toolkit's minimum driver branch for this release's CUDA."""
+        return TOOLKIT_DRIVER.get(self.cuda) if self.cuda else None
+
+    @property
+    def safe_driver(self) -> int | None:
+        """The driver branch we recommend: the stricter of the release note and the toolkit."""
+        values = [v for v in (self.min_driver, self.toolkit_driver) if v is not None]
+        return max(values) if values else None
+
+    @property
+    def min_compute_capability(self) -> str | None:
+        if not self.gpu:
+            return None
+        return "7.5" if self.release >= "25.01" else "6.0"
+
+    def describe(self) -> str:
+        if not self.gpu:
+            return (f"CPU base {self.image} (Triton {self.triton_version}, "
+                    f"Python {self.python_version})")
+        return (f"{self.image} (Triton {self.triton_version}, CUDA {self.cuda}, Python "
+                f"{self.python_version}, Ubuntu {self.ubuntu}, driver >= {self.safe_driver})")
+
+
+RELEASES: tuple[Release, ...] = tuple(
+    Release(release=r, triton_version=t, cuda=c, python_version=p,
+            ubuntu=u, min_driver=d, driver_source=s, image=f"{NGC_IMAGE}:{r}-py3", gpu=True,
+            known_issue=k)
+    for r, t, c, p, u, d, s, k in RELEASES_TABLE
+)
+
+
+def cpu_release(python_version: str = CPU_PYTHON) -> Release:
+    """Our CPU base (:mod:`builder.base`): Triton from the ``nvidia-pytriton`` wheel."""
+    return Release(release="cpu", triton_version=TRITON_VERSION, cuda=None,
+                   python_version=python_version, ubuntu=None, min_driver=None,
+                   driver_source=None, image=cpu_base_tag(python_version), gpu=False)
+
+
+def supported_cuda_versions() -> list[str]:
+    return sorted({r.cuda for r in RELEASES if r.cuda}, key=_version_key)
+
+
+def resolve(
+    cuda: str | float | None = None,
+    triton_version: str | None = None,
+    base_image: str | None = None,
+) -> Release:
+    """The release to build on.
+
+    ``cuda='11.8'`` gives the newest release built on CUDA 11.8 that has no known defect;
+    ``triton_version`` (``'2.29'``, ``'2.29.0'`` or the release ``'22.12'``) picks one exactly;
+    ``base_image`` keeps the release's facts (Python above all) but builds on another image,
+    e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base.
+    """
+    cuda_minor = _cuda_minor(cuda)
+    if cuda_minor is None:
+        release = cpu_release()
+        if triton_version and _normal_triton(triton_version) not in (
+                _normal_triton(TRITON_VERSION), "cpu"):
+            raise UnsupportedCudaError(
+                f"the CPU base is Triton {TRITON_VERSION}; Triton {triton_version} exists only "
+                f"as an NGC GPU image: pass cuda= (one of {', '.join(supported_cuda_versions())})")
+        return replace(release, image=base_image) if base_image else release
+
+    candidates = [r for r in RELEASES if r.cuda == cuda_minor]
+    if not candidates:
+        raise UnsupportedCudaError(
+            f"no nvcr.io/nvidia/tritonserver release is built on CUDA {cuda}; supported CUDA "
+            f"versions: {', '.join(supported_cuda_versions())}, or cuda=None / 'cpu' for the "
+            f"CPU base")
+    if triton_version:
+        wanted = _normal_triton(triton_version)
+        matches = [r for r in candidates
+                   if wanted in (r.release, _normal_triton(r.triton_version))]
+        if not matches:
+            choices = ", ".join(f"{r.triton_version} ({r.release})" for r in candidates)
+            raise UnsupportedCudaError(
+                f"Triton {triton_version} is not built on CUDA {cuda_minor}; releases for CUDA "
+                f"{cuda_minor}: {choices}")
+        release = matches[-1]
+    else:
+        healthy = [r for r in candidates if not r.known_issue]
+        release = (healthy or candidates)[-1]
+    return replace(release, image=base_image) if base_image else release
+
+
+def _cuda_minor(cuda: str | float | None) -> str | None:
+    if cuda is None:
+        return None
+    text = str(cuda).strip().lower()
+    if text in ("", "cpu", "none"):
+        return None
+    parts = text.removeprefix("cuda").strip().split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise UnsupportedCudaError(
+            f"not a CUDA version: {cuda!r}; supported: {', '.join(supported_cuda_versions())}, "
+            f"or cuda=None / 'cpu' for the CPU base")
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
+def _normal_triton(version: str) -> str:
+    """``'2.51'`` and ``'2.51.0'`` compare equal; release names (``'24.10'``) pass through."""
+    text = str(version).strip().lower().removeprefix("v")
+    parts = text.split(".")
+    if len(parts) == 2 and parts[0] == "2":
+        return f"{text}.0"
+    return text
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))

@@ -1,0 +1,124 @@
+"""The labels of a serving image: what it is, what it serves, and what it was built from.
+
+Two families: the OCI annotation keys every registry UI and scanner reads
+(``org.opencontainers.image.*``), and ours (``ai.triton-builder.*``) — the served signature, the
+Triton/CUDA/Python it needs, the environment's hash and the content hash of the build inputs.
+
+Labels reach the engine through the build API, never through the Dockerfile: a label value can
+hold anything (JSON, newlines) without any way to inject a build step, and the legacy builder
+applies them as one last metadata step, so changing a label does not invalidate a layer.
+
+``created`` is the one label that differs between two builds of the same inputs. It is kept out of
+the content hash, and it follows ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds
+convention), so CI can make it deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from builder.cuda import Release
+from builder.images import CONTENT_HASH_LABEL, split_tag
+
+PREFIX = "ai.triton-builder."
+OCI = "org.opencontainers.image."
+CREATED = OCI + "created"
+SIGNATURE = PREFIX + "signature"
+ENVIRONMENT_HASH = PREFIX + "environment-hash"
+PAYLOAD_HASH = PREFIX + "payload-hash"
+STAGE = PREFIX + "stage"
+UNHASHED = frozenset({CREATED})
+"""Labels that do not take part in the content hash."""
+
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+class LabelError(ValueError):
+    """A label key is not a plain dotted name, or one of ours is overridden."""
+
+
+def created_timestamp() -> str:
+    """RFC 3339 time of the build: ``SOURCE_DATE_EPOCH`` if set, else now (UTC, seconds)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    moment = (datetime.fromtimestamp(int(epoch), timezone.utc) if epoch and epoch.isdigit()
+              else datetime.now(timezone.utc))
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def serving_labels(
+    *,
+    release: Release,
+    image_name: str,
+    base_digest: str,
+    environment_hash: str,
+    signature: Mapping[str, Any] | str,
+    version: str | None = None,
+    revision: str | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Every label of a serving image except the content hash and ``created`` (added last)."""
+    repository, tag = split_tag(image_name)
+    labels = {
+        OCI + "title": repository.rsplit("/", 1)[-1],
+        OCI + "version": version or tag,
+        OCI + "base.name": release.image,
+        OCI + "base.digest": base_digest,
+        PREFIX + "release": release.release,
+        PREFIX + "triton-version": release.triton_version,
+        PREFIX + "cuda": release.cuda or "cpu",
+        PREFIX + "python-version": release.python_version,
+        ENVIRONMENT_HASH: environment_hash,
+        SIGNATURE: signature if isinstance(signature, str) else _compact_json(signature),
+        STAGE: "serving",
+    }
+    if revision:
+        labels[OCI + "revision"] = revision
+    if release.gpu and release.safe_driver:
+        labels[PREFIX + "min-driver"] = str(release.safe_driver)
+    for key, value in (extra or {}).items():
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise LabelError(f"not a label key (letters, digits, '.', '_', '/', '-'): {key!r}")
+        if key.startswith(PREFIX) or key == CONTENT_HASH_LABEL:
+            raise LabelError(f"{key} is set by triton-builder and cannot be overridden")
+        labels[key] = str(value)
+    return labels
+
+
+def hashed(labels: Mapping[str, str]) -> str:
+    """The labels that identify the build, as stable text for the content hash."""
+    return _compact_json({k: v for k, v in labels.items() if k not in UNHASHED})
+
+
+def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:
+    """Inputs and outputs (name, Triton dtype, dims) of every model, read from config.pbtxt.
+
+    The pipeline's own signature is better when there is one; this keeps the label meaningful
+    for any hand-written repository.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    models: dict[str, Any] = {}
+    for config_path in sorted(Path(repository).glob("*/config.pbtxt")):
+        config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
+
+        def tensors(items: Any) -> list[dict[str, Any]]:
+            return [{"name": t.name, "dtype": mc.DataType.Name(t.data_type),
+                     "shape": list(t.dims)} for t in items]
+
+        models[config.name or config_path.parent.name] = {
+            "max_batch_size": config.max_batch_size,
+            "inputs": tensors(config.input),
+            "outputs": tensors(config.output),
+        }
+    return {"models": models}
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

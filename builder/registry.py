@@ -1,0 +1,170 @@
+"""Asking a registry which manifest a tag names: the check that a push really landed.
+
+``GET /v2/<name>/manifests/<tag>`` with the manifest media types in ``Accept`` answers with a
+``Docker-Content-Digest`` header. Registries that want credentials answer 401 with a
+``WWW-Authenticate`` challenge (a bearer-token realm, or Basic); the credentials come from the
+Docker configuration (``~/.docker/config.json``, credential helpers included) through the
+Docker SDK's own reader — never from arguments, so no secret passes through our code paths or
+reaches an image.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from docker import auth as docker_auth
+
+MANIFEST_TYPES = ", ".join((
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+))
+DOCKER_HUB = "registry-1.docker.io"
+
+
+class RegistryError(RuntimeError):
+    """The registry could not be asked, or refused to say."""
+
+
+@dataclass(frozen=True)
+class RegistryReference:
+    """``host/name:tag`` split the way the engine splits it."""
+
+    host: str
+    name: str
+    tag: str
+
+    @classmethod
+    def parse(cls, reference: str) -> RegistryReference:
+        remainder, tag = reference, "latest"
+        last = reference.rsplit("/", 1)[-1]
+        if ":" in last:
+            remainder, tag = reference.rsplit(":", 1)
+        first, _, rest = remainder.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            return cls(first, rest, tag)
+        name = remainder if "/" in remainder else f"library/{remainder}"
+        return cls(DOCKER_HUB, name, tag)
+
+    @property
+    def auth_key(self) -> str:
+        return "https://index.docker.io/v1/" if self.host == DOCKER_HUB else self.host
+
+
+def manifest_digest(reference: str, *, insecure: bool | None = None,
+                    timeout: float = 15.0) -> str:
+    """The digest the registry holds for ``reference`` (``sha256:…``).
+
+    ``insecure`` allows plain HTTP (the engine's "insecure registries"; loopback hosts are
+    insecure by default, as they are for the engine).
+    """
+    ref = RegistryReference.parse(reference)
+    if insecure is None:
+        insecure = is_loopback(ref.host)
+    path = f"/v2/{ref.name}/manifests/{urllib.parse.quote(ref.tag)}"
+    errors = []
+    for scheme in ("https", "http") if insecure else ("https",):
+        url = f"{scheme}://{ref.host}{path}"
+        try:
+            return _get_digest(url, ref, timeout)
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError, TimeoutError) as error:
+            if isinstance(error, urllib.error.HTTPError):
+                raise RegistryError(_http_message(ref, error)) from None
+            errors.append(f"{url}: {getattr(error, 'reason', error)}")
+    raise RegistryError(f"cannot reach the registry {ref.host}: " + "; ".join(errors))
+
+
+def is_loopback(host: str) -> bool:
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _get_digest(url: str, ref: RegistryReference, timeout: float) -> str:
+    headers = {"Accept": MANIFEST_TYPES}
+    try:
+        return _digest_of(_open(url, headers, timeout), ref)
+    except urllib.error.HTTPError as error:
+        if error.code != 401:
+            raise
+        challenge = error.headers.get("WWW-Authenticate", "")
+    headers["Authorization"] = _authorization(challenge, ref, timeout)
+    return _digest_of(_open(url, headers, timeout), ref)
+
+
+def _open(url: str, headers: dict[str, str], timeout: float):
+    request = urllib.request.Request(url, headers=headers, method="GET")
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def _digest_of(response, ref: RegistryReference) -> str:
+    with response:
+        digest = response.headers.get("Docker-Content-Digest")
+    if not digest:
+        raise RegistryError(f"{ref.host} did not send Docker-Content-Digest for "
+                            f"{ref.name}:{ref.tag}")
+    return digest
+
+
+def _credentials(ref: RegistryReference) -> tuple[str, str] | None:
+    config = docker_auth.load_config()
+    found = docker_auth.resolve_authconfig(config, ref.auth_key) or {}
+    username = found.get("username") or found.get("Username")
+    password = found.get("password") or found.get("Password")
+    if username and password:
+        return username, password
+    return None
+
+
+def _authorization(challenge: str, ref: RegistryReference, timeout: float) -> str:
+    scheme, _, params = challenge.partition(" ")
+    credentials = _credentials(ref)
+    if scheme.lower() == "basic":
+        if credentials is None:
+            raise RegistryError(f"{ref.host} wants a login: run `docker login {ref.host}`")
+        return "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
+    if scheme.lower() != "bearer":
+        raise RegistryError(f"{ref.host} asks for an unknown authentication: {challenge!r}")
+    fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+    realm = fields.pop("realm", "")
+    if not realm:
+        raise RegistryError(f"{ref.host} sent a bearer challenge without a realm")
+    fields.setdefault("scope", f"repository:{ref.name}:pull")
+    request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
+    if credentials is not None:
+        token = base64.b64encode(":".join(credentials).encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as error:
+        raise RegistryError(f"{ref.host} refused a token for {ref.name} ({error.code}); "
+                            f"run `docker login {ref.host}`") from None
+    token = answer.get("token") or answer.get("access_token")
+    if not token:
+        raise RegistryError(f"{ref.host}'s token service sent no token")
+    return f"Bearer {token}"
+
+
+def _http_message(ref: RegistryReference, error: urllib.error.HTTPError) -> str:
+    if error.code == 404:
+        return f"{ref.host} has no manifest {ref.name}:{ref.tag} (404)"
+    if error.code in (401, 403):
+        return f"{ref.host} refused to show {ref.name}:{ref.tag} ({error.code}): docker login?"
+    return f"{ref.host} answered {error.code} for {ref.name}:{ref.tag}: {error.reason}"

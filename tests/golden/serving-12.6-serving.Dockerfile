@@ -1,0 +1,8 @@
+# Triton 2.53.0 on CUDA 12.6 (tritonserver 24.12): Python 3.12, Ubuntu 24.04.
+# Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
+# Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+
+FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+
+# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+COPY models/ /models/

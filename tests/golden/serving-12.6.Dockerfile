@@ -1,0 +1,20 @@
+# Triton 2.53.0 on CUDA 12.6 (tritonserver 24.12): Python 3.12, Ubuntu 24.04.
+# Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
+# Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+
+FROM nvcr.io/nvidia/tritonserver:24.12-py3
+# Read by the NVIDIA container runtime: NGC's full images set them, -min and custom bases may not.
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+# 1. Python environment(s) for the python backend: the largest, most stable layer.
+COPY environment/ /
+
+# 2. Model weights.
+COPY weights/ /models/
+
+EXPOSE 8000 8001 8002
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
+CMD ["tritonserver", "--model-repository=/models"]
+
+# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+COPY models/ /models/

@@ -1,0 +1,17 @@
+# Triton 2.51.0 on the CPU base (the nvidia-pytriton wheel's server in the NGC layout): Python 3.11.
+# Rendered by triton-builder. Run: docker run --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+
+FROM triton-builder/tritonserver-cpu:2.51.0-py3.11
+
+# 1. Python environment(s) for the python backend: the largest, most stable layer.
+COPY environment/ /
+
+# 2. Model weights.
+COPY weights/ /models/
+
+EXPOSE 8000 8001 8002
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
+CMD ["tritonserver", "--model-repository=/models"]
+
+# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+COPY models/ /models/
