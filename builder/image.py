@@ -138,7 +138,7 @@ def build_image_from_repository(
             check_environment_python(entry.source, release)
 
     with _progress(f"base image {release.image}", on_log) as log:
-        base = _ensure_base(client, release, log)
+        base = ensure_base_image(client, release, on_log=log)
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
         render_serving_dockerfile(release, options=options, stage="payload", **layers),
@@ -240,7 +240,14 @@ def _references(image_name: str, tags: Iterable[str]) -> list[str]:
     return references
 
 
-def _ensure_base(client: docker.DockerClient, release: Release, log: Log):
+def ensure_base_image(client: docker.DockerClient, release: Release, *,
+                      on_log: Log | None = None):
+    """The release's base image on this engine: found, built (our CPU base) or pulled.
+
+    The environment must be packed against this image (its Python, its glibc), so callers that
+    pack one get the base here first.
+    """
+    log = on_log or (lambda line: None)
     try:
         return client.images.get(release.image)
     except docker.errors.ImageNotFound:

@@ -95,29 +95,42 @@ def hashed(labels: Mapping[str, str]) -> str:
     return _compact_json({k: v for k, v in labels.items() if k not in UNHASHED})
 
 
-def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:
-    """Inputs and outputs (name, Triton dtype, dims) of every model, read from config.pbtxt.
+PIPELINE_SIGNATURE_PARAMETER = "pipeline_signature"
+"""The config parameter in which a pipeline model carries its signature (builder.pipeline_codec)."""
 
-    The pipeline's own signature is better when there is one; this keeps the label meaningful
-    for any hand-written repository.
+
+def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:
+    """What the repository serves, read from its ``config.pbtxt`` files.
+
+    ``models``: inputs and outputs (name, Triton dtype, dims) of every model. ``pipelines``: the
+    signature a pipeline model carries in its ``pipeline_signature`` parameter (column names,
+    dtypes, dims and Python kinds), for every model that has one.
     """
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
     models: dict[str, Any] = {}
+    pipelines: dict[str, Any] = {}
     for config_path in sorted(Path(repository).glob("*/config.pbtxt")):
         config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
+        name = config.name or config_path.parent.name
 
         def tensors(items: Any) -> list[dict[str, Any]]:
             return [{"name": t.name, "dtype": mc.DataType.Name(t.data_type),
                      "shape": list(t.dims)} for t in items]
 
-        models[config.name or config_path.parent.name] = {
-            "max_batch_size": config.max_batch_size,
-            "inputs": tensors(config.input),
-            "outputs": tensors(config.output),
-        }
-    return {"models": models}
+        models[name] = {"max_batch_size": config.max_batch_size,
+                        "inputs": tensors(config.input), "outputs": tensors(config.output)}
+        carried = config.parameters.get(PIPELINE_SIGNATURE_PARAMETER)
+        if carried is not None and carried.string_value:
+            try:
+                pipelines[name] = json.loads(carried.string_value)
+            except ValueError:
+                pipelines[name] = carried.string_value
+    summary: dict[str, Any] = {"models": models}
+    if pipelines:
+        summary["pipelines"] = pipelines
+    return summary
 
 
 def _compact_json(value: Any) -> str:
