@@ -296,7 +296,8 @@ def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
         onnx_model = export_onnx(op, Path(scratch), reference, tolerance)
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+        explicit = int(trt.__version__.split(".")[0]) < 10  # always explicit from TRT 10
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if explicit else 0
         network = builder.create_network(flags)
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(Path(scratch) / "model.onnx")):

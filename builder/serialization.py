@@ -67,13 +67,13 @@ class _ServingPickler(cloudpickle.Pickler):
 def user_code_by_value() -> Iterator[list[str]]:
     """Register every imported non-installed module with cloudpickle as by-value, then undo it."""
     registered = []
+    # Modules the user registered themselves stay registered afterwards.
+    already = set(getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ()))
     try:
         for name in user_modules():
-            module = sys.modules[name]
-            try:
-                cloudpickle.register_pickle_by_value(module)
-            except ValueError:  # already registered by the user
+            if name in already:
                 continue
+            cloudpickle.register_pickle_by_value(sys.modules[name])
             registered.append(name)
         yield registered
     finally:

@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from builder import build_pipeline_model
+from builder.export import onnx_io
 from builder.server import TritonServer
 from pipelines import image_classification, text_embedding, text_recognizer
 from pipelines.imaging import decode_image, encode_png, encode_pnm
@@ -99,14 +104,44 @@ def test_example_signatures():
 
 # -- served -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """All three examples built into repositories and served by one host-process server."""
+def repositories(tmp_path_factory) -> list[Path]:
+    """Each example built into its own repository (its pipeline model named after it)."""
     roots = []
     for name, (pipeline, _) in EXAMPLES.items():
         root = tmp_path_factory.mktemp(name) / "models"
         build_pipeline_model(pipeline, root, name=name,
                              dynamic_batching={"max_queue_delay_microseconds": 20000})
         roots.append(root)
+    return roots
+
+
+def test_example_configs_round_trip_and_match_their_onnx_models(repositories):
+    models = {}
+    for root in repositories:
+        for path in root.glob("*/config.pbtxt"):
+            text = path.read_text()
+            config = text_format.Parse(text, mc.ModelConfig())
+            assert text_format.MessageToString(config) == text
+            models[config.name] = config
+            for model_file in path.parent.glob("1/model.onnx"):
+                inputs, outputs = onnx_io(onnx.load(str(model_file)))
+                for declared, tensors in ((inputs, config.input), (outputs, config.output)):
+                    assert [(t.name, t.dtype, t.dims) for t in declared] == [
+                        (t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in tensors]
+    assert sorted(models) == ["image_classification", "image_classifier", "recognizer_decoder",
+                              "recognizer_encoder", "text_embedding", "text_encoder",
+                              "text_recognizer"]
+    decoder = models["recognizer_decoder"]
+    assert [(t.name, list(t.dims)) for t in decoder.input] == [("tokens", [-1]),
+                                                               ("memory", [24, 32])]
+    assert [(t.name, list(t.dims)) for t in models["text_recognizer"].input] == [
+        ("image", [32, 96])]
+
+
+@pytest.fixture(scope="module")
+def server(repositories):
+    """All three examples served by one host-process server."""
+    roots = repositories
     extra = tuple(f"--model-repository={root}" for root in roots[1:])
     with TritonServer(roots[0], extra_args=extra) as running:
         yield running

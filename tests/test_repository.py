@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -227,3 +228,12 @@ def test_bad_options_are_refused_before_writing(options, message, tmp_path):
 def test_an_unfinished_pipeline_is_refused(tmp_path):
     with pytest.raises(BuildError, match=r"unfinished: end it with \.output"):
         build_pipeline_model(pipe.input("x").map("x", "y", abs), tmp_path / "models")
+
+
+def test_the_pipeline_config_carries_its_signature_for_clients(repository):
+    root, result = repository
+    config = read_config(root / "pipeline")
+    document = json.loads(config.parameters["pipeline_signature"].string_value)
+    assert document["inputs"]["name"] == {"dtype": "TYPE_STRING", "dims": [], "kind": "scalar",
+                                          "pytype": "str", "ragged": False}
+    assert list(document["outputs"]) == list(result.signature.outputs)

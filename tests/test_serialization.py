@@ -182,3 +182,16 @@ def test_a_model_op_is_an_ordinary_operator_in_the_pipeline():
     assert isinstance(op, ModelOp)
     p = pipe.input("v").map("v", "y", op).output("y")
     np.testing.assert_allclose(p([1, 2, 3, 4]), op([1, 2, 3, 4]))
+
+
+def test_a_users_own_by_value_registration_survives_the_build(user_module):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(user_module)
+    try:
+        dumps(pipe.input("a").map("a", "b", user_module.shift).output("b"))
+        assert user_module.__name__ in cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES
+    finally:
+        cloudpickle.unregister_pickle_by_value(user_module)
+    dumps(pipe.input("a").map("a", "b", user_module.shift).output("b"))
+    assert user_module.__name__ not in cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES
