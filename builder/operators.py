@@ -332,7 +332,8 @@ def _children(obj: Any) -> Iterator[Any]:
                 if name in obj.__globals__:
                     yield obj.__globals__[name]
     elif isinstance(obj, type):
-        return
+        if not is_installed(obj.__module__):  # a user class may hold model ops as attributes
+            yield from (v for k, v in vars(obj).items() if not k.startswith("__"))
     else:
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict):
@@ -340,6 +341,7 @@ def _children(obj: Any) -> Iterator[Any]:
         for slot in getattr(type(obj), "__slots__", ()):
             if hasattr(obj, slot):
                 yield getattr(obj, slot)
+        yield type(obj)
         for method in ("__call__", "call_batch"):  # their globals may hold model operators
             function = getattr(type(obj), method, None)
             if isinstance(function, types.FunctionType):

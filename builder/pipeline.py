@@ -109,7 +109,8 @@ class Pipeline:
     def batch(self, calls: Sequence[Sequence[Any]], *, return_exceptions: bool = False) -> list:
         """Run several calls together (model operators batch their rows), results in order.
 
-        Each call is a tuple of input values; a one-input pipeline also takes plain values.
+        Each call is a tuple of input values; a one-input pipeline also takes plain values
+        (so a tuple *value* for a one-input pipeline is written ``(value,)``).
         """
         if len(self.inputs) == 1:
             calls = [c if isinstance(c, tuple) else (c,) for c in calls]

@@ -145,6 +145,13 @@ def _uses_global(x):
     return DECODER(x)
 
 
+class _WithClassAttribute:
+    model = affine_op(name="class_attribute")
+
+    def __call__(self, x):
+        return self.model(x)
+
+
 class _Loop:
     def __init__(self, step):
         self.step = step
@@ -165,10 +172,11 @@ def test_model_operators_are_found_inside_other_operators():
 
     found = find_model_ops([
         direct, _Loop(in_attribute), closure, functools.partial(_Loop.__call__, _Loop(in_partial)),
-        _Loop([in_list]), _uses_global, np.add,
+        _Loop([in_list]), _uses_global, np.add, _WithClassAttribute(),
     ])
     assert [op.name for op in found] == [
-        "direct", "in_attribute", "in_closure", "in_partial", "in_list", "global_decoder"]
+        "direct", "in_attribute", "in_closure", "in_partial", "in_list", "global_decoder",
+        "class_attribute"]
 
 
 def test_two_model_operators_with_one_name_are_refused():
