@@ -32,6 +32,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.images import Image
 
 from builder.base import build_cpu_base, cpu_base_tag
 from builder.build_context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
@@ -121,6 +122,10 @@ def build_image_from_repository(
     ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
     ``verify`` runs the image with ``checks`` (see :mod:`builder.verify`) before any tag is set;
     ``push`` pushes every tag and confirms the digests with the registry.
+
+    A GPU release is verified without GPUs where the engine has none (Triton's CPU fallback):
+    models pinned to ``KIND_GPU`` then fail verification; pass ``verify=False`` there. An image
+    tagged by a ``verify=False`` build is reused as it is by a later build of the same inputs.
     """
     started = time.monotonic()
     if client is None:
@@ -241,7 +246,7 @@ def _references(image_name: str, tags: Iterable[str]) -> list[str]:
 
 
 def ensure_base_image(client: docker.DockerClient, release: Release, *,
-                      on_log: Log | None = None):
+                      on_log: Log | None = None) -> Image:
     """The release's base image on this engine: found, built (our CPU base) or pulled.
 
     The environment must be packed against this image (its Python, its glibc), so callers that
@@ -272,7 +277,7 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
             f"base_image= (a mirror) or cuda=None (the CPU base)") from None
 
 
-def _base_digest(image) -> str:
+def _base_digest(image: Image) -> str:
     """The base's registry digest when it came from one, else its image ID (built here)."""
     for repo_digest in image.attrs.get("RepoDigests") or []:
         if "@" in repo_digest:
