@@ -11,7 +11,6 @@ import queue
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
 from builder.signature import PipelineSignature
@@ -62,25 +61,3 @@ def infer_concurrently(client: grpcclient.InferenceServerClient, model: str,
             raise error
         results[index] = decode(signature, result)[0]
     return results
-
-
-def assert_same(served: Any, reference: Any, tolerance: float = 1e-4, where: str = "") -> None:
-    """Exact for strings, bytes, ints and bools; within ``tolerance`` for floats."""
-    if isinstance(reference, (list, tuple)):
-        assert isinstance(served, type(reference)), (where, served, reference)
-        assert len(served) == len(reference), (where, served, reference)
-        for i, (a, b) in enumerate(zip(served, reference, strict=True)):
-            assert_same(a, b, tolerance, f"{where}[{i}]")
-    elif isinstance(reference, np.ndarray):
-        assert isinstance(served, np.ndarray) and served.shape == reference.shape, where
-        assert served.dtype == reference.dtype, (where, served.dtype, reference.dtype)
-        if reference.dtype.kind == "f":
-            np.testing.assert_allclose(served, reference, rtol=tolerance, atol=tolerance,
-                                       err_msg=where)
-        else:
-            np.testing.assert_array_equal(served, reference, err_msg=where)
-    elif isinstance(reference, float):
-        assert abs(served - reference) <= tolerance * max(1.0, abs(reference)), where
-    else:
-        assert type(served) is type(reference) and served == reference, (where, served,
-                                                                          reference)

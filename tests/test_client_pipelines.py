@@ -16,7 +16,6 @@ import pkgutil
 import struct
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +28,8 @@ from builder import Pipeline, build_pipeline_model, pipe
 from builder.aio import AsyncClient
 from builder.client import Client
 from builder.coercion import InputError
-from builder.config import read_config, write_config
+from builder.equality import check_same
 from builder.pipeline_codec import (
-    SIGNATURE_PARAMETER,
     NotAPipelineError,
     read_signature,
     signature_parameter,
@@ -88,20 +86,10 @@ def server(served, tmp_path_factory):
     repositories = []
     for name, entry in served.items():
         result = build_pipeline_model(entry.pipeline, root / name, name=name)
-        add_signature_parameter(result.model_root / name, result.signature)
         repositories.append(result.model_root)
     first, *others = repositories
     with TritonServer(first, extra_args=tuple(f"--model-repository={r}" for r in others)) as s:
         yield s
-
-
-def add_signature_parameter(model_dir: Path, signature) -> None:
-    """Until ``build_pipeline_model`` writes the signature parameter itself, add it here."""
-    config = read_config(model_dir)
-    if SIGNATURE_PARAMETER not in config.parameters:
-        for key, value in signature_parameter(signature).items():
-            config.parameters[key].string_value = value
-        write_config(config, model_dir)
 
 
 def url(server: TritonServer, scheme: str, model: str) -> str:
@@ -109,19 +97,7 @@ def url(server: TritonServer, scheme: str, model: str) -> str:
 
 
 def assert_same(remote: Any, local: Any, where: str) -> None:
-    """Same structure and Python types; arrays equal within ``ATOL``."""
-    assert type(remote) is type(local), f"{where}: {type(remote)} != {type(local)}"
-    if isinstance(local, tuple | list):
-        assert len(remote) == len(local), where
-        for i, (r, item) in enumerate(zip(remote, local)):
-            assert_same(r, item, f"{where}[{i}]")
-    elif isinstance(local, np.ndarray):
-        assert remote.dtype == local.dtype and remote.shape == local.shape, where
-        np.testing.assert_allclose(remote, local, atol=ATOL, err_msg=where)
-    elif isinstance(local, float):
-        assert remote == pytest.approx(local, abs=ATOL), where
-    else:
-        assert remote == local, where
+    check_same(remote, local, ATOL, where)
 
 
 @pytest.mark.slow

@@ -19,8 +19,9 @@ import tritonclient.grpc as grpcclient
 
 from builder import build_pipeline_model
 from builder.config import read_config
+from builder.equality import check_same as assert_same
 from builder.server import TritonServer
-from tests.pipeline_client import assert_same, infer, infer_concurrently
+from tests.pipeline_client import infer, infer_concurrently
 
 HELPERS = '''
 import zlib

@@ -20,11 +20,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder import build_pipeline_model
+from builder.equality import check_same as assert_same
 from builder.export import onnx_io
 from builder.server import TritonServer
 from pipelines import image_classification, text_embedding, text_recognizer
 from pipelines.imaging import decode_image, encode_png, encode_pnm
-from tests.pipeline_client import assert_same, infer, infer_concurrently
+from tests.pipeline_client import infer, infer_concurrently
 
 TEXTS = [
     "hello world", "", "Triton serves pipelines.", "a", "THE QUICK BROWN FOX",
