@@ -10,6 +10,7 @@ from builder.errors import (
 )
 from builder.operators import ModelOp
 from builder.pipeline import Pipeline, pipe
+from builder.pipeline_image import build_docker_image
 from builder.repository import BuildResult, build_pipeline_model
 from builder.signature import Array, List, TensorSpec
 
@@ -26,6 +27,7 @@ __all__ = [
     "SerializationError",
     "SignatureError",
     "TensorSpec",
+    "build_docker_image",
     "build_pipeline_model",
     "pipe",
 ]

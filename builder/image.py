@@ -37,6 +37,7 @@ from docker.models.images import Image
 from builder.base import build_cpu_base, cpu_base_tag
 from builder.build_context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
 from builder.build_progress import BuildProgress
+from builder.container import docker_run_command
 from builder.cuda import Release, resolve
 from builder.images import (
     CONTENT_HASH_LABEL,
@@ -57,7 +58,7 @@ from builder.labels import (
 )
 from builder.push import PushResult, push_image
 from builder.serving import ServingOptions, render_serving_dockerfile, templates_source
-from builder.verify import Check, Verification, VerificationError, docker_run_command, verify_image
+from builder.verify import Check, Verification, VerificationError, verify_image
 
 Log = Callable[[str], None]
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"

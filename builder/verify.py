@@ -11,9 +11,6 @@ those. On failure the container's log is part of the error; the container is alw
 from __future__ import annotations
 
 import json
-import shlex
-import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -21,13 +18,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import docker
-import docker.errors
-import docker.types
 import numpy as np
 
-from builder.serving import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from builder.container import (
+    DEFAULT_SHM_SIZE,
+    ContainerError,
+    Endpoint,
+    ServingContainer,
+)
 
-DEFAULT_SHM_SIZE = "1g"
 LOG_TAIL_LINES = 80
 
 
@@ -39,16 +38,6 @@ class VerificationError(RuntimeError):
         super().__init__(f"{message}\n--- container log (last {LOG_TAIL_LINES} lines) ---\n{tail}"
                          if logs else message)
         self.logs = logs
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A running container's published ports, as ``host:port``."""
-
-    http_url: str
-    grpc_url: str
-    metrics_url: str
-    container_id: str
 
 
 Check = Callable[[Endpoint], None]
@@ -96,25 +85,10 @@ def verify_image(
 ) -> Verification:
     """Run ``image``, wait for readiness, run the default model check and ``checks``."""
     started = time.monotonic()
-    use_gpus = gpus_available(client) if gpus is None else gpus
-    device_requests = ([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-                       if use_gpus else None)
+    container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
+                                 labels={"ai.triton-builder.verification": "1"})
     try:
-        container = client.containers.create(
-            image, shm_size=shm_size, device_requests=device_requests,
-            ports={f"{p}/tcp": ("127.0.0.1", None) for p in (HTTP_PORT, GRPC_PORT, METRICS_PORT)},
-            labels={"ai.triton-builder.verification": "1"},
-        )
-    except docker.errors.APIError as error:
-        raise VerificationError(f"could not create a container of {image}: "
-                                f"{error.explanation or error}") from None
-    try:
-        try:
-            container.start()
-        except docker.errors.APIError as error:
-            raise VerificationError(f"could not start {image}: {error.explanation or error}",
-                                    _logs(container)) from None
-        endpoint = _wait_ready(container, timeout)
+        endpoint = container.start(timeout)
         models = _check_models_ready(endpoint)
         for check in checks:
             try:
@@ -123,49 +97,16 @@ def verify_image(
                 raise VerificationError(
                     f"{image} answered, but a check failed: {type(error).__name__}: {error}"
                 ) from error
-        return Verification(image=image, gpus=use_gpus, seconds=time.monotonic() - started,
-                            models=models)
-    except VerificationError as error:
-        failure = error if error.logs else VerificationError(str(error), _logs(container))
+        return Verification(image=image, gpus=container.gpus,
+                            seconds=time.monotonic() - started, models=models)
+    except (VerificationError, ContainerError) as error:
+        failure = VerificationError(str(error).split("\n--- container log")[0],
+                                    container.logs())
         if on_log:
             on_log(str(failure))
         raise failure from error.__cause__
     finally:
-        try:
-            container.remove(force=True)
-        except docker.errors.APIError:
-            pass
-
-
-def gpus_available(client: docker.DockerClient) -> bool:
-    """Whether ``--gpus=all`` can work: the engine knows the NVIDIA runtime, or the host has
-    ``nvidia-smi`` listing a GPU (the hook ``--gpus`` needs comes with the same toolkit)."""
-    try:
-        runtimes = client.info().get("Runtimes") or {}
-    except docker.errors.APIError:
-        runtimes = {}
-    if "nvidia" in runtimes:
-        return True
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return listed.returncode == 0 and "GPU" in listed.stdout
-
-
-def docker_run_command(image: str, *, gpus: bool = True, shm_size: str = DEFAULT_SHM_SIZE) -> str:
-    """The command users copy to run the image (GPU form unless ``gpus=False``)."""
-    parts = ["docker", "run", "--rm"]
-    if gpus:
-        parts.append("--gpus=all")
-    parts.append(f"--shm-size={shm_size}")
-    for port in (HTTP_PORT, GRPC_PORT, METRICS_PORT):
-        parts += ["-p", f"{port}:{port}"]
-    parts.append(image)
-    return shlex.join(parts)
+        container.remove()
 
 
 def infer(
@@ -203,43 +144,6 @@ def infer(
     return {name: result.as_numpy(name) for name in outputs}
 
 
-def _wait_ready(container, timeout: float) -> Endpoint:
-    deadline = time.monotonic() + timeout
-    endpoint = None
-    while time.monotonic() < deadline:
-        container.reload()
-        if container.status in ("exited", "dead"):
-            code = container.attrs.get("State", {}).get("ExitCode")
-            raise VerificationError(f"the container exited with code {code} while starting",
-                                    _logs(container))
-        if endpoint is None:
-            endpoint = _endpoint(container)
-        if endpoint is not None:
-            try:
-                with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/health/ready",
-                                            timeout=2) as response:
-                    if response.status == 200:
-                        return endpoint
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-        time.sleep(0.5)
-    raise VerificationError(f"Triton was not ready after {timeout:.0f}s", _logs(container))
-
-
-def _endpoint(container) -> Endpoint | None:
-    ports = container.ports or {}
-
-    def url(port: int) -> str | None:
-        bound = ports.get(f"{port}/tcp")
-        return f"127.0.0.1:{bound[0]['HostPort']}" if bound else None
-
-    http, grpc, metrics = url(HTTP_PORT), url(GRPC_PORT), url(METRICS_PORT)
-    if not (http and grpc):
-        return None
-    return Endpoint(http_url=http, grpc_url=grpc, metrics_url=metrics or "",
-                    container_id=container.id)
-
-
 def _check_models_ready(endpoint: Endpoint) -> list[str]:
     """Every model of the repository index must be READY (readiness alone allows none)."""
     request = urllib.request.Request(f"http://{endpoint.http_url}/v2/repository/index",
@@ -266,10 +170,3 @@ def _compare(what: str, actual: np.ndarray, expected: np.ndarray, rtol: float,
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=what)
-
-
-def _logs(container) -> str:
-    try:
-        return container.logs().decode(errors="replace")
-    except docker.errors.APIError:
-        return ""

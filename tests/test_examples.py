@@ -24,44 +24,8 @@ from builder.equality import check_same as assert_same
 from builder.export import onnx_io
 from builder.server import TritonServer
 from pipelines import image_classification, text_embedding, text_recognizer
-from pipelines.imaging import decode_image, encode_png, encode_pnm
+from tests.example_inputs import EXAMPLES, TEXTS, images, text_lines
 from tests.pipeline_client import infer, infer_concurrently
-
-TEXTS = [
-    "hello world", "", "Triton serves pipelines.", "a", "THE QUICK BROWN FOX",
-    "the quick brown fox", "naïve café — déjà vu", "emoji 🚀 ok",
-    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17", "repeated repeated repeated",
-    "punctuation!?;:", "tabs\tand\nnewlines", "x" * 200, "mixed Case words", "日本語のテキスト",
-    "numbers 3.14159", "one", "two words", "three word text",
-    "a much longer sentence that goes past the sixteen token limit of the tokenizer for sure",
-    "  leading and trailing  ", "same", "same", "end.",
-]
-
-
-def _images() -> list[bytes]:
-    images = [image_classification.example_image(seed) for seed in range(16)]
-    images += [image_classification.example_image(seed, height=20 + seed, width=70 - seed)
-               for seed in range(16, 20)]
-    rgb = decode_image(image_classification.example_image(21))
-    images += [encode_pnm(rgb), encode_png(rgb, filter_type=4), encode_png(rgb[:, :, 1]),
-               encode_png(np.dstack([rgb, np.full(rgb.shape[:2], 255, np.uint8)]), 3)]
-    return images
-
-
-def _text_lines() -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
-    lines = []
-    for seed in range(24):
-        text = "".join(rng.choice(list(text_recognizer.ALPHABET), rng.integers(1, 7)))
-        lines.append(text_recognizer.render(text, seed))
-    return lines
-
-
-EXAMPLES = {
-    "text_embedding": (text_embedding.pipeline, TEXTS),
-    "image_classification": (image_classification.pipeline, _images()),
-    "text_recognizer": (text_recognizer.pipeline, _text_lines()),
-}
 
 
 # -- in process -------------------------------------------------------------------------------
@@ -77,7 +41,7 @@ def test_text_embedding_gives_unit_vectors_that_depend_on_the_text():
 
 
 def test_image_classification_gives_ranked_top_k():
-    results = [image_classification.pipeline(image) for image in _images()]
+    results = [image_classification.pipeline(image) for image in images()]
     for labels, scores in results:
         assert len(labels) == 3 and set(labels) <= set(image_classification.LABELS)
         assert scores.dtype == np.float32 and list(scores) == sorted(scores, reverse=True)
@@ -85,7 +49,7 @@ def test_image_classification_gives_ranked_top_k():
 
 
 def test_text_recognizer_decodes_until_the_end_token():
-    texts = [text_recognizer.pipeline(line) for line in _text_lines()]
+    texts = [text_recognizer.pipeline(line) for line in text_lines()]
     assert all(set(text) <= set(text_recognizer.ALPHABET) for text in texts)
     assert all(len(text) <= text_recognizer.MAX_STEPS for text in texts)
     assert len(set(texts)) > 10 and len({len(t) for t in texts}) > 3

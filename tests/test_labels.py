@@ -7,6 +7,7 @@ import json
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.container import docker_run_command
 from builder.cuda import resolve
 from builder.labels import (
     CREATED,
@@ -15,7 +16,6 @@ from builder.labels import (
     repository_signature,
     serving_labels,
 )
-from builder.verify import docker_run_command
 
 
 def _labels(**changes):

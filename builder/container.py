@@ -1,0 +1,176 @@
+"""A serving container, started the way users start one: ``--shm-size=1g``, the three Triton
+ports, ``--gpus=all`` where the engine has GPUs.
+
+Verification, ``triton-builder serve`` and the tests all need the same thing — run an image,
+wait until Triton says it is ready, know where it listens, read its log when it fails — so it
+lives here once.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import docker.types
+
+from builder.serving import GRPC_PORT, HTTP_PORT, METRICS_PORT
+
+DEFAULT_SHM_SIZE = "1g"
+TRITON_PORTS = (HTTP_PORT, GRPC_PORT, METRICS_PORT)
+
+
+class ContainerError(RuntimeError):
+    """The container did not start or did not become ready; ``logs`` holds what it printed."""
+
+    def __init__(self, message: str, logs: str = "") -> None:
+        super().__init__(message)
+        self.logs = logs
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A running container's published ports, as ``host:port``."""
+
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    container_id: str
+
+
+class ServingContainer:
+    """Run ``image``; ``with ServingContainer(client, image) as endpoint: ...`` removes it after.
+
+    ``host_ports`` maps (http, grpc, metrics) to fixed host ports; by default each is a free
+    port on 127.0.0.1, so parallel runs never collide.
+    """
+
+    def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
+                 shm_size: str = DEFAULT_SHM_SIZE, host_ports: tuple[int, int, int] | None = None,
+                 bind: str = "127.0.0.1", name: str | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        self.client = client
+        self.image = image
+        self.gpus = gpus_available(client) if gpus is None else gpus
+        self._options = dict(
+            shm_size=shm_size, name=name, labels=labels or {},
+            device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+                             if self.gpus else None),
+            ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)
+                   for i, port in enumerate(TRITON_PORTS)},
+        )
+        self.container = None
+
+    def start(self, timeout: float = 180.0) -> Endpoint:
+        """Create and start the container, then wait until ``/v2/health/ready`` answers 200."""
+        try:
+            self.container = self.client.containers.create(self.image, **self._options)
+            self.container.start()
+        except docker.errors.APIError as error:
+            raise ContainerError(f"could not start {self.image}: {error.explanation or error}",
+                                 self.logs()) from None
+        return self._wait_ready(timeout)
+
+    def logs(self) -> str:
+        if self.container is None:
+            return ""
+        try:
+            return self.container.logs().decode(errors="replace")
+        except docker.errors.APIError:
+            return ""
+
+    def remove(self) -> None:
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except docker.errors.APIError:
+                pass
+            self.container = None
+
+    def __enter__(self) -> Endpoint:
+        try:
+            return self.start()
+        except BaseException:
+            self.remove()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+    def _wait_ready(self, timeout: float) -> Endpoint:
+        deadline = time.monotonic() + timeout
+        endpoint = None
+        while time.monotonic() < deadline:
+            self.container.reload()
+            if self.container.status in ("exited", "dead"):
+                code = self.container.attrs.get("State", {}).get("ExitCode")
+                raise ContainerError(f"the container exited with code {code} while starting",
+                                     self.logs())
+            endpoint = endpoint or self._endpoint()
+            if endpoint is not None and _ready(endpoint):
+                return endpoint
+            time.sleep(0.5)
+        raise ContainerError(f"Triton was not ready after {timeout:.0f}s", self.logs())
+
+    def _endpoint(self) -> Endpoint | None:
+        ports = self.container.ports or {}
+
+        def url(port: int) -> str | None:
+            bound = ports.get(f"{port}/tcp")
+            if not bound:
+                return None
+            host = bound[0]["HostIp"] if bound[0]["HostIp"] not in ("", "0.0.0.0") else (
+                "127.0.0.1")
+            return f"{host}:{bound[0]['HostPort']}"
+
+        http, grpc, metrics = (url(port) for port in TRITON_PORTS)
+        if not (http and grpc):
+            return None
+        return Endpoint(http_url=http, grpc_url=grpc, metrics_url=metrics or "",
+                        container_id=self.container.id)
+
+
+def gpus_available(client: docker.DockerClient) -> bool:
+    """Whether ``--gpus=all`` can work: the engine knows the NVIDIA runtime, or the host has
+    ``nvidia-smi`` listing a GPU (the hook ``--gpus`` needs comes with the same toolkit)."""
+    try:
+        runtimes = client.info().get("Runtimes") or {}
+    except docker.errors.APIError:
+        runtimes = {}
+    if "nvidia" in runtimes:
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def docker_run_command(image: str, *, gpus: bool = True, shm_size: str = DEFAULT_SHM_SIZE) -> str:
+    """The command users copy to run the image (GPU form unless ``gpus=False``)."""
+    parts = ["docker", "run", "--rm"]
+    if gpus:
+        parts.append("--gpus=all")
+    parts.append(f"--shm-size={shm_size}")
+    for port in TRITON_PORTS:
+        parts += ["-p", f"{port}:{port}"]
+    parts.append(image)
+    return shlex.join(parts)
+
+
+def _ready(endpoint: Endpoint) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/health/ready",
+                                    timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
