@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO
 
 from rich.console import Console
@@ -60,3 +63,21 @@ class BuildProgress:
             number, total, instruction = int(step.group(1)), int(step.group(2)), step.group(3)
             self._progress.update(self._task, total=total, completed=number - 1,
                                   description=f"{self.title}: {instruction[:60]}")
+
+
+@contextmanager
+def timed_step(title: str, on_log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Announce one step of a long job and, when it ends, how long it took."""
+    emit = on_log or _stderr_line
+    started = time.monotonic()
+    emit(f"> {title}")
+    try:
+        yield
+    except BaseException:
+        emit(f"x {title} failed after {time.monotonic() - started:.1f}s")
+        raise
+    emit(f"✓ {title} ({time.monotonic() - started:.1f}s)")
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

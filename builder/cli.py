@@ -2,12 +2,16 @@
 
 Exit codes scripts can rely on: 0 success, 1 the work failed (build, push, verification,
 inference), 2 bad usage or input, 3 the machine lacks something (no Docker engine, no wheel).
+Results go to standard output (one line, or JSON); progress and errors go to standard error.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -23,7 +27,7 @@ base_app = typer.Typer(help="Base images: the Debian OS image and the CPU Triton
                        no_args_is_help=True)
 app.add_typer(base_app, name="base")
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 T = TypeVar("T")
 
 EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
@@ -31,12 +35,13 @@ EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
 
 def _run(step: str, work: Callable[[], T]) -> T:
     """Run ``work``, turning the errors we expect into one clear line and an exit code."""
+    from builder.distribution import DistributionError
     from builder.engine import EngineError
     from builder.host import HostError
 
     try:
         return work()
-    except (EngineError, HostError) as error:
+    except (EngineError, HostError, DistributionError) as error:
         console.print(f"[red]error[/red] {step}: {error}")
         raise typer.Exit(EXIT_MACHINE) from None
     except (ValueError, LookupError) as error:
@@ -91,3 +96,260 @@ def base_cpu(
             on_log=_log_line if verbose else None))
     console.print(("built " if image.built else "up to date ") + image.tags[0])
     print(image.tags[0])
+
+
+# -- pipelines → repository → image ----------------------------------------------------------
+PIPELINE_HELP = "The pipeline: 'path/to/file.py:attr' or 'package.module:attr'."
+
+
+@app.command()
+def build(
+    pipeline: str = typer.Argument(..., help=PIPELINE_HELP),
+    model_root: Path = typer.Option(Path("models"), help="Where to write the repository."),
+    format_priority: list[str] = typer.Option(["onnx"], "--format",
+                                              help="Export formats, in order (repeatable)."),
+    parallelism: int = typer.Option(1, help="Instances of the pipeline model."),
+) -> None:
+    """Write the Triton model repository of a pipeline.
+
+    Example: triton-builder build pipelines/text_embedding.py:pipeline --model-root models
+    """
+    from builder.repository import build_pipeline_model
+
+    pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
+    result = _run("building the repository", lambda: build_pipeline_model(
+        pipe, model_root, format_priority, parallelism))
+    console.print(result.report(), markup=False)
+    print(result.model_root)
+
+
+@app.command()
+def image(
+    pipeline: str = typer.Argument(..., help=PIPELINE_HELP),
+    tag: list[str] = typer.Option(..., "--tag", "-t", help="Image name (repeatable)."),
+    cuda: str = typer.Option("cpu", help="CUDA version (e.g. 11.8), or 'cpu'."),
+    triton_version: str = typer.Option(None, help="Pick the Triton release by its version."),
+    base_image: str = typer.Option(None, help="Use this base image instead."),
+    env: list[Path] = typer.Option([], help="Environment spec in envs/ (repeatable)."),
+    requirement: list[str] = typer.Option([], "--requirement", "-r",
+                                           help="Extra pip requirement (repeatable)."),
+    verify: bool = typer.Option(True, help="Run the image and compare with the pipeline."),
+    push: bool = typer.Option(False, help="Push every tag after the build."),
+    user: str = typer.Option(None, help="Run the server as this (non-root) user."),
+) -> None:
+    """Build (and verify, and push) the serving image of a pipeline.
+
+    Example: triton-builder image pipelines/text_embedding.py:pipeline -t embed:1 --cuda 11.8
+    """
+    from builder.engine import ensure_engine
+    from builder.pipeline_image import build_docker_image
+
+    pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
+    first, *others = tag
+    built = _run("building the image", lambda: build_docker_image(
+        pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
+        base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
+        push=push, user=user, client=ensure_engine()))
+    console.print(("built " if built.built else "up to date ") + ", ".join(built.tags))
+    for pushed in built.pushed.values():
+        console.print(f"pushed {pushed.pinned}")
+    print(built.tags[0])
+
+
+@app.command()
+def push(
+    reference: str = typer.Argument(..., help="Image to push (registry/name:tag)."),
+    retries: int = typer.Option(3, help="Retries of transient failures."),
+) -> None:
+    """Push an image and print the digest the registry confirmed.
+
+    Example: triton-builder push localhost:5000/embed:1
+    """
+    from builder.engine import ensure_engine
+    from builder.push import push_image
+
+    result = _run("pushing", lambda: push_image(ensure_engine(), reference, retries=retries,
+                                                on_log=_log_line))
+    print(result.pinned)
+
+
+# -- running and calling ------------------------------------------------------------------------
+@app.command()
+def serve(
+    reference: str = typer.Argument(..., help="Image to run."),
+    http_port: int = typer.Option(8000, help="Host port for HTTP."),
+    grpc_port: int = typer.Option(8001, help="Host port for gRPC."),
+    metrics_port: int = typer.Option(8002, help="Host port for metrics."),
+    detach: bool = typer.Option(False, help="Leave it running and print the container id."),
+    timeout: float = typer.Option(180.0, help="Seconds to wait for readiness."),
+) -> None:
+    """Run an image, wait until Triton is ready and print its endpoints.
+
+    Example: triton-builder serve embed:1 --detach && triton-builder infer
+    grpc://127.0.0.1:8001/pipeline --input text=hello
+    """
+    from builder.container import ServingContainer
+    from builder.engine import ensure_engine
+
+    container = ServingContainer(ensure_engine(), reference,
+                                 host_ports=(http_port, grpc_port, metrics_port))
+    try:
+        endpoint = _run("starting the server", lambda: container.start(timeout))
+    except typer.Exit:
+        console.print(container.logs()[-4000:], markup=False)
+        container.remove()
+        raise
+    console.print(f"ready: grpc://{endpoint.grpc_url}  http://{endpoint.http_url}  "
+                  f"metrics http://{endpoint.metrics_url}/metrics")
+    if detach:
+        console.print(f"stop it with: docker rm -f {container.container.short_id}")
+        print(container.container.id)
+        return
+    try:
+        for line in container.container.logs(stream=True, follow=True):
+            sys.stderr.write(line.decode(errors="replace"))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        container.remove()
+
+
+@app.command()
+def infer(
+    url: str = typer.Argument(..., help="grpc://host:8001/model or http://host:8000/model"),
+    input: list[str] = typer.Option([], "--input", "-i",
+                                    help="name=value; JSON values parse, @file reads bytes."),
+) -> None:
+    """Call a served model or pipeline once and print its outputs as JSON.
+
+    Example: triton-builder infer grpc://127.0.0.1:8001/pipeline -i text="hello world"
+    """
+    from builder.client import Client
+
+    values = _run("reading the inputs", lambda: dict(_parse_input(item) for item in input))
+    with Client(url) as client:
+        columns = _run("reading the model", lambda: _pipeline_inputs(client))
+        if columns is None:
+            result = _run("inference", lambda: client.model(**values))
+        else:
+            missing = [c for c in columns if c not in values]
+            if missing or set(values) - set(columns):
+                console.print(f"[red]error[/red] the pipeline takes inputs {columns}; "
+                              f"got {sorted(values)}")
+                raise typer.Exit(EXIT_USAGE)
+            result = _run("inference", lambda: client(*(values[c] for c in columns)))
+    print(json.dumps(_jsonable(result), ensure_ascii=False))
+
+
+@app.command()
+def inspect(reference: str = typer.Argument(..., help="Image to describe.")) -> None:
+    """Show what an image serves: signature, Triton, CUDA, environment (from its labels).
+
+    Example: triton-builder inspect embed:1
+    """
+    from builder.engine import ensure_engine
+
+    labels = _run("reading the image", lambda: _image_labels(ensure_engine(), reference))
+    ours = {key: value for key, value in labels.items()
+            if key.startswith(("ai.triton-builder.", "org.opencontainers.image."))}
+    for key, value in ours.items():
+        if key.endswith(".signature"):
+            ours[key] = json.loads(value)
+    print(json.dumps(ours, indent=2, sort_keys=True))
+
+
+@app.command()
+def doctor(cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for.")) -> None:
+    """Check this machine: Docker engine, GPUs and driver, disk, base image.
+
+    Example: triton-builder doctor --cuda 12.6
+    """
+    from builder.doctor import run_checks
+
+    checks = run_checks(cuda)
+    for check in checks:
+        color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
+        console.print(f"[{color}]{check.status:<4}[/{color}] {check.name}: {check.detail}")
+    if any(check.status == "fail" for check in checks):
+        raise typer.Exit(EXIT_MACHINE)
+
+
+def load_pipeline(reference: str) -> Any:
+    """Import ``file.py:attr`` or ``module:attr`` and return the attribute.
+
+    A file inside a package (``pipelines/text_embedding.py``) is imported as that package's
+    module, with the package's parent on ``sys.path``, so its own imports work.
+    """
+    import importlib
+
+    from builder.pipeline import Pipeline
+
+    target, _, attribute = reference.rpartition(":")
+    if not target or not attribute:
+        raise ValueError(f"{reference!r} is not 'file.py:attr' or 'module:attr'")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ValueError(f"no such pipeline file: {target}")
+        parts, root = [path.stem], path.parent
+        while (root / "__init__.py").exists():
+            parts.insert(0, root.name)
+            root = root.parent
+        sys.path.insert(0, str(root))
+        target = ".".join(parts)
+    module = importlib.import_module(target)
+    try:
+        value = getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"{target} has no attribute {attribute!r}") from None
+    if not isinstance(value, Pipeline):
+        raise ValueError(f"{reference} is a {type(value).__name__}, not a finished pipeline "
+                         f"(end it with .output(...))")
+    return value
+
+
+def _pipeline_inputs(client) -> list[str] | None:
+    """The pipeline's input columns; None for a plain model (no pipeline signature)."""
+    from builder.pipeline_codec import NotAPipelineError
+
+    try:
+        return list(client.codec.signature.inputs)
+    except NotAPipelineError:
+        return None
+
+
+def _parse_input(item: str) -> tuple[str, Any]:
+    name, sep, text = item.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--input {item!r}: expected name=value")
+    if text.startswith("@"):
+        return name, Path(text[1:]).read_bytes()
+    try:
+        return name, json.loads(text)
+    except json.JSONDecodeError:
+        return name, text
+
+
+def _jsonable(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return value
+
+
+def _image_labels(client, reference: str) -> dict[str, str]:
+    import docker.errors
+
+    try:
+        return client.images.get(reference).labels or {}
+    except docker.errors.ImageNotFound:
+        raise LookupError(f"no image {reference!r} on this engine") from None

@@ -19,6 +19,7 @@ from typing import Any
 
 import docker
 
+from builder.build_progress import timed_step
 from builder.client import Client
 from builder.container import Endpoint
 from builder.cuda import resolve
@@ -80,23 +81,27 @@ def build_docker_image(
         from builder.engine import docker_client
 
         client = docker_client()
-    base = ensure_base_image(client, release, on_log=on_log)
-    target = image_target(client, base.id)
+    with timed_step(f"base image {release.image}", on_log):
+        base = ensure_base_image(client, release, on_log=on_log)
+        target = image_target(client, base.id)
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
-        built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority, parallelism,
-                                     **pipeline_options)
+        with timed_step("model repository (export, configs, pipe.pickle)", on_log):
+            built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
+                                         parallelism, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
-        spec = load_spec(env_specs, [*_pickle_requirements(pipeline_dir), *requirements],
-                         [node.op for node in pipe.nodes])
-        tarball = pack_environment(spec, target, packer=packer, index=index, on_log=on_log)
-        attach_environment(built.model_root, tarball, models=[built.pipeline_model])
+        with timed_step("python environment", on_log):
+            spec = load_spec(env_specs, [*_pickle_requirements(pipeline_dir), *requirements],
+                             [node.op for node in pipe.nodes])
+            tarball = pack_environment(spec, target, packer=packer, index=index, on_log=on_log)
+            attach_environment(built.model_root, tarball, models=[built.pipeline_model])
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
-        return build_image_from_repository(
-            built.model_root, image_name=image_name, tags=tags, cuda=cuda,
-            triton_version=triton_version, base_image=base_image, user=user,
-            verify=verify, checks=checks if verify else (), push=push, client=client,
-            on_log=on_log,
-        )
+        with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
+            return build_image_from_repository(
+                built.model_root, image_name=image_name, tags=tags, cuda=cuda,
+                triton_version=triton_version, base_image=base_image, user=user,
+                verify=verify, checks=checks if verify else (), push=push, client=client,
+                on_log=on_log,
+            )
 
 
 def _pickle_requirements(pipeline_dir: Path) -> list[str]:

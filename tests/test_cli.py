@@ -1,0 +1,103 @@
+"""``triton-builder`` as users run it: the installed console script, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder.server import free_ports
+from pipelines import text_embedding
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = "pipelines/text_embedding.py:pipeline"
+
+
+def cli(*args: str, env: dict | None = None, check: bool = True,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    program = shutil.which("triton-builder", path=str(Path(sys.executable).parent)) or (
+        shutil.which("triton-builder"))
+    assert program, "the triton-builder console script is not installed"
+    result = subprocess.run([program, *args], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=timeout)
+    if check:
+        assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stderr}"
+    return result
+
+
+def test_help_lists_every_command_with_examples():
+    result = cli("--help")
+    for command in ("build", "image", "push", "serve", "infer", "inspect", "doctor", "base"):
+        assert command in result.stdout
+    assert "Example: triton-builder image" in cli("image", "--help").stdout
+
+
+@pytest.mark.parametrize("reference, message", [
+    ("pipelines/text_embedding.py", "is not 'file.py:attr' or 'module:attr'"),
+    ("pipelines/nothing_here.py:pipeline", "no such pipeline file: pipelines/nothing_here.py"),
+    ("pipelines/text_embedding.py:nope", "pipelines.text_embedding has no attribute 'nope'"),
+    ("pipelines/text_embedding.py:Tokenizer", "is a type, not a finished pipeline"),
+])
+def test_bad_pipeline_reference_is_a_usage_error(reference, message, tmp_path):
+    result = cli("build", reference, "--model-root", str(tmp_path / "models"), check=False)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "models").exists()
+
+
+def test_doctor_reports_a_missing_engine_clearly():
+    port = free_ports(1)[0]
+    result = cli("doctor", env={"DOCKER_HOST": f"tcp://127.0.0.1:{port}"}, check=False)
+    assert result.returncode == 3
+    assert "fail docker engine: no Docker engine answers" in result.stderr
+    assert "start dockerd" in result.stderr
+
+
+def test_bad_input_syntax_is_a_usage_error():
+    result = cli("infer", "grpc://127.0.0.1:1/pipeline", "-i", "no-equals-sign", check=False)
+    assert result.returncode == 2
+    assert "expected name=value" in result.stderr
+
+
+def test_build_writes_the_repository(tmp_path):
+    result = cli("build", PIPELINE, "--model-root", str(tmp_path / "models"))
+    root = Path(result.stdout.strip())
+    assert (root / "pipeline" / "config.pbtxt").exists()
+    assert (root / "text_encoder" / "1" / "model.onnx").exists()
+    assert "model 'text_encoder': onnx" in result.stderr
+
+
+@pytest.mark.slow
+def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry):
+    reference = f"{registry.host}/cli/text-embedding:1"
+    assert cli("image", PIPELINE, "--tag", reference).stdout.strip() == reference
+    http, grpc, metrics = free_ports(3)
+    container = cli("serve", reference, "--detach", "--http-port", str(http), "--grpc-port",
+                    str(grpc), "--metrics-port", str(metrics)).stdout.strip()
+    try:
+        for url in (f"grpc://127.0.0.1:{grpc}/pipeline", f"http://127.0.0.1:{http}/pipeline"):
+            served = json.loads(cli("infer", url, "-i", "text=hello from the cli").stdout)
+            np.testing.assert_allclose(served, text_embedding.pipeline("hello from the cli"),
+                                       atol=1e-4)
+        raw = json.loads(cli("infer", f"grpc://127.0.0.1:{grpc}/text_encoder",
+                             "-i", f"ids={[[1, 2] + [0] * 14]}",
+                             "-i", f"mask={[[1.0, 1.0] + [0.0] * 14]}").stdout)
+        assert np.asarray(raw["output_0"]).shape == (1, 16, 32)
+    finally:
+        docker_client.containers.get(container).remove(force=True)
+
+    labels = json.loads(cli("inspect", reference).stdout)
+    pipeline = labels["ai.triton-builder.signature"]["pipelines"]["pipeline"]
+    assert pipeline["inputs"]["text"]["dtype"] == "TYPE_STRING"
+    assert pipeline["outputs"]["vec"]["dims"] == [32]
+    assert labels["ai.triton-builder.triton-version"] == "2.51.0"
+
+    pinned = cli("push", reference).stdout.strip()
+    assert pinned.startswith(f"{registry.host}/cli/text-embedding@sha256:")
+    docker_client.images.remove(reference, force=True)
