@@ -52,12 +52,19 @@ def base(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job on the CPU: build the text-embedding pipeline's image, serve it, query it."""
+    """The main job on the CPU: build the text-embedding pipeline's image, run it, query it."""
     _install(session)
+    session.env["TRITON_BUILDER_OS_IMAGE"] = _os_image(session)
     tag = "triton-builder-demo/text-embedding:1"
-    session.run("triton-builder", "image", "pipelines/text_embedding.py:pipeline",
-                "--tag", tag, "--cuda", "cpu")
-    session.run("triton-builder", "demo-query", tag, "a sentence to embed")
+    session.run("triton-builder", "image", "pipelines/text_embedding.py:pipeline", "--tag", tag)
+    container = session.run("triton-builder", "serve", tag, "--detach", "--http-port", "18000",
+                            "--grpc-port", "18001", "--metrics-port", "18002",
+                            silent=True).strip().splitlines()[-1]
+    try:
+        session.run("triton-builder", "infer", "grpc://127.0.0.1:18001/pipeline",
+                    "--input", "text=Triton Builder turns pipelines into servers")
+    finally:
+        session.run("docker", "rm", "-f", container, external=True, silent=True)
 
 
 @nox.session(python=PYTHON)
