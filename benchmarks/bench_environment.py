@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.environment import pack_environment  # noqa: E402
-from builder.environment_spec import load_spec  # noqa: E402
-from builder.environment_target import image_target  # noqa: E402
+from builder.environment.spec import load_spec  # noqa: E402
+from builder.environment.tarball import pack_environment  # noqa: E402
+from builder.environment.target import image_target  # noqa: E402
 from builder.rootfs import debian_os_image  # noqa: E402
 
 SPEC = ROOT / "envs" / "tabulate-demo.txt"

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from builder import build_context  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image import build_image_from_repository, payload_reference  # noqa: E402
 from builder.rootfs import debian_os_image  # noqa: E402
+from builder.serving_image import build_image_from_repository, payload_reference  # noqa: E402
 from builder.verify import InferenceCheck, verify_image  # noqa: E402
 from tests.sample_repository import (  # noqa: E402
     FEATURES,
@@ -157,10 +157,10 @@ def _large_model(repository: Path, megabytes: int) -> int:
 
 def _environment(client, base: str, repository: Path) -> int:
     """Pack (or reuse) a real environment and attach it to the python model; its size."""
-    from builder.environment import pack_environment
-    from builder.environment_attach import attach_environment
-    from builder.environment_spec import load_spec
-    from builder.environment_target import image_target
+    from builder.environment.attach import attach_environment
+    from builder.environment.spec import load_spec
+    from builder.environment.tarball import pack_environment
+    from builder.environment.target import image_target
 
     tarball = pack_environment(load_spec([SPEC]), image_target(client, base))
     attach_environment(repository, tarball)

@@ -224,7 +224,7 @@ def infer(
 
     Example: triton-builder infer grpc://127.0.0.1:8001/pipeline -i text="hello world"
     """
-    from builder.client import Client
+    from builder.client.pipeline import Client
 
     values = _run("reading the inputs", lambda: dict(_parse_input(item) for item in input))
     with Client(url) as client:

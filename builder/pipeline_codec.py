@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from builder.coercion import InputError
+from builder.client.coercion import InputError
+from builder.client.served_model import ServedModel
 from builder.errors import SignatureError
-from builder.served_model import ServedModel
 from builder.signature import PipelineSignature, TensorSpec
 
 SIGNATURE_PARAMETER = "pipeline_signature"

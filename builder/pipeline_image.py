@@ -3,7 +3,8 @@ the pipeline itself.
 
 :func:`build_docker_image` is the whole job users came for. It writes the model repository
 (:mod:`builder.repository`), packs the one Python environment the pipeline model needs against
-the chosen base image (:mod:`builder.environment`), builds the image (:mod:`builder.image`) and,
+the chosen base image (:mod:`builder.environment.tarball`), builds the image
+(:mod:`builder.serving_image`) and,
 before any tag points at it, runs it and compares its answers — over gRPC and HTTP — with the
 in-process pipeline on the pipeline's examples.
 """
@@ -20,19 +21,19 @@ from typing import Any
 import docker
 
 from builder.build_progress import timed_step
-from builder.client import Client
+from builder.client.pipeline import Client
 from builder.container import Endpoint
 from builder.cuda import resolve
-from builder.environment import pack_environment
-from builder.environment_attach import attach_environment
-from builder.environment_spec import load_spec
-from builder.environment_target import image_target
+from builder.environment.attach import attach_environment
+from builder.environment.index import PackageIndex
+from builder.environment.spec import load_spec
+from builder.environment.tarball import pack_environment
+from builder.environment.target import image_target
 from builder.equality import check_same
 from builder.errors import BuildError
-from builder.image import ImageBuild, build_image_from_repository, ensure_base_image
-from builder.package_index import PackageIndex
 from builder.pipeline import Pipeline
 from builder.repository import build_pipeline_model
+from builder.serving_image import ImageBuild, build_image_from_repository, ensure_base_image
 from builder.verify import Check
 
 VERSIONS_FILE = "pipe.versions.json"

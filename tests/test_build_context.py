@@ -15,7 +15,11 @@ from builder.build_context import (
     plan_context,
 )
 from builder.cuda import resolve
-from builder.image import EnvironmentMismatchError, check_environment_python, environment_python
+from builder.serving_image import (
+    EnvironmentMismatchError,
+    check_environment_python,
+    environment_python,
+)
 
 
 @pytest.fixture

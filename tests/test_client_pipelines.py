@@ -25,17 +25,17 @@ import tritonclient.http as httpclient
 
 import pipelines
 from builder import Pipeline, build_pipeline_model, pipe
-from builder.aio import AsyncClient
-from builder.client import Client
-from builder.coercion import InputError
+from builder.client.aio import AsyncClient
+from builder.client.coercion import InputError
+from builder.client.errors import RemoteModelError
+from builder.client.pipeline import Client
+from builder.client.served_model import ServedModel, ServedTensor
 from builder.equality import check_same
 from builder.pipeline_codec import (
     NotAPipelineError,
     read_signature,
     signature_parameter,
 )
-from builder.remote_errors import RemoteModelError
-from builder.served_model import ServedModel, ServedTensor
 from builder.server import TritonServer
 
 SCHEMES = ("grpc", "http")

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.aio import AsyncTritonRemoteModel
-from builder.coercion import InputError
-from builder.remote_errors import RemoteTimeoutError
-from builder.remote_model import TritonRemoteModel
-from builder.retry import RetryPolicy
+from builder.client.aio import AsyncTritonRemoteModel
+from builder.client.coercion import InputError
+from builder.client.errors import RemoteTimeoutError
+from builder.client.remote_model import TritonRemoteModel
+from builder.client.retry import RetryPolicy
 from builder.server import TritonServer, free_ports
 from tests.client_repository import write_client_repository
 from tests.sample_repository import (
@@ -154,7 +154,7 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, capl
             thread.join(120)
         return results
 
-    caplog.set_level(logging.INFO, logger="builder.retry")
+    caplog.set_level(logging.INFO, logger="builder.client.retry")
     # Triton waits up to --exit-timeout-secs for idle keep-alive HTTP connections to go
     server = TritonServer(root, ports=tuple(ports), exit_timeout=2)
     try:

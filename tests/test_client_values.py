@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from builder.coercion import InputError, bind, prepare
-from builder.endpoint import parse_endpoint
-from builder.fanout import amap_bounded, map_bounded
-from builder.remote_errors import ServerUnavailableError
-from builder.retry import RetryPolicy, call_with_retry
-from builder.served_model import ServedModel, ServedTensor, served_model
+from builder.client.coercion import InputError, bind, prepare
+from builder.client.endpoint import parse_endpoint
+from builder.client.errors import ServerUnavailableError
+from builder.client.fanout import amap_bounded, map_bounded
+from builder.client.retry import RetryPolicy, call_with_retry
+from builder.client.served_model import ServedModel, ServedTensor, served_model
 
 LINEAR = ServedModel(
     name="linear", version="1", max_batch_size=8,

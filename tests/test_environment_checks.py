@@ -18,12 +18,12 @@ import docker.errors
 import pytest
 import venv_pack
 
-from builder.environment import EnvironmentTarball, pack_environment
-from builder.environment_attach import attach_environment
-from builder.environment_check import check_archive
-from builder.environment_errors import ArchiveCheckError, SpecError, TargetError
-from builder.environment_spec import requirements_spec
-from builder.environment_target import host_target, image_target
+from builder.environment.attach import attach_environment
+from builder.environment.check import check_archive
+from builder.environment.errors import ArchiveCheckError, SpecError, TargetError
+from builder.environment.spec import requirements_spec
+from builder.environment.tarball import EnvironmentTarball, pack_environment
+from builder.environment.target import host_target, image_target
 from builder.images import build_image
 from tests.test_environment_host import write_probe_repository
 

@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.environment import pack_environment
-from builder.environment_attach import attach_environment
-from builder.environment_errors import ArchiveCheckError
-from builder.environment_spec import EnvironmentSpec
-from builder.environment_target import host_target
-from builder.packers import CondaPacker
+from builder.environment.attach import attach_environment
+from builder.environment.errors import ArchiveCheckError
+from builder.environment.packers import CondaPacker
+from builder.environment.spec import EnvironmentSpec
+from builder.environment.tarball import pack_environment
+from builder.environment.target import host_target
 from tests.test_environment_host import write_probe_repository
 
 pytestmark = pytest.mark.slow

@@ -18,12 +18,12 @@ import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.environment import environment_key, pack_environment
-from builder.environment_attach import attach_environment
-from builder.environment_spec import load_spec, requirements_spec
-from builder.environment_target import host_target
-from builder.package_index import PackageIndex
-from builder.packers import VenvPacker
+from builder.environment.attach import attach_environment
+from builder.environment.index import PackageIndex
+from builder.environment.packers import VenvPacker
+from builder.environment.spec import load_spec, requirements_spec
+from builder.environment.tarball import environment_key, pack_environment
+from builder.environment.target import host_target
 
 PROBE_MODEL = Path(__file__).parent / "models" / "env_probe.py"
 SPEC = Path(__file__).parents[1] / "envs" / "tabulate-demo.txt"

@@ -16,10 +16,10 @@ import docker.errors
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.environment import pack_environment
-from builder.environment_attach import attach_environment
-from builder.environment_spec import load_spec
-from builder.environment_target import image_target
+from builder.environment.attach import attach_environment
+from builder.environment.spec import load_spec
+from builder.environment.tarball import pack_environment
+from builder.environment.target import image_target
 from builder.images import build_image
 from tests.test_environment_host import SPEC, probe, write_probe_repository
 

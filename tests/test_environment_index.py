@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.environment import pack_environment
-from builder.environment_errors import PackError
-from builder.environment_spec import requirements_spec
-from builder.environment_target import host_target
-from builder.package_index import PackageIndex
-from builder.packers import download_wheels
+from builder.environment.errors import PackError
+from builder.environment.index import PackageIndex
+from builder.environment.packers import download_wheels
+from builder.environment.spec import requirements_spec
+from builder.environment.tarball import pack_environment
+from builder.environment.target import host_target
 
 pytestmark = pytest.mark.slow
 

@@ -13,10 +13,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.environment import EnvironmentTarball
-from builder.environment_attach import attach_environment
-from builder.environment_errors import EnvironmentBuildError, PackError, SpecError
-from builder.environment_spec import (
+from builder.environment.attach import attach_environment
+from builder.environment.errors import EnvironmentBuildError, PackError, SpecError
+from builder.environment.index import PackageIndex
+from builder.environment.packers import CondaPacker, VenvPacker, choose_packer
+from builder.environment.spec import (
     load_spec,
     merge_specs,
     operator_requirements,
@@ -24,9 +25,8 @@ from builder.environment_spec import (
     requirements_spec,
     requires,
 )
-from builder.environment_target import host_target
-from builder.package_index import PackageIndex
-from builder.packers import CondaPacker, VenvPacker, choose_packer
+from builder.environment.tarball import EnvironmentTarball
+from builder.environment.target import host_target
 
 ENVS = Path(__file__).parents[1] / "envs"
 

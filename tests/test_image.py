@@ -16,8 +16,8 @@ import docker.errors
 import numpy as np
 import pytest
 
-from builder.image import PAYLOAD_REPOSITORY, build_image_from_repository, payload_reference
 from builder.images import ImageBuildError
+from builder.serving_image import PAYLOAD_REPOSITORY, build_image_from_repository, payload_reference
 from builder.verify import InferenceCheck, VerificationError, verify_image
 from tests.sample_repository import (
     FEATURES,

@@ -15,7 +15,7 @@ import docker.errors
 import pytest
 
 from builder import build_docker_image
-from builder.client import Client
+from builder.client.pipeline import Client
 from builder.container import ServingContainer
 from builder.equality import check_same
 from builder.errors import BuildError
@@ -105,7 +105,7 @@ def test_operator_importing_a_package_only_the_packed_environment_has(client, tm
     (source / "table_ops.py").write_text(textwrap.dedent('''
         import tabulate
 
-        from builder.environment_spec import requires
+        from builder.environment.spec import requires
 
 
         @requires("tabulate==0.9.0")

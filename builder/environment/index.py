@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.environment_errors import PackError
+from builder.environment.errors import PackError
 
 
 @dataclass(frozen=True)

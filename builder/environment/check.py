@@ -22,9 +22,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.environment_errors import ArchiveCheckError, SpecError
-from builder.environment_spec import EnvironmentSpec
-from builder.environment_target import EnvironmentTarget
+from builder.environment.errors import ArchiveCheckError, SpecError
+from builder.environment.spec import EnvironmentSpec
+from builder.environment.target import EnvironmentTarget
 
 FORMATS = {".tar.gz": "r:gz", ".tar": "r:"}
 """What Triton's python backend extracts (besides a plain directory, used in place)."""

@@ -2,7 +2,8 @@
 
 For services that already run an event loop (a web server fanning requests out to Triton), a
 blocking client would stall the loop or need a thread per request. These behave as
-:mod:`builder.remote_model` and :mod:`builder.client` do (same checks before sending, same
+:mod:`builder.client.remote_model` and :mod:`builder.client.pipeline` do (same checks before
+sending, same
 results, same retries) over ``tritonclient.grpc.aio`` and ``tritonclient.http.aio``, and
 ``batch`` keeps a bounded number of requests in flight on the loop itself.
 """
@@ -15,23 +16,28 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from builder.aio_transport import AsyncTransport, open_async_transport
-from builder.client import batch_calls
-from builder.coercion import Request, bind, prepare
-from builder.endpoint import Endpoint, parse_endpoint
-from builder.fanout import amap_bounded
+from builder.client.aio_transport import AsyncTransport, open_async_transport
+from builder.client.coercion import Request, bind, prepare
+from builder.client.endpoint import Endpoint, parse_endpoint
+from builder.client.errors import RemoteModelError
+from builder.client.fanout import amap_bounded
+from builder.client.pipeline import batch_calls
+from builder.client.remote_model import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_TIMEOUT,
+    call_arguments,
+    unbatch,
+)
+from builder.client.retry import RetryPolicy, acall_with_retry, as_policy
+from builder.client.served_model import ServedModel, served_model
 from builder.pipeline_codec import PipelineCodec, read_signature
-from builder.remote_errors import RemoteModelError
-from builder.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, call_arguments, unbatch
-from builder.retry import RetryPolicy, acall_with_retry, as_policy
-from builder.served_model import ServedModel, served_model
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class AsyncTritonRemoteModel:
-    """:class:`builder.remote_model.TritonRemoteModel` for asyncio: ``await model(...)``.
+    """:class:`builder.client.remote_model.TritonRemoteModel` for asyncio: ``await model(...)``.
 
     >>> async with AsyncTritonRemoteModel("http://127.0.0.1:8000/linear") as linear:
     ...     (await linear([1.0, 2.0, 3.0, 4.0]))["OUTPUT"]
@@ -69,7 +75,7 @@ class AsyncTritonRemoteModel:
         return self._spec
 
     async def __call__(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-        """Run the model; see :meth:`builder.remote_model.TritonRemoteModel.__call__`."""
+        """Run the model; see :meth:`builder.client.remote_model.TritonRemoteModel.__call__`."""
         return await self.send(await self.prepare(*args, **kwargs))
 
     async def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

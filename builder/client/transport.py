@@ -3,7 +3,7 @@
 The two clients differ in ways that leak into every caller if left alone: how inputs and
 requested outputs are built, how timeouts are set, what errors look like, and threading (the
 gRPC client is thread-safe, the gevent-based HTTP client is not). A transport hides that: it
-takes and returns numpy arrays by name, raises the errors of :mod:`builder.remote_errors`, and
+takes and returns numpy arrays by name, raises the errors of :mod:`builder.client.errors`, and
 may be used from any thread.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
-from builder.endpoint import Endpoint
-from builder.remote_errors import classify
+from builder.client.endpoint import Endpoint
+from builder.client.errors import classify
 
 # gRPC channels back off up to 120 s between reconnection attempts by default, and every call
 # made meanwhile fails at once with UNAVAILABLE: a server that came back would stay unreachable
@@ -57,7 +57,7 @@ def open_transport(endpoint: Endpoint, timeout: float) -> Transport:
 
 @contextmanager
 def translated_errors(what: str) -> Iterator[None]:
-    """Re-raise tritonclient's, sockets' and gevent's errors as :mod:`builder.remote_errors`."""
+    """Re-raise tritonclient's, sockets' and gevent's errors as :mod:`builder.client.errors`."""
     try:
         yield
     except BaseException as error:

@@ -1,15 +1,16 @@
 """The model environment of an image: one packed tarball, made once and reused while unchanged.
 
-:func:`pack_environment` turns a merged spec (:mod:`builder.environment_spec`) into a checked
-tarball for a target (:mod:`builder.environment_target`) with a packer (:mod:`builder.packers`).
+:func:`pack_environment` turns a merged spec (:mod:`builder.environment.spec`) into a checked
+tarball for a target (:mod:`builder.environment.target`) with a packer
+(:mod:`builder.environment.packers`).
 Making one takes a download, an install in a container and a compression pass; so the result
 is cached under a key that hashes everything it depends on — the spec's canonical text, the
 packer, the target's Python, platform and base image id, the package sources — and reused
 as long as none of them changes. Nothing enters the cache unchecked
-(:func:`builder.environment_check.check_archive`): a cached tarball is one Triton can load.
+(:func:`builder.environment.check.check_archive`): a cached tarball is one Triton can load.
 
 The tarball then goes into the repository with
-:func:`builder.environment_attach.attach_environment`.
+:func:`builder.environment.attach.attach_environment`.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cache import cache_dir
-from builder.environment_check import check_archive, check_spec, numpy_constraint
-from builder.environment_errors import ArchiveCheckError
-from builder.environment_spec import EnvironmentSpec
-from builder.environment_target import EnvironmentTarget
+from builder.environment.check import check_archive, check_spec, numpy_constraint
+from builder.environment.errors import ArchiveCheckError
+from builder.environment.index import PackageIndex
+from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer
+from builder.environment.spec import EnvironmentSpec
+from builder.environment.target import EnvironmentTarget
 from builder.images import content_hash
-from builder.package_index import PackageIndex
-from builder.packers import ARCHIVE_NAME, Packer, choose_packer
 
 RECIPE = "triton-builder environment 1"
 """Bumped when the way environments are made changes, so old cache entries stop matching."""
@@ -86,9 +87,10 @@ def pack_environment(
 ) -> EnvironmentTarball:
     """Return the checked environment tarball for ``spec`` on ``target``, cached by content.
 
-    ``packer`` is ``"venv"``, ``"conda"`` or a :class:`~builder.packers.Packer` (default:
+    ``packer`` is ``"venv"``, ``"conda"`` or a :class:`~builder.environment.packers.Packer`
+    (default:
     chosen by the spec); ``cache`` defaults to ``$TRITON_BUILDER_CACHE/environments``. Raises
-    :class:`~builder.environment_errors.EnvironmentBuildError` before anything is cached.
+    :class:`~builder.environment.errors.EnvironmentBuildError` before anything is cached.
     """
     started = time.monotonic()
     log = on_log or (lambda line: None)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
-from builder.served_model import ServedModel, ServedTensor
+from builder.client.served_model import ServedModel, ServedTensor
 
 
 class InputError(ValueError):

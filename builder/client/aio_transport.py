@@ -1,6 +1,7 @@
 """The asyncio gRPC and HTTP transports: ``tritonclient.grpc.aio`` and ``tritonclient.http.aio``.
 
-The asyncio twins of :mod:`builder.transport`, with the same interface made of coroutines. The
+The asyncio twins of :mod:`builder.client.transport`, with the same interface made of coroutines.
+The
 underlying clients (a ``grpc.aio`` channel, an ``aiohttp`` session) belong to the event loop
 they are created in, so they are created on first use inside the loop, not in ``__init__``.
 """
@@ -13,8 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
-from builder.endpoint import Endpoint
-from builder.transport import GRPC_MESSAGE_ARGS, GRPC_RECONNECT_ARGS, translated_errors
+from builder.client.endpoint import Endpoint
+from builder.client.transport import GRPC_MESSAGE_ARGS, GRPC_RECONNECT_ARGS, translated_errors
 
 
 class AsyncTransport(Protocol):

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from builder.environment_check import numpy_constraint
-from builder.environment_errors import ArchiveCheckError, PackError, TargetError
-from builder.environment_spec import EnvironmentSpec
-from builder.environment_target import EnvironmentTarget
-from builder.package_index import PackageIndex
+from builder.environment.check import numpy_constraint
+from builder.environment.errors import ArchiveCheckError, PackError, TargetError
+from builder.environment.index import PackageIndex
+from builder.environment.spec import EnvironmentSpec
+from builder.environment.target import EnvironmentTarget
 
 ARCHIVE_NAME = "environment.tar.gz"
 PIP_FOR_TARGET = "pip"

@@ -23,8 +23,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from builder.environment import EnvironmentTarball
-from builder.environment_errors import EnvironmentBuildError
+from builder.environment.errors import EnvironmentBuildError
+from builder.environment.tarball import EnvironmentTarball
 
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from builder.coercion import prepare
+from builder.client.coercion import prepare
+from builder.client.errors import RemoteModelError
+from builder.client.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, TritonRemoteModel
+from builder.client.retry import RetryPolicy
 from builder.pipeline_codec import PipelineCodec, read_signature
-from builder.remote_errors import RemoteModelError
-from builder.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, TritonRemoteModel
-from builder.retry import RetryPolicy
 
 __all__ = ["Client", "TritonRemoteModel", "batch_calls"]
 
@@ -64,8 +64,8 @@ class Client:
         """Run one pipeline call on the server; returns what ``pipe(*values)`` returns.
 
         Values that do not fit the pipeline's inputs raise
-        :class:`builder.coercion.InputError` before anything is sent; a call the pipeline
-        fails on raises :class:`builder.remote_errors.RemoteModelError` with its message.
+        :class:`builder.client.coercion.InputError` before anything is sent; a call the pipeline
+        fails on raises :class:`builder.client.errors.RemoteModelError` with its message.
         """
         return self._send(self.codec.encode(values))
 

@@ -4,7 +4,7 @@ Raw tritonclient makes every caller build ``InferInput`` objects with the right 
 datatype strings, add the batch dimension by hand and decode bytes; mistakes come back from the
 server as errors about tensors. Here the model's metadata and config are read once from the
 server, and a call takes numpy arrays, lists, scalars, ``str`` and ``bytes``, checks them against
-the model before sending (:mod:`builder.coercion`) and returns numpy arrays by output name.
+the model before sending (:mod:`builder.client.coercion`) and returns numpy arrays by output name.
 
 Results are always a ``dict`` of output name to array, even for a one-output model: the shape
 of the result never depends on the model. The pipeline-level client, which returns what the
@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from builder.coercion import Request, bind, prepare
-from builder.endpoint import Endpoint, parse_endpoint
-from builder.fanout import map_bounded
-from builder.retry import RetryPolicy, as_policy, call_with_retry
-from builder.served_model import ServedModel, served_model
-from builder.transport import Transport, open_transport
+from builder.client.coercion import Request, bind, prepare
+from builder.client.endpoint import Endpoint, parse_endpoint
+from builder.client.fanout import map_bounded
+from builder.client.retry import RetryPolicy, as_policy, call_with_retry
+from builder.client.served_model import ServedModel, served_model
+from builder.client.transport import Transport, open_transport
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,7 +41,8 @@ class TritonRemoteModel:
     ...     linear([1.0, 2.0, 3.0, 4.0])["OUTPUT"]          # one sample: shape (3,)
     ...     linear(np.ones((5, 4), np.float32))["OUTPUT"]  # a batch: shape (5, 3)
 
-    ``url`` names the protocol, address and model (see :func:`builder.endpoint.parse_endpoint`);
+    ``url`` names the protocol, address and model (see
+    :func:`builder.client.endpoint.parse_endpoint`);
     ``endpoint`` (the model name) and ``scheme`` fill in what it leaves out. ``timeout`` bounds
     each request in seconds; ``retries`` (a count or a :class:`RetryPolicy`) is how often a
     request that found the server unavailable is tried again, with exponential backoff.
@@ -86,7 +87,7 @@ class TritonRemoteModel:
 
         A value of rank ``len(dims)`` for a batching model is one sample: the batch dimension is
         added and taken off the outputs again. Wrong names, ranks, sizes or kinds of value raise
-        :class:`builder.coercion.InputError` before anything is sent.
+        :class:`builder.client.coercion.InputError` before anything is sent.
         """
         return self.send(self.prepare(*args, **kwargs))
 

@@ -21,7 +21,7 @@ import docker
 import docker.errors
 
 from builder.distribution import TRITON_VERSION
-from builder.environment_errors import TargetError
+from builder.environment.errors import TargetError
 
 IMAGE_STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 """Where NGC images (and our CPU base image) keep the python backend stub."""

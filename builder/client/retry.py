@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from builder.remote_errors import ServerUnavailableError
+from builder.client.errors import ServerUnavailableError
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder.environment_errors import SpecError
+from builder.environment.errors import SpecError
 
 REQUIREMENTS_ATTRIBUTE = "requirements"
 """The attribute an operator declares its pip requirements in: ``op.requirements = ["x>=1"]``."""

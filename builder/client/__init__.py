@@ -1,0 +1,24 @@
+"""Clients of served models and pipelines, over gRPC or HTTP, blocking or asyncio.
+
+:class:`Client` calls a served pipeline with the values ``pipe(...)`` takes and returns what it
+returns; :class:`TritonRemoteModel` calls any Triton model with numpy arrays and Python values.
+"""
+
+from builder.client.aio import AsyncClient, AsyncTritonRemoteModel
+from builder.client.coercion import InputError
+from builder.client.errors import RemoteModelError, RemoteTimeoutError, ServerUnavailableError
+from builder.client.pipeline import Client
+from builder.client.remote_model import TritonRemoteModel
+from builder.client.retry import RetryPolicy
+
+__all__ = [
+    "AsyncClient",
+    "AsyncTritonRemoteModel",
+    "Client",
+    "InputError",
+    "RemoteModelError",
+    "RemoteTimeoutError",
+    "RetryPolicy",
+    "ServerUnavailableError",
+    "TritonRemoteModel",
+]
