@@ -1,5 +1,6 @@
 """Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment."""
 
+from builder.environment import requires
 from builder.errors import (
     BuildError,
     ExportError,
@@ -30,4 +31,5 @@ __all__ = [
     "build_docker_image",
     "build_pipeline_model",
     "pipe",
+    "requires",
 ]

@@ -21,14 +21,16 @@ from typing import Any
 import docker
 
 from builder.build_progress import timed_step
-from builder.client.pipeline import Client
+from builder.client import Client
 from builder.container import Endpoint
 from builder.cuda import resolve
-from builder.environment.attach import attach_environment
-from builder.environment.index import PackageIndex
-from builder.environment.spec import load_spec
-from builder.environment.tarball import pack_environment
-from builder.environment.target import image_target
+from builder.environment import (
+    PackageIndex,
+    attach_environment,
+    image_target,
+    load_spec,
+    pack_environment,
+)
 from builder.equality import check_same
 from builder.errors import BuildError
 from builder.pipeline import Pipeline

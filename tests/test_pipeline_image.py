@@ -105,7 +105,7 @@ def test_operator_importing_a_package_only_the_packed_environment_has(client, tm
     (source / "table_ops.py").write_text(textwrap.dedent('''
         import tabulate
 
-        from builder.environment.spec import requires
+        from builder import requires
 
 
         @requires("tabulate==0.9.0")
