@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import write_section  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.environment.spec import load_spec  # noqa: E402
@@ -84,21 +85,7 @@ def main() -> None:
     ])
     print(section)
     if not args.no_write:
-        write_section(ROOT / "BENCHMARKS.md", section)
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving the others alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines()
-    if SECTION in lines:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        lines[start:end] = section.rstrip("\n").splitlines() + [""]
-    else:
-        lines += ["", *section.rstrip("\n").splitlines()]
-    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import write_section  # noqa: E402
 from builder import build_context  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
@@ -87,7 +88,7 @@ def main() -> None:
                 rebuilds.append(time.monotonic() - started)
                 references.append(f"{IMAGE}:rebuild-{run}")
                 payloads.add(last.labels["ai.triton-builder.payload-hash"])
-            reused = _only_last_layer_differs(client, cold.id, last.id)
+            reused = only_last_layer_differs(client, cold.id, last.id)
             started = time.monotonic()
             verify_image(client, last.id, _checks())
             verify_seconds = time.monotonic() - started
@@ -126,7 +127,7 @@ def main() -> None:
     ])
     print(section)
     if not args.no_write:
-        write_section(ROOT / "BENCHMARKS.md", section)
+        write_section(SECTION, section)
 
 
 def _large_model(repository: Path, megabytes: int) -> int:
@@ -173,27 +174,10 @@ def _checks() -> list[InferenceCheck]:
             InferenceCheck("linear", {"INPUT": x}, {"OUTPUT": expected_linear(x)}, atol=1e-5)]
 
 
-def _only_last_layer_differs(client, old_id: str, new_id: str) -> bool:
+def only_last_layer_differs(client, old_id: str, new_id: str) -> bool:
     old = client.images.get(old_id).attrs["RootFS"]["Layers"]
     new = client.images.get(new_id).attrs["RootFS"]["Layers"]
     return len(old) == len(new) and old[:-1] == new[:-1] and old[-1] != new[-1]
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving the others alone.
-
-    The file is read just before writing: other benchmarks write their own sections too.
-    """
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines()
-    if SECTION in lines:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        lines[start:end] = section.rstrip("\n").splitlines() + [""]
-    else:
-        lines += ["", *section.rstrip("\n").splitlines()]
-    path.write_text("\n".join(lines).rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,128 @@
+"""``build_docker_image`` on the text-embedding pipeline: cold, unchanged, and after a code change.
+
+* cold — fresh caches (``TRITON_BUILDER_CACHE`` in a temporary directory, payload images of
+  earlier runs removed): export, environment packed in the image, every layer built;
+* unchanged — the same pipeline again: the content hash matches, nothing is built;
+* code-only — the pooling operator's code changes (its epsilon): the repository is written
+  again, the environment and the payload layers (base, environment, weights) are reused and only
+  the code layer is built; the image's layers are compared with the cold build's.
+
+Each build is timed with and without verification (the image run and compared with the
+in-process pipeline over gRPC and HTTP). The CPU base image is built beforehand and not timed.
+
+    python benchmarks/bench_pipeline_image.py [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_image import only_last_layer_differs  # noqa: E402
+from benchmarks.report import write_section  # noqa: E402
+from builder import build_docker_image, pipe  # noqa: E402
+from builder.base import build_cpu_base  # noqa: E402
+from builder.engine import ensure_engine  # noqa: E402
+from builder.rootfs import debian_os_image  # noqa: E402
+from builder.serving_image import PAYLOAD_REPOSITORY  # noqa: E402
+from pipelines import text_embedding  # noqa: E402
+
+SECTION = "## Pipeline image: cold build, unchanged, code-only change"
+COMMAND = "python benchmarks/bench_pipeline_image.py"
+IMAGE = "triton-builder-bench/pipeline"
+
+
+class Pool:
+    """Mean pool + L2 normalise, with the epsilon as the 'code' a user edits."""
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        weights = mask[:, None]
+        pooled = (hidden * weights).sum(axis=0) / max(float(weights.sum()), 1.0)
+        return (pooled / max(float(np.linalg.norm(pooled)), self.epsilon)).astype(np.float32)
+
+
+def pipeline(epsilon: float):
+    encoder = text_embedding.make_pipeline().model_ops()[0]
+    tokenizer = text_embedding.Tokenizer()
+    return (pipe.input("text")
+            .map("text", ("ids", "mask"), tokenizer)
+            .map(("ids", "mask"), "hidden", encoder)
+            .map(("hidden", "mask"), "vec", Pool(epsilon))
+            .output("vec")
+            .with_example("hello world"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    client = ensure_engine()
+    os_image = os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(client)
+    os.environ["TRITON_BUILDER_OS_IMAGE"] = os_image
+    build_cpu_base(client, os_image=os_image)
+    quiet = lambda line: None  # noqa: E731
+    rows, layers_shared = [], None
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as cache:
+        os.environ["TRITON_BUILDER_CACHE"] = cache
+        for verify in (False, True):
+            _remove_images(client)
+            timings = {}
+            for name, epsilon in (("cold", 1e-12), ("unchanged", 1e-12), ("code-only", 1e-9)):
+                started = time.monotonic()
+                built = build_docker_image(pipeline(epsilon), f"{IMAGE}:{name}", verify=verify,
+                                           client=client, on_log=quiet)
+                timings[name] = (time.monotonic() - started, built)
+                if name == "unchanged":
+                    assert not built.built, "an unchanged pipeline was rebuilt"
+            cold_image, code_image = timings["cold"][1].id, timings["code-only"][1].id
+            layers_shared = only_last_layer_differs(client, cold_image, code_image)
+            rows.append((verify, {name: seconds for name, (seconds, _) in timings.items()}))
+            # the next pass starts cold again: a fresh cache for the environment too
+            cache_next = tempfile.mkdtemp(prefix="bench-pipeline-", dir=cache)
+            os.environ["TRITON_BUILDER_CACHE"] = cache_next
+        _remove_images(client)
+
+    lines = [SECTION, "",
+             f"`{COMMAND}` — {platform.machine()}, {os.cpu_count()} CPUs, CPU base "
+             f"`triton-builder/tritonserver-cpu:2.51.0-py3.11` (built beforehand, not timed); "
+             "pipeline: `pipelines/text_embedding.py` with its pooling operator as the code "
+             "that changes.", "",
+             "| build | without verification (s) | with verification (s) |", "|---|---|---|"]
+    by_verify = dict(rows)
+    for name, label in (("cold", "cold: empty caches, every layer built"),
+                        ("unchanged", "same pipeline again (content hash matches)"),
+                        ("code-only", "after a code-only change to an operator")):
+        lines.append(f"| {label} | {by_verify[False][name]:.2f} | {by_verify[True][name]:.2f} |")
+    ratio = [by_verify[v]["cold"] / by_verify[v]["code-only"] for v in (False, True)]
+    lines += ["", f"Code-only rebuild vs cold: {ratio[0]:.1f}x faster without verification, "
+              f"{ratio[1]:.1f}x with it. Every layer but the last shared with the cold build: "
+              f"{layers_shared}. A rebuild still exports the model operators (ONNX export and "
+              "its numerical check) and starts Triton once to verify; those dominate it."]
+    section = "\n".join(lines) + "\n"
+    print(section)
+    if not args.no_write:
+        write_section(SECTION, section)
+
+
+def _remove_images(client) -> None:
+    for image in client.images.list():
+        for tag in image.tags:
+            if tag.startswith((f"{IMAGE}:", f"{PAYLOAD_REPOSITORY}:")):
+                client.images.remove(tag, force=True)
+
+
+if __name__ == "__main__":
+    main()

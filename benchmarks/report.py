@@ -1,0 +1,24 @@
+"""BENCHMARKS.md holds one section per benchmark, each written by the script that measured it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+
+
+def write_section(heading: str, section: str, path: Path = BENCHMARKS) -> None:
+    """Replace the section under ``heading`` (or append it), leaving the others alone.
+
+    The file is read just before writing: other benchmarks write their own sections too.
+    """
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = text.splitlines()
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+        lines[start:end] = section.rstrip("\n").splitlines() + [""]
+    else:
+        lines += ["", *section.rstrip("\n").splitlines()]
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
