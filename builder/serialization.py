@@ -83,11 +83,18 @@ def user_code_by_value() -> Iterator[list[str]]:
 
 
 def dumps(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[bytes, set[str]]:
-    """Pickle ``obj`` with user code by value; also return the modules it imports on load."""
-    buffer = io.BytesIO()
+    """Pickle ``obj`` with user code by value; also return the modules it imports on load.
+
+    Pickled twice, the first result thrown away: pickling a class by value for the first time
+    caches ``__slotnames__`` on it (``copyreg``), which changes what the next pickle of that
+    class holds. The second pickle is the stable one, so an unchanged pipeline gives the same
+    bytes on every build and its image is not rebuilt.
+    """
     with user_code_by_value():
-        pickler = _ServingPickler(buffer, targets or {})
-        pickler.dump(obj)
+        for _ in range(2):
+            buffer = io.BytesIO()
+            pickler = _ServingPickler(buffer, targets or {})
+            pickler.dump(obj)
     return buffer.getvalue(), pickler.referenced_modules
 
 

@@ -203,3 +203,15 @@ def test_a_users_own_by_value_registration_survives_the_build(user_module):
         cloudpickle.unregister_pickle_by_value(user_module)
     dumps(pipe.input("a").map("a", "b", user_module.shift).output("b"))
     assert user_module.__name__ not in cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES
+
+
+def test_an_unchanged_pipeline_pickles_to_the_same_bytes_every_time(user_module):
+    """The first pickle of a class by value caches ``__slotnames__`` on it; a build must not
+    depend on whether it is the first (else unchanged pipelines would rebuild their image)."""
+    def build():
+        return (pipe.input("a", "b").map(("a", "b"), "joined", user_module.Joiner("-"))
+                .output("joined"))
+
+    first, _ = dumps(build())
+    second, _ = dumps(build())
+    assert first == second
