@@ -88,7 +88,7 @@ def main() -> None:
                 rebuilds.append(time.monotonic() - started)
                 references.append(f"{IMAGE}:rebuild-{run}")
                 payloads.add(last.labels["ai.triton-builder.payload-hash"])
-            reused = only_last_layer_differs(client, cold.id, last.id)
+            reused = _only_last_layer_differs(client, cold.id, last.id)
             started = time.monotonic()
             verify_image(client, last.id, _checks())
             verify_seconds = time.monotonic() - started
@@ -174,7 +174,7 @@ def _checks() -> list[InferenceCheck]:
             InferenceCheck("linear", {"INPUT": x}, {"OUTPUT": expected_linear(x)}, atol=1e-5)]
 
 
-def only_last_layer_differs(client, old_id: str, new_id: str) -> bool:
+def _only_last_layer_differs(client, old_id: str, new_id: str) -> bool:
     old = client.images.get(old_id).attrs["RootFS"]["Layers"]
     new = client.images.get(new_id).attrs["RootFS"]["Layers"]
     return len(old) == len(new) and old[:-1] == new[:-1] and old[-1] != new[-1]
