@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 
 import docker.errors
 import pytest
-import tritonclient.grpc as grpcclient
 
+from builder.container import ServingContainer
 from builder.environment.attach import attach_environment
 from builder.environment.spec import load_spec
 from builder.environment.tarball import pack_environment
@@ -47,14 +46,12 @@ def test_model_importing_an_environment_only_package_answers_in_the_cpu_image(
         f"FROM {cpu_base_image}\nCOPY models/ /models/\n"
         'CMD ["tritonserver", "--model-repository=/models", "--log-verbose=1"]\n')
     image = build_image(docker_client, context, [TAG])
-    container = docker_client.containers.run(
-        image.id, detach=True, shm_size="1g", ports={"8001/tcp": ("127.0.0.1", None)})
+    container = ServingContainer(docker_client, image.id)
     try:
-        url = _wait_ready(container)
-        answers = [probe(url, name) for name in ("table", "table_too")]
-        logs = container.logs().decode(errors="replace")
+        with container as endpoint:
+            answers = [probe(endpoint.grpc_url, name) for name in ("table", "table_too")]
+            logs = container.logs()
     finally:
-        container.remove(force=True)
         docker_client.images.remove(image.id, force=True)
 
     for table, prefix, numpy_version in answers:
@@ -64,22 +61,3 @@ def test_model_importing_an_environment_only_package_answers_in_the_cpu_image(
     assert answers[0][1] == answers[1][1], "the two models run in different extractions"
     extractions = re.findall(r'Extracting Python execution env (\S+?)"', logs)
     assert extractions == ["/models/table/environment.tar.gz"], extractions
-
-
-def _wait_ready(container, timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        container.reload()
-        if container.status == "exited":
-            break
-        port = container.ports.get("8001/tcp")
-        if port:
-            url = f"127.0.0.1:{port[0]['HostPort']}"
-            try:
-                with grpcclient.InferenceServerClient(url) as client:
-                    if client.is_server_ready():
-                        return url
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-        time.sleep(0.5)
-    raise AssertionError("container never became ready:\n" + container.logs().decode()[-4000:])

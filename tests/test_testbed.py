@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.base import build_cpu_base
+from builder.container import ServingContainer
 from builder.images import build_image
 from tests.sample_repository import (
     FEATURES,
@@ -93,35 +94,13 @@ def test_image_from_cpu_base_serves_the_same_answers(docker_client, cpu_base_ima
         'CMD ["tritonserver", "--model-repository=/models"]\n'
     )
     image = build_image(docker_client, context, ["triton-builder-test/sample:latest"])
-    container = docker_client.containers.run(
-        image.id, detach=True, shm_size="1g", ports={"8001/tcp": ("127.0.0.1", None)})
     try:
-        url = _wait_grpc_ready(docker_client, container)
-        served = _answers(url)
+        with ServingContainer(docker_client, image.id) as endpoint:
+            served = _answers(endpoint.grpc_url)
     finally:
-        container.remove(force=True)
         docker_client.images.remove(image.id, force=True)
     _check(served)
     host = _answers(triton_server(repository).grpc_url)
     for (a_scaled, a_linear), (b_scaled, b_linear) in zip(served, host):
         np.testing.assert_array_equal(a_scaled, b_scaled)
         np.testing.assert_array_equal(a_linear, b_linear)
-
-
-def _wait_grpc_ready(client, container, timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        container.reload()
-        if container.status == "exited":
-            break
-        port = container.ports.get("8001/tcp")
-        if port:
-            url = f"127.0.0.1:{port[0]['HostPort']}"
-            try:
-                with grpcclient.InferenceServerClient(url) as triton:
-                    if triton.is_server_ready():
-                        return url
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-        time.sleep(0.5)
-    raise AssertionError("container never became ready:\n" + container.logs().decode()[-4000:])
