@@ -118,12 +118,12 @@ def test_asyncio_client_matches(server, scheme):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_timeout_is_raised_not_retried(server, scheme):
+def test_timeout_is_raised_not_retried(server, scheme, caplog):
+    caplog.set_level(logging.INFO, logger="builder.client.retry")
     with TritonRemoteModel(url(server, scheme, "echo"), timeout=0.5, retries=3) as echo:
-        started = time.monotonic()
         with pytest.raises(RemoteTimeoutError, match="echo"):
             echo(["slow"], DELAY=[1.5])
-        assert time.monotonic() - started < 1.4
+    assert not caplog.records, "a timed-out request was retried"
     time.sleep(1.2)  # let the one model instance finish the slow request
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +94,11 @@ def test_models_sharing_the_environment_extract_it_once(host_tarball, tmp_path, 
 
 @pytest.mark.slow
 def test_unchanged_spec_reuses_the_cached_tarball(host_tarball, env_cache):
-    """Same spec (in any order) → same key and file, in milliseconds; a changed spec → new key."""
-    started = time.monotonic()
+    """Same spec (in any order) → same key and file; a changed spec → new key.
+
+    How fast a reuse is lives in BENCHMARKS.md (benchmarks/bench_environment.py)."""
     again = pack_environment(load_spec([SPEC]), host_target(), cache=env_cache)
     assert again.reused and again.path == host_tarball.path and again.key == host_tarball.key
-    assert time.monotonic() - started < 5  # a host probe; the tarball itself is not touched
     reordered = requirements_spec(reversed(load_spec([SPEC]).requirements), "reordered")
     assert pack_environment(reordered, host_target(), cache=env_cache).key == host_tarball.key
     changed = requirements_spec(["numpy==1.26.4", "tabulate==0.10.0"], "changed")

@@ -8,7 +8,6 @@ same, and correctly.
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import numpy as np
 import pytest
@@ -75,11 +74,9 @@ def test_onnx_requests_are_batched_by_triton(repository, triton_server):
 
 
 def test_cpu_base_image_is_cached_by_content(docker_client, cpu_base_image, os_image):
-    started = time.monotonic()
     again = build_cpu_base(docker_client, os_image=os_image)
     assert not again.built
     assert again.tags[0] == cpu_base_image
-    assert time.monotonic() - started < 60
 
 
 def test_image_from_cpu_base_serves_the_same_answers(docker_client, cpu_base_image, repository,
