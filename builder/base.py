@@ -66,9 +66,13 @@ def build_cpu_base(
     os_image: str | None = None,
     python_version: str = "3.11",
     tag: str | None = None,
+    rebuild: bool = False,
     on_log: Callable[[str], None] | None = None,
 ) -> BuiltImage:
-    """Build (or reuse) the CPU Triton base image and return it."""
+    """Build (or reuse) the CPU Triton base image and return it.
+
+    ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache.
+    """
     os_image = os_image or default_os_image()
     tag = tag or cpu_base_tag(python_version)
     os_image_id = _os_image_id(client, os_image)
@@ -82,7 +86,7 @@ def build_cpu_base(
         dockerfile, template_source(TEMPLATE), requirements, os_image_id, python_version,
         distribution.root.name, ONNXRUNTIME_BACKEND,
     )
-    cached = find_built(client, tag, digest)
+    cached = None if rebuild else find_built(client, tag, digest)
     if cached is not None:
         return cached
     packages = _python_packages(requirements, python_version)
@@ -101,7 +105,8 @@ def build_cpu_base(
             "org.opencontainers.image.base.name": os_image,
             "org.opencontainers.image.base.digest": os_image_id,
         }
-        return build_image(client, context, [tag], labels=labels, on_log=on_log)
+        return build_image(client, context, [tag], labels=labels, nocache=rebuild,
+                           on_log=on_log)
 
 
 def _os_image_id(client: docker.DockerClient, os_image: str) -> str:

@@ -81,6 +81,7 @@ def base_cpu(
         None, help="Base OS image with Python "
         "[default: $TRITON_BUILDER_OS_IMAGE or python:3.11-slim-bookworm]"),
     python_version: str = typer.Option("3.11", "--python", help="Python of the OS image."),
+    rebuild: bool = typer.Option(False, help="Build from scratch (no reuse, no layer cache)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the build log."),
 ) -> None:
     """Build the CPU Triton base image; a second run with the same inputs takes seconds.
@@ -93,7 +94,7 @@ def base_cpu(
     with console.status("building the CPU Triton base image"):
         image = _run("building the CPU base", lambda: build_cpu_base(
             ensure_engine(), os_image=os_image, python_version=python_version,
-            on_log=_log_line if verbose else None))
+            rebuild=rebuild, on_log=_log_line if verbose else None))
     console.print(("built " if image.built else "up to date ") + image.tags[0])
     print(image.tags[0])
 

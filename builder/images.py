@@ -51,6 +51,7 @@ def build_image(
     labels: dict[str, str] | None = None,
     buildargs: dict[str, str] | None = None,
     network_mode: str | None = None,
+    nocache: bool = False,
     on_log: Callable[[str], None] | None = None,
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
@@ -64,7 +65,7 @@ def build_image(
     image_id = None
     stream = client.api.build(
         path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
-        network_mode=network_mode, rm=True, forcerm=True, decode=True,
+        network_mode=network_mode, nocache=nocache, rm=True, forcerm=True, decode=True,
     )
     for chunk in stream:
         if "error" in chunk or "errorDetail" in chunk:
