@@ -6,7 +6,7 @@ requests are kept in flight with :class:`builder.client.AsyncClient`; every serv
 checked against the in-process one. In process, calls run one after another, as a Python
 program would run them without a server.
 
-    python benchmarks/bench_serving.py [--requests 400] [--no-write]
+    python benchmarks/bench_serving.py [--requests 400] [--runs 3] [--no-write]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -47,14 +48,18 @@ async def _served(url: str, texts: list[str], concurrency: int) -> tuple[float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     texts = [TEXTS[i % len(TEXTS)] + f" #{i}" for i in range(args.requests)]
 
     pipeline(texts[0])
-    started = time.monotonic()
-    expected = [pipeline(text) for text in texts]
-    in_process = len(texts) / (time.monotonic() - started)
+    rates = []
+    for _ in range(args.runs):
+        started = time.monotonic()
+        expected = [pipeline(text) for text in texts]
+        rates.append(len(texts) / (time.monotonic() - started))
+    in_process = statistics.median(rates)
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
@@ -62,13 +67,17 @@ def main() -> None:
         with TritonServer(built.model_root) as server:
             url = f"grpc://{server.grpc_url}/{built.pipeline_model}"
             for concurrency in CONCURRENCY:
-                seconds, results = asyncio.run(_served(url, texts, concurrency))
-                for text, got, want in zip(texts, results, expected):
-                    check_same(got, want, where=text)
-                rows.append((concurrency, len(texts) / seconds))
+                rates = []
+                for _ in range(args.runs):
+                    seconds, results = asyncio.run(_served(url, texts, concurrency))
+                    for text, got, want in zip(texts, results, expected):
+                        check_same(got, want, where=text)
+                    rates.append(len(texts) / seconds)
+                rows.append((concurrency, statistics.median(rates)))
 
     lines = [SECTION, "",
-             f"`{COMMAND} --requests {args.requests}` — {platform.machine()}, "
+             f"`{COMMAND} --requests {args.requests} --runs {args.runs}` — median of the runs; "
+             f"{platform.machine()}, "
              f"{os.cpu_count()} CPUs; host-process Triton 2.51 (python backend + the "
              "onnxruntime Python backend), one pipeline model instance with dynamic batching, "
              "gRPC from the same machine (the client shares the CPUs with the server). Every "
