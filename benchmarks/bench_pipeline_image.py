@@ -1,7 +1,8 @@
 """``build_docker_image`` on the text-embedding pipeline: cold, unchanged, and after a code change.
 
 * first — a machine with Docker and the OS image only: the CPU base built from scratch (no
-  layer cache, the Triton wheel and the base's packages downloaded), then the cold build;
+  layer cache, the Triton wheel and the base's packages downloaded), then the cold build.
+  This replaces the CPU base image on the engine (same content, new layers);
 * cold — fresh caches (``TRITON_BUILDER_CACHE`` in a temporary directory, payload images of
   earlier runs removed), the CPU base present: export, environment packed in the image, every
   layer built;
