@@ -68,7 +68,7 @@ class BuildProgress:
 @contextmanager
 def timed_step(title: str, on_log: Callable[[str], None] | None = None) -> Iterator[None]:
     """Announce one step of a long job and, when it ends, how long it took."""
-    emit = on_log or _stderr_line
+    emit = on_log or stderr_line
     started = time.monotonic()
     emit(f"> {title}")
     try:
@@ -79,5 +79,6 @@ def timed_step(title: str, on_log: Callable[[str], None] | None = None) -> Itera
     emit(f"✓ {title} ({time.monotonic() - started:.1f}s)")
 
 
-def _stderr_line(line: str) -> None:
+def stderr_line(line: str) -> None:
+    """The default ``on_log``: one line to standard error, at once."""
     print(line, file=sys.stderr, flush=True)

@@ -12,14 +12,13 @@ import shlex
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import docker
 import docker.errors
 import docker.types
 
+from builder.server import triton_ready
 from builder.serving import GRPC_PORT, HTTP_PORT, METRICS_PORT
 
 DEFAULT_SHM_SIZE = "1g"
@@ -113,7 +112,7 @@ class ServingContainer:
                 raise ContainerError(f"the container exited with code {code} while starting",
                                      self.logs())
             endpoint = endpoint or self._endpoint()
-            if endpoint is not None and _ready(endpoint):
+            if endpoint is not None and triton_ready(endpoint.http_url):
                 return endpoint
             time.sleep(0.5)
         raise ContainerError(f"Triton was not ready after {timeout:.0f}s", self.logs())
@@ -165,12 +164,3 @@ def docker_run_command(image: str, *, gpus: bool = True, shm_size: str = DEFAULT
         parts += ["-p", f"{port}:{port}"]
     parts.append(image)
     return shlex.join(parts)
-
-
-def _ready(endpoint: Endpoint) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/health/ready",
-                                    timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False

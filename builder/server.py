@@ -132,24 +132,28 @@ class TritonServer:
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
                 raise TritonServerError(
                     f"tritonserver exited while starting on {self.model_repository}:\n"
                     f"{_tail(self.logs())}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if triton_ready(self.http_url):
+                return
             time.sleep(0.25)
         raise TritonServerError(
             f"tritonserver was not ready after {timeout:.0f}s on {self.model_repository}:\n"
             f"{_tail(self.logs())}"
         )
+
+
+def triton_ready(http_url: str) -> bool:
+    """Whether the Triton at ``host:port`` answers 200 on ``/v2/health/ready`` (all models up)."""
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
 
 
 def _server_environment(distribution: TritonDistribution, extra: dict[str, str]) -> dict:

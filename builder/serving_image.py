@@ -36,7 +36,7 @@ from docker.models.images import Image
 
 from builder.base import build_cpu_base, cpu_base_tag
 from builder.build_context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
-from builder.build_progress import BuildProgress
+from builder.build_progress import BuildProgress, stderr_line
 from builder.container import docker_run_command
 from builder.cuda import Release, resolve
 from builder.images import (
@@ -201,7 +201,7 @@ def build_image_from_repository(
             for reference in references:
                 result.pushed[reference] = push_image(client, reference, on_log=log)
     result.seconds = time.monotonic() - started
-    (on_log or _stderr)(f"run it: {run_command}")
+    (on_log or stderr_line)(f"run it: {run_command}")
     return result
 
 
@@ -360,9 +360,3 @@ def _progress(title: str, on_log: Log | None) -> Iterator[Log]:
         return
     with BuildProgress(title) as progress:
         yield progress
-
-
-def _stderr(line: str) -> None:
-    import sys
-
-    print(line, file=sys.stderr)
