@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_section  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.rootfs import debian_os_image  # noqa: E402
@@ -50,9 +50,7 @@ def main() -> None:
              f"| `{' '.join(command)}`, nothing changed, median of {args.runs} "
              f"(process start and imports included) | {statistics.median(seconds):.2f} |"]
     section = "\n".join(lines) + "\n"
-    print(section)
-    if not args.no_write:
-        write_section(SECTION, section)
+    publish(SECTION, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_section  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.environment.spec import load_spec  # noqa: E402
@@ -83,9 +83,7 @@ def main() -> None:
         f"Load average at the end: {os.getloadavg()[0]:.1f} (other jobs share the machine).",
         "",
     ])
-    print(section)
-    if not args.no_write:
-        write_section(SECTION, section)
+    publish(SECTION, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

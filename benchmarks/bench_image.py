@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_section  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from builder import build_context  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
@@ -125,9 +125,7 @@ def main() -> None:
         f"at the end: {os.getloadavg()[0]:.1f} (other jobs share the machine).",
         "",
     ])
-    print(section)
-    if not args.no_write:
-        write_section(SECTION, section)
+    publish(SECTION, section, write=not args.no_write)
 
 
 def _large_model(repository: Path, megabytes: int) -> int:

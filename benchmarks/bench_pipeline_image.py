@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_section  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from builder import build_docker_image, pipe  # noqa: E402
 from builder.base import build_cpu_base  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
@@ -128,9 +128,7 @@ def main() -> None:
               f"with the pipeline over gRPC and HTTP (about {verification:.1f} s) is most of a "
               "rebuild; the export of the model operator and the code layer are the rest."]
     section = "\n".join(lines) + "\n"
-    print(section)
-    if not args.no_write:
-        write_section(SECTION, section)
+    publish(SECTION, section, write=not args.no_write)
 
 
 def _first_build(client, os_image: str, cache: Path, quiet) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_section  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from builder import build_pipeline_model  # noqa: E402
 from builder.client import AsyncClient  # noqa: E402
 from builder.equality import check_same  # noqa: E402
@@ -86,9 +86,7 @@ def main() -> None:
              f"| in process, one call after another | 1 | {in_process:.0f} |"]
     lines += [f"| served over gRPC | {c} | {qps:.0f} |" for c, qps in rows]
     section = "\n".join(lines) + "\n"
-    print(section)
-    if not args.no_write:
-        write_section(SECTION, section)
+    publish(SECTION, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

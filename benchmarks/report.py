@@ -22,3 +22,10 @@ def write_section(heading: str, section: str, path: Path = BENCHMARKS) -> None:
     else:
         lines += ["", *section.rstrip("\n").splitlines()]
     path.write_text("\n".join(lines).rstrip("\n") + "\n")
+
+
+def publish(heading: str, section: str, *, write: bool = True) -> None:
+    """Print a benchmark's section and, unless ``write`` is off, put it into BENCHMARKS.md."""
+    print(section)
+    if write:
+        write_section(heading, section)
