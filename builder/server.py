@@ -157,16 +157,25 @@ def triton_ready(http_url: str) -> bool:
 
 
 def _server_environment(distribution: TritonDistribution, extra: dict[str, str]) -> dict:
-    """The stub links ``libpython3.X``: point it at this interpreter's and at our packages."""
+    """The stub links ``libpython3.X``: point it at this interpreter's, and at its packages.
+
+    The embedded interpreter ignores ``PYTHONPATH`` and finds its prefix from the first
+    ``python3`` on ``PATH`` (a virtual environment's ``pyvenv.cfg`` included), so this
+    interpreter's directory goes first: a server started from an environment that is not
+    activated still sees that environment's packages.
+    """
     env = dict(os.environ)
     libdirs = [str(distribution.library_dir), sysconfig.get_config_var("LIBDIR") or ""]
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [d for d in libdirs if d] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
-    paths = sysconfig.get_paths()
-    site = [paths["purelib"], paths["platlib"]]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(site))
+    env["LD_LIBRARY_PATH"] = _joined(libdirs, env.get("LD_LIBRARY_PATH", ""))
+    env["PATH"] = _joined([os.path.dirname(sys.executable)], env.get("PATH", ""))
     env.update(extra)
     return env
+
+
+def _joined(first: list[str], rest: str) -> str:
+    """``first`` ahead of the ``os.pathsep``-separated ``rest``, each directory once."""
+    dirs = [d for d in first if d] + [d for d in rest.split(os.pathsep) if d]
+    return os.pathsep.join(dict.fromkeys(dirs))
 
 
 def free_ports(count: int) -> list[int]:

@@ -175,11 +175,21 @@ def test_retries_until_the_server_is_up_and_again_after_a_restart(tmp_path, capl
         for model in models:
             model.close()
         server.stop()
-        assert not re.search(r"Found [1-9]\d* HTTP service connections", server.logs())
+        assert len(_open_http_connections_at_exit(server.logs())) <= 1, server.logs()[-2000:]
     finally:
         for model in models:
             model.close()
         server.close()
+
+
+def _open_http_connections_at_exit(log: str) -> list[int]:
+    """Triton's once-a-second count of open HTTP connections while it stops, non-zero ones only.
+
+    The first count may still hold a connection the client has just closed (the server has not
+    read its end yet); a connection left open shows up again a second later.
+    """
+    counts = re.findall(r"Timeout \d+: Found (\d+) HTTP service connections", log)
+    return [int(count) for count in counts if int(count)]
 
 
 async def _async_call(model_url: str, x: np.ndarray) -> None:

@@ -150,7 +150,7 @@ def test_conda_pack_environment_loads_in_triton(conda_prefix, tmp_path, triton_s
 
     repository = write_probe_repository(tmp_path / "models", ["table"])
     assert attach_environment(repository, tarball) == ["table"]
-    server = triton_server(repository, log_verbose=1, env={"PYTHONPATH": ""})
+    server = triton_server(repository, log_verbose=1)
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         x = grpcclient.InferInput("X", [2, 2], "FP32")
         x.set_data_from_numpy(np.array([[1, 2], [3, 4]], dtype=np.float32))

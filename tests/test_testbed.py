@@ -8,6 +8,8 @@ same, and correctly.
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -53,6 +55,17 @@ def _check(answers) -> None:
 
 
 def test_host_process_server_answers(repository, triton_server):
+    server = triton_server(repository)
+    _check(_answers(server.grpc_url))
+
+
+def test_host_process_server_needs_no_activated_environment(repository, triton_server,
+                                                            monkeypatch):
+    """Run from ``.venv/bin/python`` with the environment not on ``PATH``: the stub still finds
+    this interpreter's packages (onnxruntime for the ONNX model)."""
+    here = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if d and d != here))
     server = triton_server(repository)
     _check(_answers(server.grpc_url))
 

@@ -7,8 +7,11 @@ was extracted), then numpy's version — what the environment tests check.
 import sys
 
 import numpy as np
-import tabulate  # in the packed environment only: neither the base image nor the host has it
+import tabulate  # no base image has it; the host's test environment does, for the host tests
 import triton_python_backend_utils as pb_utils
+
+if not tabulate.__file__.startswith(sys.prefix):
+    raise ImportError(f"tabulate came from {tabulate.__file__}, not the environment {sys.prefix}")
 
 
 class TritonPythonModel:
