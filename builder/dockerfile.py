@@ -16,6 +16,7 @@ A newline in any value is rejected outright: it is the one way to inject a build
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -40,7 +41,9 @@ def template_source(template: str) -> str:
     return (resources.files("builder.dockerfiles") / template).read_text()
 
 
+@functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
+    """One environment per process: it keeps compiled templates (reloaded when a file changes)."""
     directory = resources.files("builder.dockerfiles")
     environment = ImmutableSandboxedEnvironment(
         loader=FileSystemLoader(str(directory)),

@@ -9,6 +9,7 @@ time, so ``pipe.pickle`` must carry it by value.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import site
 import sys
@@ -57,16 +58,42 @@ def is_installed(module_name: str | None) -> bool:
 
 def user_modules() -> list[str]:
     """The imported top-level modules and packages that are *not* installed: user code."""
-    names = set()
-    for name, module in list(sys.modules.items()):
-        if module is None or name == "__main__":
-            continue
-        top = name.split(".")[0]
-        if top in names:
-            continue
-        if not is_installed(top):
-            names.add(top)
-    return sorted(names)
+    tops = {name.split(".")[0] for name, module in list(sys.modules.items())
+            if module is not None and name != "__main__"}
+    return sorted(top for top in tops if not is_installed(top))
+
+
+def distributions_of(top: str) -> list[str]:
+    """The installed distributions that provide the top-level module ``top``.
+
+    The distribution named like the module (numpy, torch, onnxruntime) is asked first, from its
+    ``top_level.txt`` or ``RECORD``; only a module named otherwise (``PIL`` from pillow, ``yaml``
+    from PyYAML) pays for :func:`importlib.metadata.packages_distributions`, which reads every
+    installed distribution's file list (most of a code-only rebuild's time before).
+    """
+    try:
+        distribution = importlib.metadata.distribution(top)
+    except importlib.metadata.PackageNotFoundError:
+        distribution = None
+    if distribution is not None and _provides(distribution, top):
+        return [distribution.metadata["Name"]]
+    if not _PACKAGES_DISTRIBUTIONS:
+        _PACKAGES_DISTRIBUTIONS.append(importlib.metadata.packages_distributions())
+    return list(_PACKAGES_DISTRIBUTIONS[0].get(top, []))
+
+
+_PACKAGES_DISTRIBUTIONS: list[dict[str, list[str]]] = []
+
+
+def _provides(distribution: importlib.metadata.Distribution, top: str) -> bool:
+    top_level = distribution.read_text("top_level.txt")
+    if top_level is not None:
+        return top in top_level.split()
+    for line in (distribution.read_text("RECORD") or "").splitlines():
+        first = line.split(",", 1)[0].split("/", 1)[0]
+        if first == top or first.split(".", 1)[0] == top:
+            return True
+    return False
 
 
 def _namespace_installed(module: object) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 import cloudpickle
 
 from builder.errors import SerializationError
-from builder.modules import installation_paths, is_installed, user_modules
+from builder.modules import distributions_of, installation_paths, is_installed, user_modules
 from builder.operators import BlsTarget, ModelOp, restore_model_op
 
 PIPELINE_FILE = "pipe.pickle"
@@ -116,7 +116,6 @@ def versions_record(referenced_modules: set[str]) -> dict[str, Any]:
     Libraries are the distributions providing installed, non-standard-library modules the pickle
     refers to by reference.
     """
-    distributions = importlib.metadata.packages_distributions()
     libraries: dict[str, str] = {}
     modules: dict[str, str] = {}
     stdlib = _stdlib_paths()
@@ -126,7 +125,7 @@ def versions_record(referenced_modules: set[str]) -> dict[str, Any]:
             continue
         if not is_installed(top) or _in_stdlib(top, stdlib):
             continue
-        for distribution in distributions.get(top, [top]):
+        for distribution in distributions_of(top) or [top]:
             try:
                 libraries[distribution] = importlib.metadata.version(distribution)
                 modules[top] = distribution

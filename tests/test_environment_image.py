@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 
 import docker.errors
 import pytest
@@ -61,3 +62,18 @@ def test_model_importing_an_environment_only_package_answers_in_the_cpu_image(
     assert answers[0][1] == answers[1][1], "the two models run in different extractions"
     extractions = re.findall(r'Extracting Python execution env (\S+?)"', logs)
     assert extractions == ["/models/table/environment.tar.gz"], extractions
+
+
+def test_the_image_probe_is_kept_per_image_id(docker_client, cpu_base_image, tmp_path,
+                                              monkeypatch):
+    """A second probe of the same image ID starts no container (the engine's events say so)."""
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path))
+    since = int(time.time()) - 1
+    first = image_target(docker_client, cpu_base_image)
+    second = image_target(docker_client, cpu_base_image)
+    created = docker_client.events(
+        since=since, until=int(time.time()) + 1, decode=True,
+        filters={"type": "container", "event": "create", "image": cpu_base_image})
+    assert len(list(created)) == 1
+    assert second.fingerprint() == first.fingerprint()
+    assert second.python_executable == first.python_executable

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from builder import ModelOp, PipelineError, SerializationError, pipe
+from builder.modules import distributions_of
 from builder.operators import BlsTarget, find_model_ops
 from builder.runtime.pipeline_model import PipelineLoadError, check_versions
 from builder.serialization import check_serializable, dumps, versions_record
@@ -120,6 +121,16 @@ def test_versions_record_names_the_installed_libraries_the_pickle_imports(user_m
     assert set(record["libraries"]) == {"numpy", "cloudpickle"}
     assert record["libraries"]["numpy"] == importlib.metadata.version("numpy")
     json.dumps(record)
+
+
+@pytest.mark.parametrize("top", ["numpy", "torch", "onnxruntime", "PIL", "yaml", "google",
+                                 "cloudpickle", "no_such_module"])
+def test_distributions_of_agrees_with_the_full_scan(top):
+    """The quick lookup (the distribution named like the module) gives what reading every
+    installed distribution's files gives, also for modules named unlike their distribution."""
+    expected = importlib.metadata.packages_distributions().get(top, [])
+    assert sorted(distributions_of(top)) == sorted(expected)
+    assert expected or top == "no_such_module"
 
 
 def test_version_check_at_load_time():

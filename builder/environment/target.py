@@ -9,6 +9,7 @@ venv is made by the very interpreter that will run it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.cache import cache_dir
 from builder.distribution import TRITON_VERSION
 from builder.environment.errors import TargetError
 
@@ -115,15 +117,23 @@ class EnvironmentTarget:
 
 def image_target(client: docker.DockerClient, image: str, *,
                  stub_path: str = IMAGE_STUB) -> EnvironmentTarget:
-    """Probe ``image`` (a throwaway container) for its Python, C library and stub."""
+    """Probe ``image`` (a throwaway container) for its Python, C library and stub.
+
+    The answer is kept per image ID: an ID is the hash of the image's content, so the same ID
+    always holds the same Python and stub, and a rebuild skips the container.
+    """
     try:
         image_id = client.images.get(image).id
     except docker.errors.ImageNotFound as error:
         raise TargetError(f"image {image} is not on this Docker engine: build or pull it "
                           f"first") from error
-    output = _run_in_image(client, image, ["python3", "-c", _PROBE, stub_path],
-                           what="find python3 and the python backend stub", binds=(), env=None)
-    facts = _facts(output, f"image {image}")
+    facts = _cached_image_facts(image_id, stub_path)
+    if facts is None:
+        output = _run_in_image(client, image, ["python3", "-c", _PROBE, stub_path],
+                               what="find python3 and the python backend stub", binds=(),
+                               env=None)
+        facts = _facts(output, f"image {image}")
+        _cache_image_facts(image_id, stub_path, facts)
     if not facts["stub_found"]:
         raise TargetError(f"image {image} has no python backend stub at {stub_path}: is it a "
                           f"Triton image? Pass stub_path= if it lives elsewhere")
@@ -160,6 +170,25 @@ def _target(facts: dict, stub: str, *, image: str | None, image_id: str | None,
         machine=facts["machine"], glibc_version=glibc, triton_version=facts["triton_version"],
         image=image, image_id=image_id, client=client,
     )
+
+
+def _facts_file(image_id: str, stub_path: str) -> Path:
+    key = hashlib.sha256("\0".join([image_id, stub_path, _PROBE]).encode()).hexdigest()
+    return cache_dir("targets") / f"{key[:32]}.json"
+
+
+def _cached_image_facts(image_id: str, stub_path: str) -> dict | None:
+    try:
+        return json.loads(_facts_file(image_id, stub_path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _cache_image_facts(image_id: str, stub_path: str, facts: dict) -> None:
+    path = _facts_file(image_id, stub_path)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(facts, sort_keys=True))
+    partial.replace(path)
 
 
 def _facts(output: str, where: str) -> dict:
