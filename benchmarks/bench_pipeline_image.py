@@ -126,7 +126,8 @@ def main() -> None:
               f"without verification. Every layer but the last shared with the cold build: "
               f"{layers_shared}. With verification on, running the new image and comparing it "
               f"with the pipeline over gRPC and HTTP (about {verification:.1f} s) is most of a "
-              "rebuild; the export of the model operator and the code layer are the rest."]
+              "rebuild; writing the repository (the model operator's export and the "
+              "pipeline's pickle) and building the code layer are the rest."]
     section = "\n".join(lines) + "\n"
     publish(SECTION, section, write=not args.no_write)
 

@@ -114,7 +114,7 @@ class ServingContainer:
             endpoint = endpoint or self._endpoint()
             if endpoint is not None and triton_ready(endpoint.http_url):
                 return endpoint
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise ContainerError(f"Triton was not ready after {timeout:.0f}s", self.logs())
 
     def _endpoint(self) -> Endpoint | None:
