@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import pickle
 import shutil
 import tempfile
 import warnings
@@ -264,12 +263,12 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
 # -- python ----------------------------------------------------------------------------------
 def export_python(op: ModelOp, directory: Path, reference: Reference,
                   tolerance: float) -> ExportedModel:
-    from builder.serialization import dumps
+    from builder.serialization import round_trip
 
-    payload, _ = dumps(op.module)
+    payload, module = round_trip(op.module)
     (directory / "module.pickle").write_bytes(payload)
     shutil.copyfile(TORCH_MODEL_RUNTIME, directory / "model.py")
-    outputs = _run_torch(pickle.loads(payload), reference, tolerance)
+    outputs = _run_torch(module, reference, tolerance)
     return ExportedModel(
         "python",
         _tensor_configs(op.input_names, reference.cases[0][0], op.input_dims),

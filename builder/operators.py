@@ -35,12 +35,15 @@ import numpy as np
 from builder.errors import PipelineError
 from builder.modules import is_installed
 
-OP_CONFIG_KEYS = frozenset(
-    {"instance_count", "device_ids", "dynamic_batching", "max_batch_size", "format_priority"}
-)
-"""What ``op_config`` may set for a model operator's Triton model (see :mod:`builder.config`)."""
+OP_CONFIG_KEYS = ("device_ids", "dynamic_batching", "format_priority", "instance_count",
+                  "max_batch_size")
+"""What ``op_config`` may set for a model operator's Triton model (see :mod:`builder.config`).
 
-DYNAMIC_BATCHING_KEYS = frozenset({"preferred_batch_size", "max_queue_delay_microseconds"})
+Tuples, not sets: this module is pickled by value into ``pipe.pickle``, and a set of strings is
+pickled in an order that changes from one process to the next (string hashes are salted), which
+would make the bytes — and the image — differ for an unchanged pipeline."""
+
+DYNAMIC_BATCHING_KEYS = ("max_queue_delay_microseconds", "preferred_batch_size")
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -235,7 +238,7 @@ class LocalRunner:
 def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
     """Check ``op_config`` keys and value types; the error names the operator."""
     config = dict(config)
-    unknown = set(config) - OP_CONFIG_KEYS
+    unknown = set(config).difference(OP_CONFIG_KEYS)
     if unknown:
         raise PipelineError(
             f"operator {owner!r}: unknown op_config keys {sorted(unknown)}; "
@@ -261,7 +264,7 @@ def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
         config["format_priority"] = list(config["format_priority"])
     if "dynamic_batching" in config:
         batching = config["dynamic_batching"]
-        if not isinstance(batching, Mapping) or set(batching) - DYNAMIC_BATCHING_KEYS:
+        if not isinstance(batching, Mapping) or set(batching).difference(DYNAMIC_BATCHING_KEYS):
             fail("dynamic_batching", f"a mapping with keys {sorted(DYNAMIC_BATCHING_KEYS)}")
         config["dynamic_batching"] = dict(batching)
     return config

@@ -37,12 +37,20 @@ VERSIONS_FILE = "pipe.versions.json"
 class _ServingPickler(cloudpickle.Pickler):
     """cloudpickle, with model operators reduced to their served form and imports recorded."""
 
-    def __init__(self, file: io.BytesIO, targets: Mapping[str, BlsTarget]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, targets: Mapping[str, BlsTarget]) -> None:
+        self._buffer = io.BytesIO()
+        super().__init__(self._buffer, protocol=pickle.HIGHEST_PROTOCOL)
         self._targets = targets
         self.referenced_modules: set[str] = set()
+        self.classes: set[type] = set()
+
+    def payload(self) -> bytes:
+        return self._buffer.getvalue()
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type):
+            self.classes.add(obj)
+            _track_class(obj)
         if isinstance(obj, ModelOp) and obj.module is not None:
             target = self._targets.get(obj.name)
             if target is None:
@@ -61,6 +69,27 @@ class _ServingPickler(cloudpickle.Pickler):
             if isinstance(module, str):
                 self.referenced_modules.add(module)
         return None
+
+
+def _track_class(cls: type) -> None:
+    """Give a class pickled by value a tracker ID that is the same in every process.
+
+    cloudpickle names each class it pickles by value with a tracker ID, so that classes from
+    one definition stay one class where they are loaded; its own IDs are random (uuid4), which
+    made ``pipe.pickle`` — and so the image's content hash — differ on every run of the builder
+    even for an unchanged pipeline. The ID here is the class's module and qualified name, with
+    an ordinal that keeps two classes of the same name (a class statement run twice) apart.
+    """
+    tracker = cloudpickle.cloudpickle
+    with tracker._DYNAMIC_CLASS_TRACKER_LOCK:
+        if cls in tracker._DYNAMIC_CLASS_TRACKER_BY_CLASS:
+            return
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        ordinal = 0
+        while (key := f"{name}#{ordinal}") in tracker._DYNAMIC_CLASS_TRACKER_BY_ID:
+            ordinal += 1
+        tracker._DYNAMIC_CLASS_TRACKER_BY_CLASS[cls] = key
+        tracker._DYNAMIC_CLASS_TRACKER_BY_ID[key] = cls
 
 
 @contextlib.contextmanager
@@ -90,19 +119,31 @@ def dumps(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[byt
     class holds. The second pickle is the stable one, so an unchanged pipeline gives the same
     bytes on every build and its image is not rebuilt.
     """
-    with user_code_by_value():
-        for _ in range(2):
-            buffer = io.BytesIO()
-            pickler = _ServingPickler(buffer, targets or {})
-            pickler.dump(obj)
-    return buffer.getvalue(), pickler.referenced_modules
+    pickler = _pickled(obj, targets)
+    return pickler.payload(), pickler.referenced_modules
+
+
+def round_trip(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[bytes, Any]:
+    """``dumps(obj)``'s bytes, and the object loaded back from them in this process.
+
+    The caller's classes are left as they were: unpickling a class by value in the process that
+    defined it makes cloudpickle set the pickled methods back onto the live class, as copies
+    whose globals are a copy of their module's. The live operator would then no longer see later
+    changes to its module, and the next pickle would hold those copies (a set in them may
+    iterate in another order), so an unchanged pipeline would build a new image.
+    """
+    pickler = _pickled(obj, targets)
+    classes = {cls: dict(vars(cls)) for cls in pickler.classes}
+    try:
+        return pickler.payload(), pickle.loads(pickler.payload())
+    finally:
+        _restore(classes)
 
 
 def check_serializable(obj: Any, what: str, targets: Mapping[str, BlsTarget] | None = None) -> None:
     """Pickle and unpickle ``obj`` (an operator); the error names ``what`` on failure."""
     try:
-        payload, _ = dumps(obj, targets)
-        pickle.loads(payload)
+        round_trip(obj, targets)
     except Exception as error:  # noqa: BLE001 - any failure means it cannot be deployed
         raise SerializationError(
             f"operator {what} cannot be serialized into {PIPELINE_FILE}: "
@@ -139,6 +180,25 @@ def versions_record(referenced_modules: set[str]) -> dict[str, Any]:
         "libraries": libraries,
         "modules": modules,
     }
+
+
+def _pickled(obj: Any, targets: Mapping[str, BlsTarget] | None) -> _ServingPickler:
+    with user_code_by_value():
+        for _ in range(2):  # see dumps
+            pickler = _ServingPickler(targets or {})
+            pickler.dump(obj)
+    return pickler
+
+
+def _restore(classes: dict[type, dict[str, Any]]) -> None:
+    """Put back the class attributes that unpickling replaced (see round_trip)."""
+    for cls, attributes in classes.items():
+        current = vars(cls)
+        for name in [name for name in current if name not in attributes]:
+            delattr(cls, name)
+        for name, value in attributes.items():
+            if current.get(name) is not value:
+                setattr(cls, name, value)
 
 
 def _stdlib_paths() -> tuple[str, ...]:

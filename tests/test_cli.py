@@ -77,6 +77,10 @@ def test_build_writes_the_repository(tmp_path):
 def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry):
     reference = f"{registry.host}/cli/text-embedding:1"
     assert cli("image", PIPELINE, "--tag", reference).stdout.strip() == reference
+    first = docker_client.images.get(reference).id
+    again = cli("image", PIPELINE, "--tag", reference)  # a new process: nothing to build
+    assert again.stdout.strip() == reference and f"up to date {reference}" in again.stderr
+    assert docker_client.images.get(reference).id == first
     http, grpc, metrics = free_ports(3)
     container = cli("serve", reference, "--detach", "--http-port", str(http), "--grpc-port",
                     str(grpc), "--metrics-port", str(metrics)).stdout.strip()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -237,3 +240,35 @@ def test_the_pipeline_config_carries_its_signature_for_clients(repository):
     assert document["inputs"]["name"] == {"dtype": "TYPE_STRING", "dims": [], "kind": "scalar",
                                           "pytype": "str", "ragged": False}
     assert list(document["outputs"]) == list(result.signature.outputs)
+
+
+_BUILD_IN_A_NEW_PROCESS = """
+import hashlib, json, sys
+from pathlib import Path
+from builder import build_pipeline_model
+from tests.example_inputs import EXAMPLES
+root = Path(sys.argv[1])
+for name, (pipeline, _) in sorted(EXAMPLES.items()):
+    build_pipeline_model(pipeline, root / name)
+print(json.dumps({str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in sorted(root.rglob("*")) if p.is_file()}))
+"""
+
+
+@pytest.mark.slow
+def test_unchanged_pipelines_write_the_same_bytes_in_every_process(tmp_path):
+    """Two runs of the builder (string hashes salted differently, as in two CLI calls) write
+    byte-identical repositories, so the second image build finds the first image by content.
+
+    cloudpickle's random class tracker IDs and sets of strings in by-value modules once made
+    ``pipe.pickle`` differ on every run."""
+    files = []
+    for seed in ("1", "2"):
+        result = subprocess.run(
+            [sys.executable, "-c", _BUILD_IN_A_NEW_PROCESS, str(tmp_path / seed)],
+            capture_output=True, text=True, cwd=Path(__file__).parents[1],
+            env={**os.environ, "PYTHONHASHSEED": seed}, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        files.append(json.loads(result.stdout.splitlines()[-1]))
+    assert any(name.endswith("pipe.pickle") for name in files[0])
+    assert files[0] == files[1], {k: v for k, v in files[1].items() if files[0].get(k) != v}

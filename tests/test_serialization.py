@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from builder import ModelOp, PipelineError, SerializationError, pipe
 from builder.modules import distributions_of
 from builder.operators import BlsTarget, find_model_ops
 from builder.runtime.pipeline_model import PipelineLoadError, check_versions
-from builder.serialization import check_serializable, dumps, versions_record
+from builder.serialization import check_serializable, dumps, round_trip, versions_record
 from tests.tiny_models import affine_op
 
 USER_MODULE = '''
@@ -41,6 +40,11 @@ class Joiner:
 
     def __call__(self, a, b):
         return f"{a}{self.separator}{b}"
+
+
+class Shifter:
+    def __call__(self, x):
+        return x + OFFSET
 '''
 
 
@@ -88,12 +92,26 @@ def test_user_code_is_captured_by_value(user_module, tmp_path):
     assert output.splitlines() == ["[101, 102] [1, 2]-x", "[]"]
 
 
+def test_two_classes_from_one_class_statement_stay_two_where_loaded(tmp_path):
+    """Class tracker IDs are the same in every process, yet two classes of one name (here with
+    different closures) must not be merged into one when the pipeline is loaded."""
+    def adder(k):
+        class Add:
+            def __call__(self, x):
+                return x + k
+        return Add()
+
+    p = pipe.input("x").map("x", "y", adder(1)).map("y", "z", adder(10)).output("z")
+    assert p(1) == 12
+    payload, _ = dumps(p)
+    assert _load_elsewhere(payload, tmp_path, ["builder"], "print(obj(1))").strip() == "12"
+
+
 def test_model_operators_are_pickled_without_their_module(tmp_path):
     op = affine_op()
     p = pipe.input("v").map("v", "y", op).output("y")
     target = BlsTarget("affine", "onnx", ("x",), ("output_0",), 8)
-    payload, _ = dumps(p, {"affine": target})
-    restored = pickle.loads(payload)
+    _, restored = round_trip(p, {"affine": target})
     (served,) = restored.model_ops()
     assert served.module is None and served.example_inputs is None
     assert served.served == target
@@ -101,6 +119,23 @@ def test_model_operators_are_pickled_without_their_module(tmp_path):
     assert op.module is not None and op.served is None  # the user's operator is untouched
     with pytest.raises(PipelineError, match="'affine' has no module and no runner"):
         restored([1, 2, 3, 4])
+
+
+def test_checking_an_operator_leaves_its_class_as_it_was(user_module):
+    """Unpickling in this process must not swap the live class's methods for copies bound to a
+    copy of the module's globals: the operator would miss later changes to its module, and the
+    next pickle would differ from the first (an unchanged pipeline rebuilt)."""
+    shifter = user_module.Shifter()
+    p = pipe.input("x").map("x", "y", shifter).output("y")
+    first, _ = dumps(p)  # pickling caches __slotnames__ on the class (copyreg), and that is all
+    before = dict(vars(user_module.Shifter))
+    check_serializable(shifter, "shifter")
+    assert {k: v for k, v in vars(user_module.Shifter).items() if v is not before.get(k)} == {}
+    assert user_module.Shifter.__call__.__globals__ is vars(user_module)
+    user_module.OFFSET = 7
+    assert shifter(1) == 8
+    user_module.OFFSET = 100
+    assert dumps(p)[0] == first
 
 
 def test_an_operator_that_cannot_be_pickled_is_named():
