@@ -148,6 +148,7 @@ def test_bls_errors_become_error_responses(served):
 
 
 def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
+    """No GPU here: the stand-in marks BLS outputs as device memory that only dlpack may read."""
     pipeline, model = served
     pb.Models.outputs_on_gpu = True
     (response,) = model.execute([_request([1, 2, 3, 4])])
