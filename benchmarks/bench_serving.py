@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import publish  # noqa: E402
 from builder import build_pipeline_model  # noqa: E402
 from builder.client import AsyncClient  # noqa: E402
-from builder.equality import check_same  # noqa: E402
-from builder.server import TritonServer  # noqa: E402
+from builder.tritonserver.host_process import TritonServer  # noqa: E402
+from builder.verify.equality import check_same  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
 from tests.example_inputs import TEXTS  # noqa: E402
 

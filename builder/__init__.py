@@ -9,11 +9,11 @@ from builder.errors import (
     SerializationError,
     SignatureError,
 )
-from builder.operators import ModelOp
-from builder.pipeline import Pipeline, pipe
-from builder.pipeline_image import build_docker_image
-from builder.repository import BuildResult, build_pipeline_model
-from builder.signature import Array, List, TensorSpec
+from builder.job import build_docker_image
+from builder.pipeline.dsl import Pipeline, pipe
+from builder.pipeline.operators import ModelOp
+from builder.pipeline.signature import Array, List, TensorSpec
+from builder.repository.writer import BuildResult, build_pipeline_model
 
 __all__ = [
     "Array",

@@ -35,9 +35,9 @@ EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
 
 def _run(step: str, work: Callable[[], T]) -> T:
     """Run ``work``, turning the errors we expect into one clear line and an exit code."""
-    from builder.distribution import DistributionError
     from builder.engine import EngineError
-    from builder.host import HostError
+    from builder.host_packages import HostError
+    from builder.tritonserver.wheel import DistributionError
 
     try:
         return work()
@@ -68,7 +68,7 @@ def base_os(
     triton-builder/debian-bookworm:python3.11
     """
     from builder.engine import ensure_engine
-    from builder.rootfs import debian_os_image
+    from builder.image.os_image import debian_os_image
 
     made = _run("making the OS image",
                 lambda: debian_os_image(ensure_engine(), tag=tag, suite=suite, rebuild=rebuild))
@@ -88,8 +88,8 @@ def base_cpu(
 
     Example: triton-builder base cpu --os-image triton-builder/debian-bookworm:python3.11
     """
-    from builder.base import build_cpu_base
     from builder.engine import ensure_engine
+    from builder.image.cpu_base import build_cpu_base
 
     with console.status("building the CPU Triton base image"):
         image = _run("building the CPU base", lambda: build_cpu_base(
@@ -115,7 +115,7 @@ def build(
 
     Example: triton-builder build pipelines/text_embedding.py:pipeline --model-root models
     """
-    from builder.repository import build_pipeline_model
+    from builder.repository.writer import build_pipeline_model
 
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
     result = _run("building the repository", lambda: build_pipeline_model(
@@ -143,7 +143,7 @@ def image(
     Example: triton-builder image pipelines/text_embedding.py:pipeline -t embed:1 --cuda 11.8
     """
     from builder.engine import ensure_engine
-    from builder.pipeline_image import build_docker_image
+    from builder.job import build_docker_image
 
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
     first, *others = tag
@@ -167,7 +167,7 @@ def push(
     Example: triton-builder push localhost:5000/embed:1
     """
     from builder.engine import ensure_engine
-    from builder.push import push_image
+    from builder.push.docker_push import push_image
 
     result = _run("pushing", lambda: push_image(ensure_engine(), reference, retries=retries,
                                                 on_log=_log_line))
@@ -189,8 +189,8 @@ def serve(
     Example: triton-builder serve embed:1 --detach && triton-builder infer
     grpc://127.0.0.1:8001/pipeline --input text=hello
     """
-    from builder.container import ServingContainer
     from builder.engine import ensure_engine
+    from builder.verify.container import ServingContainer
 
     container = ServingContainer(ensure_engine(), reference,
                                  host_ports=(http_port, grpc_port, metrics_port))
@@ -283,7 +283,7 @@ def load_pipeline(reference: str) -> Any:
     """
     import importlib
 
-    from builder.pipeline import Pipeline
+    from builder.pipeline.dsl import Pipeline
 
     target, _, attribute = reference.rpartition(":")
     if not target or not attribute:
@@ -311,7 +311,7 @@ def load_pipeline(reference: str) -> Any:
 
 def _pipeline_inputs(client) -> list[str] | None:
     """The pipeline's input columns; None for a plain model (no pipeline signature)."""
-    from builder.pipeline_codec import NotAPipelineError
+    from builder.client.codec import NotAPipelineError
 
     try:
         return list(client.codec.signature.inputs)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cache import cache_dir
-from builder.cuda import Release, resolve
+from builder.image.releases import Release, resolve
 
 MIN_FREE_GB = 10
 

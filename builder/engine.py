@@ -15,7 +15,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.host import ensure_program
+from builder.host_packages import ensure_program
 
 
 class EngineError(RuntimeError):

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from builder.server import TritonServer
+from builder.tritonserver.host_process import TritonServer
 from tests.testbed import LocalRegistry
 
 
 @pytest.fixture(scope="session")
 def docker_client():
     from builder.engine import EngineError, ensure_engine
-    from builder.host import HostError
+    from builder.host_packages import HostError
 
     try:
         client = ensure_engine()
@@ -35,14 +35,14 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def os_image(docker_client) -> str:
-    from builder.rootfs import debian_os_image
+    from builder.image.os_image import debian_os_image
 
     return os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(docker_client)
 
 
 @pytest.fixture(scope="session")
 def cpu_base_image(docker_client, os_image) -> str:
-    from builder.base import build_cpu_base
+    from builder.image.cpu_base import build_cpu_base
 
     return build_cpu_base(docker_client, os_image=os_image).tags[0]
 

@@ -1,8 +1,9 @@
 """Calling a served pipeline over gRPC with plain ``tritonclient``, and comparing results.
 
-The tests encode calls with the pipeline's own :class:`~builder.signature.PipelineSignature`
-(the typed tensors any client would send) and decode the response tensors back into Python
-values, so they can be compared with ``pipe(...)`` run in process.
+The tests encode calls with the pipeline's own
+:class:`~builder.pipeline.signature.PipelineSignature` (the typed tensors any client would send)
+and decode the response tensors back into Python values, so they can be compared with
+``pipe(...)`` run in process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 
-from builder.signature import PipelineSignature
+from builder.pipeline.signature import PipelineSignature
 
 
 def wire_dtype(triton: str) -> str:

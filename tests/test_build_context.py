@@ -7,19 +7,19 @@ import tarfile
 
 import pytest
 
-from builder.build_context import (
+from builder.image.build import (
+    EnvironmentMismatchError,
+    check_environment_python,
+    environment_python,
+)
+from builder.image.context import (
     ENVIRONMENTS_DIR,
     LARGE_FILE,
     BuildContextError,
     environment_image_path,
     plan_context,
 )
-from builder.cuda import resolve
-from builder.serving_image import (
-    EnvironmentMismatchError,
-    check_environment_python,
-    environment_python,
-)
+from builder.image.releases import resolve
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from builder.build_progress import BuildProgress
+from builder.progress import BuildProgress
 
 LOG = ["Step 1/3 : FROM base", " ---> abc", "Step 2/3 : COPY models/ /models/",
        " ---> Using cache", "Step 3/3 : LABEL a=b", "Successfully built def"]

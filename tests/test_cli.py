@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.server import free_ports
+from builder.tritonserver.host_process import free_ports
 from pipelines import text_embedding
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,17 +26,17 @@ import tritonclient.http as httpclient
 import pipelines
 from builder import Pipeline, build_pipeline_model, pipe
 from builder.client.aio import AsyncClient
-from builder.client.coercion import InputError
-from builder.client.errors import RemoteModelError
-from builder.client.pipeline import Client
-from builder.client.served_model import ServedModel, ServedTensor
-from builder.equality import check_same
-from builder.pipeline_codec import (
+from builder.client.codec import (
     NotAPipelineError,
     read_signature,
     signature_parameter,
 )
-from builder.server import TritonServer
+from builder.client.coercion import InputError
+from builder.client.errors import RemoteModelError
+from builder.client.pipeline import Client
+from builder.client.served_model import ServedModel, ServedTensor
+from builder.tritonserver.host_process import TritonServer
+from builder.verify.equality import check_same
 
 SCHEMES = ("grpc", "http")
 ATOL = 1e-4  # served model operators run in onnxruntime, in-process ones in torch

@@ -22,7 +22,7 @@ from builder.client.coercion import InputError
 from builder.client.errors import RemoteTimeoutError
 from builder.client.remote_model import TritonRemoteModel
 from builder.client.retry import RetryPolicy
-from builder.server import TritonServer, free_ports
+from builder.tritonserver.host_process import TritonServer, free_ports
 from tests.client_repository import write_client_repository
 from tests.sample_repository import (
     FEATURES,

@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.config import (
+from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
     build_config,

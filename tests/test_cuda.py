@@ -1,10 +1,10 @@
-"""The CUDA → Triton release table and :func:`builder.cuda.resolve`."""
+"""The CUDA → Triton release table and :func:`builder.image.releases.resolve`."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder.cuda import (
+from builder.image.releases import (
     NOTES,
     RELEASES,
     TOOLKIT,
@@ -13,7 +13,7 @@ from builder.cuda import (
     resolve,
     supported_cuda_versions,
 )
-from builder.distribution import TRITON_VERSION
+from builder.tritonserver.wheel import TRITON_VERSION
 
 
 def test_the_table_covers_cuda_11_4_to_13_0():

@@ -18,9 +18,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder import build_pipeline_model
-from builder.config import read_config
-from builder.equality import check_same as assert_same
-from builder.server import TritonServer
+from builder.repository.model_config import read_config
+from builder.tritonserver.host_process import TritonServer
+from builder.verify.equality import check_same as assert_same
 from tests.pipeline_client import infer, infer_concurrently
 
 HELPERS = '''

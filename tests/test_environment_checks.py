@@ -24,7 +24,7 @@ from builder.environment.errors import ArchiveCheckError, SpecError, TargetError
 from builder.environment.spec import requirements_spec
 from builder.environment.tarball import EnvironmentTarball, pack_environment
 from builder.environment.target import host_target, image_target
-from builder.images import build_image
+from builder.image.docker_build import build_image
 from tests.test_environment_host import write_probe_repository
 
 FAILED_TAG = "triton-builder-test/environment-refused:latest"

@@ -20,9 +20,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder import build_pipeline_model
-from builder.equality import check_same as assert_same
-from builder.export import onnx_io
-from builder.server import TritonServer
+from builder.repository.export import onnx_io
+from builder.tritonserver.host_process import TritonServer
+from builder.verify.equality import check_same as assert_same
 from pipelines import image_classification, text_embedding, text_recognizer
 from tests.example_inputs import EXAMPLES, TEXTS, images, text_lines
 from tests.pipeline_client import infer, infer_concurrently

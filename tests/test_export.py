@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from builder import ExportError, ModelOp, PipelineError
-from builder.export import export_model, onnx_io
+from builder.repository.export import export_model, onnx_io
 from tests.tiny_models import Affine, Doubler, Noisy, TwoHeads, Unscriptable, affine_op
 
 

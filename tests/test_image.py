@@ -16,9 +16,9 @@ import docker.errors
 import numpy as np
 import pytest
 
-from builder.images import ImageBuildError
-from builder.serving_image import PAYLOAD_REPOSITORY, build_image_from_repository, payload_reference
-from builder.verify import InferenceCheck, VerificationError, verify_image
+from builder.image.build import PAYLOAD_REPOSITORY, build_image_from_repository, payload_reference
+from builder.image.docker_build import ImageBuildError
+from builder.verify.check import InferenceCheck, VerificationError, verify_image
 from tests.sample_repository import (
     FEATURES,
     expected_linear,

@@ -7,15 +7,15 @@ import json
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.container import docker_run_command
-from builder.cuda import resolve
-from builder.labels import (
+from builder.image.labels import (
     CREATED,
     created_timestamp,
     hashed,
     repository_signature,
     serving_labels,
 )
+from builder.image.releases import resolve
+from builder.verify.container import docker_run_command
 
 
 def _labels(**changes):

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from builder.backends.onnxruntime import model as backend
+from builder.runtime.backends.onnxruntime import model as backend
 from tests.sample_repository import FEATURES, expected_linear, write_sample_repository
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from builder import OperatorError, Pipeline, PipelineError, SignatureError, pipe
-from builder.dag import Node
-from builder.signature import List
+from builder.pipeline.dag import Node
+from builder.pipeline.signature import List
 
 
 def test_map_runs_in_process_with_several_inputs_and_outputs():

@@ -16,11 +16,11 @@ import pytest
 
 from builder import build_docker_image
 from builder.client.pipeline import Client
-from builder.container import ServingContainer
-from builder.equality import check_same
 from builder.errors import BuildError
-from builder.pipeline import pipe
-from builder.verify import VerificationError
+from builder.pipeline.dsl import pipe
+from builder.verify.check import VerificationError
+from builder.verify.container import ServingContainer
+from builder.verify.equality import check_same
 from tests.example_inputs import EXAMPLES
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import torch
 from google.protobuf import json_format
 
 from builder import build_pipeline_model, pipe
-from builder.config import read_config
+from builder.repository.model_config import read_config
 from builder.runtime import pipeline_model, torch_model
 from builder.runtime.pipeline_model import PipelineLoadError
 from tests import pb_utils_standin as pb

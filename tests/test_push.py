@@ -12,8 +12,8 @@ import urllib.request
 import docker.errors
 import pytest
 
-from builder.push import PushError, push_image
-from builder.registry import (
+from builder.push.docker_push import PushError, push_image
+from builder.push.registry import (
     MANIFEST_TYPES,
     RegistryError,
     RegistryReference,

@@ -26,8 +26,8 @@ from builder import (
     build_pipeline_model,
     pipe,
 )
-from builder.config import read_config
-from builder.export import onnx_io
+from builder.repository.export import onnx_io
+from builder.repository.model_config import read_config
 from tests.tiny_models import Doubler, Noisy, affine_op
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from builder import ModelOp, PipelineError, SerializationError, pipe
-from builder.modules import distributions_of
-from builder.operators import BlsTarget, find_model_ops
+from builder.pipeline.operators import BlsTarget, find_model_ops
+from builder.pipeline.serialization import check_serializable, dumps, round_trip, versions_record
+from builder.pipeline.user_code import distributions_of
 from builder.runtime.pipeline_model import PipelineLoadError, check_versions
-from builder.serialization import check_serializable, dumps, round_trip, versions_record
 from tests.tiny_models import affine_op
 
 USER_MODULE = '''

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.cuda import resolve
-from builder.dockerfile import DockerfileError
-from builder.images import validate_reference
-from builder.labels import LabelError, serving_labels
-from builder.serving import ServingOptions, render_serving_dockerfile
+from builder.image.docker_build import validate_reference
+from builder.image.dockerfile import DockerfileError
+from builder.image.labels import LabelError, serving_labels
+from builder.image.releases import resolve
+from builder.image.serving_dockerfile import ServingOptions, render_serving_dockerfile
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("TRITON_BUILDER_UPDATE_GOLDEN") == "1"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from builder.errors import SignatureError
-from builder.signature import (
+from builder.pipeline.signature import (
     Array,
     List,
     TensorSpec,

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.base import build_cpu_base
-from builder.container import ServingContainer
-from builder.images import build_image
+from builder.image.cpu_base import build_cpu_base
+from builder.image.docker_build import build_image
+from builder.verify.container import ServingContainer
 from tests.sample_repository import (
     FEATURES,
     expected_linear,

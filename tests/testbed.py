@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from builder.host import ensure_program
+from builder.host_packages import ensure_program
 
 
 class LocalRegistry:

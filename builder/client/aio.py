@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from builder.client.aio_transport import AsyncTransport, open_async_transport
+from builder.client.codec import PipelineCodec, read_signature
 from builder.client.coercion import Request, bind, prepare
 from builder.client.endpoint import Endpoint, parse_endpoint
 from builder.client.errors import RemoteModelError
@@ -30,7 +31,6 @@ from builder.client.remote_model import (
 )
 from builder.client.retry import RetryPolicy, acall_with_retry, as_policy
 from builder.client.served_model import ServedModel, served_model
-from builder.pipeline_codec import PipelineCodec, read_signature
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -3,7 +3,7 @@
 ``Client(url)(*values)`` takes the values ``pipe(*values)`` takes and returns what it returns —
 the one output's value, or a tuple of them; ``str`` as ``str``, lists as lists, floats as
 floats — by reading the pipeline's signature from the served model (see
-:mod:`builder.pipeline_codec`). Swapping ``pipe`` for ``Client(url)`` changes where the pipeline
+:mod:`builder.client.codec`). Swapping ``pipe`` for ``Client(url)`` changes where the pipeline
 runs, not what the caller sees.
 
 For any Triton model, pipeline or not, :class:`TritonRemoteModel` (re-exported here) takes and
@@ -16,11 +16,11 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from builder.client.codec import PipelineCodec, read_signature
 from builder.client.coercion import prepare
 from builder.client.errors import RemoteModelError
 from builder.client.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, TritonRemoteModel
 from builder.client.retry import RetryPolicy
-from builder.pipeline_codec import PipelineCodec, read_signature
 
 __all__ = ["Client", "TritonRemoteModel", "batch_calls"]
 

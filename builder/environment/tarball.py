@@ -24,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import cache_dir
+from builder.cache import cache_dir, content_hash
 from builder.environment.check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
 from builder.environment.index import PackageIndex
 from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
-from builder.images import content_hash
 
 RECIPE = "triton-builder environment 1"
 """Bumped when the way environments are made changes, so old cache entries stop matching."""

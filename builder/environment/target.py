@@ -22,8 +22,8 @@ import docker
 import docker.errors
 
 from builder.cache import cache_dir
-from builder.distribution import TRITON_VERSION
 from builder.environment.errors import TargetError
+from builder.tritonserver.wheel import TRITON_VERSION
 
 IMAGE_STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 """Where NGC images (and our CPU base image) keep the python backend stub."""
@@ -144,7 +144,7 @@ def image_target(client: docker.DockerClient, image: str, *,
 
 def host_target(python: str | os.PathLike | None = None, *,
                 stub_python_version: str | None = None) -> EnvironmentTarget:
-    """This host as the target, for host-process servers (:class:`builder.server.TritonServer`).
+    """This host as the target, for host-process servers (``tritonserver.host_process``).
 
     ``python`` is the interpreter environments are made from (default: this one). The host
     server runs the stub for the Python running it, which is the default stub version.

@@ -7,9 +7,9 @@ result can differ from the reference only where the model's numerics do.
 
 Running node by node over the rows of *all* calls is what lets a model operator see every row of
 a dynamic batch at once and make one model call for them (see ``call_batch`` in
-:mod:`builder.operators`). A failure is confined to the call it happened in: that call is dropped
-from the remaining nodes and reported, the others go on. When a batched operator call fails, its
-rows are re-run one by one so that only the calls that fail on their own get the error.
+:mod:`builder.pipeline.operators`). A failure is confined to the call it happened in: that call is
+dropped from the remaining nodes and reported, the others go on. When a batched operator call
+fails, its rows are re-run one by one so that only the calls that fail on their own get the error.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.dag import ROOT, Node, Plan
 from builder.errors import OperatorError
+from builder.pipeline.dag import ROOT, Node, Plan
 
 
 class Row:

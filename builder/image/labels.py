@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from builder.cuda import Release
-from builder.images import CONTENT_HASH_LABEL, split_tag
+from builder.image.docker_build import CONTENT_HASH_LABEL, split_tag
+from builder.image.releases import Release
 
 PREFIX = "ai.triton-builder."
 OCI = "org.opencontainers.image."
@@ -96,7 +96,7 @@ def hashed(labels: Mapping[str, str]) -> str:
 
 
 PIPELINE_SIGNATURE_PARAMETER = "pipeline_signature"
-"""The config parameter in which a pipeline model carries its signature (builder.pipeline_codec)."""
+"""The config parameter in which a pipeline model carries its signature (builder.client.codec)."""
 
 
 def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:

@@ -34,20 +34,17 @@ import docker
 import docker.errors
 from docker.models.images import Image
 
-from builder.base import build_cpu_base, cpu_base_tag
-from builder.build_context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
-from builder.build_progress import BuildProgress, stderr_line
-from builder.container import docker_run_command
-from builder.cuda import Release, resolve
-from builder.images import (
+from builder.cache import content_hash
+from builder.image.context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
+from builder.image.cpu_base import build_cpu_base, cpu_base_tag
+from builder.image.docker_build import (
     CONTENT_HASH_LABEL,
     build_image,
-    content_hash,
     find_built,
     split_tag,
     validate_reference,
 )
-from builder.labels import (
+from builder.image.labels import (
     CREATED,
     PAYLOAD_HASH,
     STAGE,
@@ -56,9 +53,16 @@ from builder.labels import (
     repository_signature,
     serving_labels,
 )
-from builder.push import PushResult, push_image
-from builder.serving import ServingOptions, render_serving_dockerfile, templates_source
-from builder.verify import Check, Verification, VerificationError, verify_image
+from builder.image.releases import Release, resolve
+from builder.image.serving_dockerfile import (
+    ServingOptions,
+    render_serving_dockerfile,
+    templates_source,
+)
+from builder.progress import BuildProgress, stderr_line
+from builder.push.docker_push import PushResult, push_image
+from builder.verify.check import Check, Verification, VerificationError, verify_image
+from builder.verify.container import docker_run_command
 
 Log = Callable[[str], None]
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
@@ -116,12 +120,12 @@ def build_image_from_repository(
     """Build the serving image of ``repository_dir`` as ``image_name`` (plus ``tags``).
 
     ``tags`` are full references or bare tags of ``image_name``'s repository. ``cuda``,
-    ``triton_version`` and ``base_image`` choose the base (:func:`builder.cuda.resolve`;
+    ``triton_version`` and ``base_image`` choose the base (:func:`builder.image.releases.resolve`;
     ``cuda=None`` is the CPU base). ``environment`` is a packed environment tarball, placed at
-    :func:`builder.build_context.environment_image_path`; tarballs inside the repository are
+    :func:`builder.image.context.environment_image_path`; tarballs inside the repository are
     found and layered on their own. ``signature`` (the pipeline's inputs and outputs) goes to the
     ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
-    ``verify`` runs the image with ``checks`` (see :mod:`builder.verify`) before any tag is set;
+    ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
     ``push`` pushes every tag and confirms the digests with the registry.
 
     A GPU release is verified without GPUs where the engine has none (Triton's CPU fallback):

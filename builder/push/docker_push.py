@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from builder.images import split_tag, validate_reference
-from builder.registry import RegistryError, RegistryReference, is_loopback, manifest_digest
+from builder.image.docker_build import split_tag, validate_reference
+from builder.push.registry import RegistryError, RegistryReference, is_loopback, manifest_digest
 
 TRANSIENT = (
     "connection refused", "connection reset", "broken pipe", "i/o timeout", "timeout",

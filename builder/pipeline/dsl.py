@@ -7,7 +7,7 @@
 ...      .output('vec'))
 >>> p('hello world')                                    # runs in process: the reference
 
-Semantics (see :mod:`builder.dag` for the row streams):
+Semantics (see :mod:`builder.pipeline.dag` for the row streams):
 
 * ``map(inputs, outputs, op)`` — ``op(*inputs)`` per row; several outputs → return a tuple.
 * ``flat_map(inputs, outputs, op)`` — ``op(*inputs)`` returns an iterable; each item becomes a
@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from builder.dag import Node, Plan, check_column, compile_plan
 from builder.errors import OperatorError, PipelineError, SignatureError
-from builder.executor import CallResult, execute
-from builder.operators import ModelOp, find_model_ops
-from builder.signature import (
+from builder.pipeline.dag import Node, Plan, check_column, compile_plan
+from builder.pipeline.executor import CallResult, execute
+from builder.pipeline.operators import ModelOp, find_model_ops
+from builder.pipeline.signature import (
     PipelineSignature,
     TensorSpec,
     as_spec,

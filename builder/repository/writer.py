@@ -24,17 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.config import ModelConfigSpec, TensorConfig, build_config, write_config
+from builder.client.codec import signature_parameter
 from builder.errors import BuildError, PipelineError
-from builder.export import ExportAttempt, check_formats, export_model
-from builder.operators import BlsTarget, ModelOp, validate_op_config
-from builder.pipeline import PipeBuilder, Pipeline
-from builder.pipeline_codec import signature_parameter
-from builder.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
-from builder.serialization import versions_record as _versions_record
-from builder.signature import PipelineSignature
+from builder.pipeline.dsl import PipeBuilder, Pipeline
+from builder.pipeline.operators import BlsTarget, ModelOp, validate_op_config
+from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
+from builder.pipeline.serialization import versions_record as _versions_record
+from builder.pipeline.signature import PipelineSignature
+from builder.repository.export import ExportAttempt, check_formats, export_model
+from builder.repository.model_config import (
+    ModelConfigSpec,
+    TensorConfig,
+    build_config,
+    write_config,
+)
 
-PIPELINE_RUNTIME = Path(__file__).parent / "runtime" / "pipeline_model.py"
+PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
 SERVERS = ("triton",)
 DEFAULT_OP_CONFIG: dict[str, Any] = {
     "instance_count": 1,

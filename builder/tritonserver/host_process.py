@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from builder.distribution import TritonDistribution, triton_distribution
+from builder.tritonserver.wheel import TritonDistribution, triton_distribution
 
 
 class TritonServerError(RuntimeError):

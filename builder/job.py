@@ -2,9 +2,9 @@
 the pipeline itself.
 
 :func:`build_docker_image` is the whole job users came for. It writes the model repository
-(:mod:`builder.repository`), packs the one Python environment the pipeline model needs against
-the chosen base image (:mod:`builder.environment.tarball`), builds the image
-(:mod:`builder.serving_image`) and,
+(:mod:`builder.repository.writer`), packs the one Python environment the pipeline model needs
+against the chosen base image (:mod:`builder.environment.tarball`), builds the image
+(:mod:`builder.image.build`) and,
 before any tag points at it, runs it and compares its answers — over gRPC and HTTP — with the
 in-process pipeline on the pipeline's examples.
 """
@@ -20,10 +20,7 @@ from typing import Any
 
 import docker
 
-from builder.build_progress import timed_step
 from builder.client import Client
-from builder.container import Endpoint
-from builder.cuda import resolve
 from builder.environment import (
     PackageIndex,
     attach_environment,
@@ -31,12 +28,15 @@ from builder.environment import (
     load_spec,
     pack_environment,
 )
-from builder.equality import check_same
 from builder.errors import BuildError
-from builder.pipeline import Pipeline
-from builder.repository import build_pipeline_model
-from builder.serving_image import ImageBuild, build_image_from_repository, ensure_base_image
-from builder.verify import Check
+from builder.image.build import ImageBuild, build_image_from_repository, ensure_base_image
+from builder.image.releases import resolve
+from builder.pipeline.dsl import Pipeline
+from builder.progress import timed_step
+from builder.repository.writer import build_pipeline_model
+from builder.verify.check import Check
+from builder.verify.container import Endpoint
+from builder.verify.equality import check_same
 
 VERSIONS_FILE = "pipe.versions.json"
 
@@ -66,13 +66,14 @@ def build_docker_image(
 ) -> ImageBuild:
     """Build, verify and tag (and ``push``) the Triton serving image of ``pipe``.
 
-    ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release (:func:`builder.cuda.resolve`;
-    ``None`` or ``"cpu"`` is the CPU base); ``triton_version`` / ``base_image`` override it.
+    ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release
+    (:func:`~builder.image.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
+    ``triton_version`` / ``base_image`` override it.
     The environment holds what the pickled pipeline imports (pinned to the versions used here),
     ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements.
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
-    :func:`builder.repository.build_pipeline_model`.
+    :func:`builder.repository.writer.build_pipeline_model`.
     """
     release = resolve(cuda, triton_version, base_image)
     calls = [tuple(call) for call in (verify_calls if verify_calls is not None else pipe.examples)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import docker
 import numpy as np
 
-from builder.container import (
+from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerError,
     Endpoint,

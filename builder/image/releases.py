@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from builder.base import cpu_base_tag
-from builder.distribution import TRITON_VERSION
+from builder.image.cpu_base import cpu_base_tag
+from builder.tritonserver.wheel import TRITON_VERSION
 
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver"
 CPU_PYTHON = "3.11"
@@ -162,7 +162,7 @@ RELEASES: tuple[Release, ...] = tuple(
 
 
 def cpu_release(python_version: str = CPU_PYTHON) -> Release:
-    """Our CPU base (:mod:`builder.base`): Triton from the ``nvidia-pytriton`` wheel."""
+    """Our CPU base (:mod:`builder.image.cpu_base`): Triton from the ``nvidia-pytriton`` wheel."""
     return Release(release="cpu", triton_version=TRITON_VERSION, cuda=None,
                    python_version=python_version, ubuntu=None, min_driver=None,
                    driver_source=None, image=cpu_base_tag(python_version), gpu=False)

@@ -13,8 +13,8 @@ A :class:`ModelOp` wraps a ``torch.nn.Module``: ``pre`` turns the operator's arg
 module's inputs (with a leading batch dimension), ``post`` turns the module's outputs (NumPy
 arrays, in process and when served alike) into the operator's result. In process the module runs
 in torch; in the served pipeline the module is its own Triton model, exported by
-:mod:`builder.export`, and the pipeline model reaches it through BLS. Which of the two runs is a
-*runner* bound to the operator, so the same ``pre``/``post`` code runs in both places.
+:mod:`builder.repository.export`, and the pipeline model reaches it through BLS. Which of the two
+runs is a *runner* bound to the operator, so the same ``pre``/``post`` code runs in both places.
 
 This module is captured by value into ``pipe.pickle``: torch is imported only inside the
 functions that run the module in process, so the served pipeline model does not need it.
@@ -33,11 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from builder.errors import PipelineError
-from builder.modules import is_installed
+from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device_ids", "dynamic_batching", "format_priority", "instance_count",
                   "max_batch_size")
-"""What ``op_config`` may set for a model operator's Triton model (see :mod:`builder.config`).
+"""What ``op_config`` may set for a model operator's Triton model (see
+:mod:`builder.repository.model_config`).
 
 Tuples, not sets: this module is pickled by value into ``pipe.pickle``, and a set of strings is
 pickled in an order that changes from one process to the next (string hashes are salted), which

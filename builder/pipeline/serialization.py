@@ -8,8 +8,9 @@ installed. Installed packages (numpy, ...) are pickled by reference and must be 
 the pipeline is served; their versions are recorded beside the pickle (``pipe.versions.json``) and
 checked when the served model loads (:mod:`builder.runtime.pipeline_model`).
 
-A :class:`~builder.operators.ModelOp` is pickled without its torch module and example inputs: in
-the served pipeline it only needs the :class:`~builder.operators.BlsTarget` of its exported model.
+A :class:`~builder.pipeline.operators.ModelOp` is pickled without its torch module and example
+inputs: in the served pipeline it only needs the
+:class:`~builder.pipeline.operators.BlsTarget` of its exported model.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ from typing import Any
 import cloudpickle
 
 from builder.errors import SerializationError
-from builder.modules import distributions_of, installation_paths, is_installed, user_modules
-from builder.operators import BlsTarget, ModelOp, restore_model_op
+from builder.pipeline.operators import BlsTarget, ModelOp, restore_model_op
+from builder.pipeline.user_code import (
+    distributions_of,
+    installation_paths,
+    is_installed,
+    user_modules,
+)
 
 PIPELINE_FILE = "pipe.pickle"
 VERSIONS_FILE = "pipe.versions.json"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import PipelineError
-from builder.operators import operator_name
+from builder.pipeline.operators import operator_name
 
 NODE_KINDS = ("map", "flat_map", "filter")
 ROOT = 0

@@ -8,8 +8,6 @@ with the step and its output.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -133,30 +131,3 @@ def split_tag(reference: str) -> tuple[str, str]:
     if not name or "/" in tag:
         return reference, "latest"
     return name, tag
-
-
-def content_hash(*parts: bytes | str | Path) -> str:
-    """A sha256 over build inputs: bytes, text, files, or directories (walked in order)."""
-    digest = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, Path):
-            for path in _files(part):
-                digest.update(str(path.relative_to(part) if part.is_dir() else path.name).encode())
-                digest.update(b"\0")
-                with open(path, "rb") as stream:
-                    for block in iter(lambda s=stream: s.read(1 << 20), b""):
-                        digest.update(block)
-        else:
-            digest.update(part.encode() if isinstance(part, str) else part)
-        digest.update(b"\0\0")
-    return digest.hexdigest()
-
-
-def _files(root: Path) -> list[Path]:
-    if root.is_file():
-        return [root]
-    found = []
-    for directory, subdirs, names in os.walk(root):
-        subdirs.sort()
-        found.extend(Path(directory, name) for name in sorted(names))
-    return found

@@ -18,8 +18,8 @@ import docker
 import docker.errors
 import docker.types
 
-from builder.server import triton_ready
-from builder.serving import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from builder.image.serving_dockerfile import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from builder.tritonserver.host_process import triton_ready
 
 DEFAULT_SHM_SIZE = "1g"
 TRITON_PORTS = (HTTP_PORT, GRPC_PORT, METRICS_PORT)

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from builder.config import TensorConfig
 from builder.errors import ExportError
-from builder.operators import ModelOp
-from builder.signature import triton_dtype
+from builder.pipeline.operators import ModelOp
+from builder.pipeline.signature import triton_dtype
+from builder.repository.model_config import TensorConfig
 
 FORMATS = ("onnx", "torchscript", "python", "tensorrt")
-TORCH_MODEL_RUNTIME = Path(__file__).parent / "runtime" / "torch_model.py"
+TORCH_MODEL_RUNTIME = Path(__file__).parents[1] / "runtime" / "torch_model.py"
 ONNX_OPSET = 17
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
 # -- python ----------------------------------------------------------------------------------
 def export_python(op: ModelOp, directory: Path, reference: Reference,
                   tolerance: float) -> ExportedModel:
-    from builder.serialization import round_trip
+    from builder.pipeline.serialization import round_trip
 
     payload, module = round_trip(op.module)
     (directory / "module.pickle").write_bytes(payload)

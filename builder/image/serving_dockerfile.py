@@ -1,4 +1,4 @@
-"""The serving Dockerfile: a model repository on the Triton base chosen by :mod:`builder.cuda`.
+"""The serving Dockerfile: a model repository on the Triton base that the releases table picks.
 
 One parent template (``dockerfiles/serving.Dockerfile.j2``) fixes the layer order; the GPU and
 CPU children only say what differs (a header with the driver a GPU host needs, the variables the
@@ -6,7 +6,7 @@ NVIDIA container runtime reads). Everything user-controlled — base image, user
 arguments, the model repository path — is checked here *and* filtered in the template, so a
 hostile value is refused with a readable message before jinja2's last line of defence.
 
-The build context the templates expect (written by :mod:`builder.build_context`)::
+The build context the templates expect (written by :mod:`builder.image.context`)::
 
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from builder.cuda import Release
-from builder.dockerfile import DockerfileError, render, template_source
+from builder.image.dockerfile import DockerfileError, render, template_source
+from builder.image.releases import Release
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"

@@ -3,10 +3,11 @@
 A client must turn the tensors of a served pipeline back into exactly what ``pipe(...)``
 returns in process: a ``str`` (not a bytes array of shape [1]), a list of labels, a float. The
 tensors alone cannot say which (``TYPE_STRING [3]`` may be a list of str, a tuple of bytes or an
-array of text), so the pipeline's :class:`~builder.signature.PipelineSignature` travels with the
-served model as the config parameter :data:`SIGNATURE_PARAMETER`, a JSON document. The client
-reads it from the server, never from local code: it works for any deployed pipeline, whatever
-version of the pipeline's code the caller has.
+array of text), so the pipeline's
+:class:`~builder.pipeline.signature.PipelineSignature` travels with the served model as the
+config parameter :data:`SIGNATURE_PARAMETER`, a JSON document. The client reads it from the
+server, never from local code: it works for any deployed pipeline, whatever version of the
+pipeline's code the caller has.
 
 The document (written by :func:`signature_parameter`)::
 
@@ -16,7 +17,7 @@ The document (written by :func:`signature_parameter`)::
      "outputs": {"<column>": {...}, ...}}
 
 Columns are in pipeline order, each is the tensor of the same name, and one element of the
-batch dimension is one pipeline call (see :mod:`builder.signature`).
+batch dimension is one pipeline call (see :mod:`builder.pipeline.signature`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from builder.client.coercion import InputError
 from builder.client.served_model import ServedModel
 from builder.errors import SignatureError
-from builder.signature import PipelineSignature, TensorSpec
+from builder.pipeline.signature import PipelineSignature, TensorSpec
 
 SIGNATURE_PARAMETER = "pipeline_signature"
 """The model config parameter holding the pipeline's signature as JSON."""

@@ -30,7 +30,7 @@ PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 
 TRITON_VERSION = "2.51.0"
 STUB_PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
-ONNXRUNTIME_BACKEND = Path(__file__).parent / "backends" / "onnxruntime" / "model.py"
+ONNXRUNTIME_BACKEND = Path(__file__).parents[1] / "runtime/backends/onnxruntime/model.py"
 
 
 class DistributionError(RuntimeError):

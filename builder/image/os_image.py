@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.host import ensure_program
+from builder.host_packages import ensure_program
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
 DEBIAN_PACKAGES = ("python3", "libpython3.11", "ca-certificates")

@@ -1,0 +1,8 @@
+"""Stage 1, the pipeline: the DSL, its DAG and executor, operators, typed signatures, and the
+capture of all of it (user code included) into ``pipe.pickle``."""
+
+from builder.pipeline.dsl import Pipeline, pipe
+from builder.pipeline.operators import ModelOp
+from builder.pipeline.signature import Array, List, TensorSpec
+
+__all__ = ["Array", "List", "ModelOp", "Pipeline", "TensorSpec", "pipe"]
