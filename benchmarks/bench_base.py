@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import publish  # noqa: E402
+from builder.base.cpu import build_cpu_base  # noqa: E402
+from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image.cpu_base import build_cpu_base  # noqa: E402
-from builder.image.os_image import debian_os_image  # noqa: E402
 
 SECTION = "## CPU base image: a second build"
 COMMAND = "python benchmarks/bench_base.py"

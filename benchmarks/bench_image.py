@@ -34,10 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import publish  # noqa: E402
 from builder import build_context  # noqa: E402
+from builder.base.cpu import build_cpu_base  # noqa: E402
+from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image.build import build_image_from_repository, payload_reference  # noqa: E402
-from builder.image.cpu_base import build_cpu_base  # noqa: E402
-from builder.image.os_image import debian_os_image  # noqa: E402
+from builder.image.build import payload_reference  # noqa: E402
+from builder.job import build_image_from_repository  # noqa: E402
 from builder.verify.check import InferenceCheck, verify_image  # noqa: E402
 from tests.sample_repository import (  # noqa: E402
     FEATURES,

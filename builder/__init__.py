@@ -1,6 +1,28 @@
-"""Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment."""
+"""Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment.
 
+The public face: write a pipeline (``pipe``, ``ModelOp``), build it (``build_pipeline_model``,
+``build_docker_image``), call what is served (``Client``, ``TritonRemoteModel``), and catch
+``TritonBuilderError`` — every failure of ours derives from it, beside its built-in category.
+The stage packages (``pipeline``, ``repository``, ``environment``, ``image``, ``verify``,
+``push``) hold the rest.
+"""
+
+from builder.base.releases import UnsupportedCudaError
+from builder.client import (
+    AsyncClient,
+    AsyncTritonRemoteModel,
+    Client,
+    InputError,
+    RemoteModelError,
+    RemoteTimeoutError,
+    ServerUnavailableError,
+    TritonRemoteModel,
+)
+from builder.engine import EngineError
+from builder.engine.build import ImageBuildError
+from builder.engine.reference import InvalidReferenceError
 from builder.environment import requires
+from builder.environment.errors import EnvironmentBuildError
 from builder.errors import (
     BuildError,
     ExportError,
@@ -8,26 +30,44 @@ from builder.errors import (
     PipelineError,
     SerializationError,
     SignatureError,
+    TritonBuilderError,
 )
-from builder.job import build_docker_image
-from builder.pipeline.dsl import Pipeline, pipe
-from builder.pipeline.operators import ModelOp
-from builder.pipeline.signature import Array, List, TensorSpec
-from builder.repository.writer import BuildResult, build_pipeline_model
+from builder.job import ImageBuild, build_docker_image
+from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe
+from builder.push import PushError
+from builder.repository import BuildResult, build_pipeline_model
+from builder.verify.check import VerificationError
 
 __all__ = [
     "Array",
+    "AsyncClient",
+    "AsyncTritonRemoteModel",
     "BuildError",
     "BuildResult",
+    "Client",
+    "EngineError",
+    "EnvironmentBuildError",
     "ExportError",
+    "ImageBuild",
+    "ImageBuildError",
+    "InputError",
+    "InvalidReferenceError",
     "List",
     "ModelOp",
     "OperatorError",
     "Pipeline",
     "PipelineError",
+    "PushError",
+    "RemoteModelError",
+    "RemoteTimeoutError",
     "SerializationError",
+    "ServerUnavailableError",
     "SignatureError",
     "TensorSpec",
+    "TritonBuilderError",
+    "TritonRemoteModel",
+    "UnsupportedCudaError",
+    "VerificationError",
     "build_docker_image",
     "build_pipeline_model",
     "pipe",

@@ -67,8 +67,8 @@ def base_os(
     Example: triton-builder base os && triton-builder base cpu --os-image
     triton-builder/debian-bookworm:python3.11
     """
+    from builder.base.os_image import debian_os_image
     from builder.engine import ensure_engine
-    from builder.image.os_image import debian_os_image
 
     made = _run("making the OS image",
                 lambda: debian_os_image(ensure_engine(), tag=tag, suite=suite, rebuild=rebuild))
@@ -88,8 +88,8 @@ def base_cpu(
 
     Example: triton-builder base cpu --os-image triton-builder/debian-bookworm:python3.11
     """
+    from builder.base.cpu import build_cpu_base
     from builder.engine import ensure_engine
-    from builder.image.cpu_base import build_cpu_base
 
     with console.status("building the CPU Triton base image"):
         image = _run("building the CPU base", lambda: build_cpu_base(

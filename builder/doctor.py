@@ -12,8 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.base.releases import Release, resolve
 from builder.cache import cache_dir
-from builder.image.releases import Release, resolve
 
 MIN_FREE_GB = 10
 

@@ -1,15 +1,25 @@
-"""The errors a pipeline build reports.
+"""The root of every error Triton Builder raises, and the pipeline's own family.
 
-Why a small hierarchy: callers (the CLI, tests, users' scripts) catch one base class,
-:class:`PipelineError`, and still learn from the subclass what went wrong. Every message names the
-operator and the column involved, because "which step of my pipeline is broken" is the question a
-user asks first.
+Why a root: a script calling ``build_docker_image`` catches :class:`TritonBuilderError` and knows
+the failure is ours, not a bug in its own code. Every error also derives from the built-in
+category it belongs to (``ValueError`` for bad input, ``RuntimeError`` for a failed step,
+``ConnectionError``/``TimeoutError`` for a server), as docker-py's do, so existing ``except``
+clauses and the CLI's exit codes keep working. Each stage keeps its family beside its code
+(``environment/errors.py``, ``client/errors.py``, ``ImageBuildError`` in ``image/``…); the
+pipeline's family lives here because every stage reports pipeline faults.
+
+Pipeline errors name the operator and the column involved, because "which step of my pipeline
+is broken" is the question a user asks first.
 """
 
 from __future__ import annotations
 
 
-class PipelineError(ValueError):
+class TritonBuilderError(Exception):
+    """Any failure Triton Builder reports (as opposed to a bug in the caller's code)."""
+
+
+class PipelineError(TritonBuilderError, ValueError):
     """A pipeline is malformed: unknown or unproduced column, duplicate output, cycle, ..."""
 
 

@@ -11,8 +11,10 @@ import os
 import shutil
 import subprocess
 
+from builder.errors import TritonBuilderError
 
-class HostError(RuntimeError):
+
+class HostError(TritonBuilderError, RuntimeError):
     """A program the build needs is missing and cannot be installed here."""
 
 

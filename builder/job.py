@@ -1,12 +1,14 @@
-"""A pipeline's serving image in one call: repository → environment → image, checked against
-the pipeline itself.
+"""The whole job, one step per stage: base → repository → environment → image → verify → push.
 
-:func:`build_docker_image` is the whole job users came for. It writes the model repository
-(:mod:`builder.repository.writer`), packs the one Python environment the pipeline model needs
-against the chosen base image (:mod:`builder.environment.tarball`), builds the image
-(:mod:`builder.image.build`) and,
-before any tag points at it, runs it and compares its answers — over gRPC and HTTP — with the
-in-process pipeline on the pipeline's examples.
+:func:`build_docker_image` is what users came for: the release's base image
+(:mod:`builder.base`), the model repository (:mod:`builder.repository`), the one Python
+environment packed against that base (:mod:`builder.environment`), the serving image
+(:mod:`builder.image`), run and compared — over gRPC and HTTP — with the in-process pipeline on
+its examples (:mod:`builder.verify`), and only then tagged and pushed (:mod:`builder.push`).
+:func:`build_image_from_repository` is its second half, for a repository written before.
+
+A new image stays untagged until verification passed: a failing build, a failing verification or
+an interrupt never leaves a tag on a broken image, and the image is removed again.
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import docker
+from docker.models.images import Image
 
+from builder.base import Release, ensure_base_image, resolve
 from builder.client import Client
+from builder.engine.reference import tag_references
 from builder.environment import (
     PackageIndex,
     attach_environment,
@@ -29,16 +36,36 @@ from builder.environment import (
     pack_environment,
 )
 from builder.errors import BuildError
-from builder.image.build import ImageBuild, build_image_from_repository, ensure_base_image
-from builder.image.releases import resolve
+from builder.image.build import build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
-from builder.progress import timed_step
+from builder.progress import stderr_line, step_log, timed_step
+from builder.push import PushResult, push_image, tag_image
 from builder.repository.writer import build_pipeline_model
-from builder.verify.check import Check
-from builder.verify.container import Endpoint
+from builder.verify.check import Check, Verification, verify_image
+from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
 
+Log = Callable[[str], None]
+
 VERSIONS_FILE = "pipe.versions.json"
+
+
+@dataclass
+class ImageBuild:
+    """What :func:`build_docker_image` made (or found, ``built=False``), tagged and pushed."""
+
+    id: str
+    tags: list[str]
+    built: bool
+    """False when an image with the same content hash was reused."""
+    release: Release
+    content_hash: str
+    labels: dict[str, str]
+    run_command: str
+    payload_id: str | None = None
+    verification: Verification | None = None
+    pushed: dict[str, PushResult] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def build_docker_image(
@@ -67,7 +94,7 @@ def build_docker_image(
     """Build, verify and tag (and ``push``) the Triton serving image of ``pipe``.
 
     ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release
-    (:func:`~builder.image.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
+    (:func:`~builder.base.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
     ``triton_version`` / ``base_image`` override it.
     The environment holds what the pickled pipeline imports (pinned to the versions used here),
     ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements.
@@ -75,37 +102,131 @@ def build_docker_image(
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
     """
-    release = resolve(cuda, triton_version, base_image)
+    started = time.monotonic()
+    references = tag_references(image_name, tags)
     calls = [tuple(call) for call in (verify_calls if verify_calls is not None else pipe.examples)]
     if verify and not calls:
         raise BuildError("verification needs at least one call: give the pipeline an example "
                          "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
-    if client is None:
-        from builder.engine import docker_client
-
-        client = docker_client()
+    release = resolve(cuda, triton_version, base_image)
+    client = client or _docker_client()
     with timed_step(f"base image {release.image}", on_log):
         base = ensure_base_image(client, release, on_log=on_log)
-        target = image_target(client, base.id)
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
+            target = image_target(client, base.id)
             spec = load_spec(env_specs, [*_pickle_requirements(pipeline_dir), *requirements],
                              [node.op for node in pipe.nodes])
             tarball = pack_environment(spec, target, packer=packer, index=index, on_log=on_log)
             attach_environment(built.model_root, tarball, models=[built.pipeline_model])
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
-            return build_image_from_repository(
-                built.model_root, image_name=image_name, tags=tags, cuda=cuda,
-                triton_version=triton_version, base_image=base_image, user=user,
-                verify=verify, checks=checks if verify else (), push=push, client=client,
-                on_log=on_log,
-            )
+            return _image_verify_push(
+                built.model_root, references, release, base, client=client, user=user,
+                checks=checks if verify else None, push=push, started=started, on_log=on_log)
+
+
+def build_image_from_repository(
+    repository_dir: str | os.PathLike,
+    *,
+    image_name: str,
+    tags: Iterable[str] = (),
+    cuda: str | float | None = None,
+    triton_version: str | None = None,
+    base_image: str | None = None,
+    environment: str | os.PathLike | None = None,
+    labels: Mapping[str, str] | None = None,
+    signature: Mapping[str, Any] | str | None = None,
+    version: str | None = None,
+    revision: str | None = None,
+    user: str | None = None,
+    server_args: Sequence[str] = (),
+    verify: bool = True,
+    checks: Sequence[Check] = (),
+    gpus: bool | None = None,
+    verify_timeout: float = 180.0,
+    push: bool = False,
+    client: docker.DockerClient | None = None,
+    on_log: Log | None = None,
+) -> ImageBuild:
+    """The serving image of a model repository written before, as ``image_name`` (plus ``tags``).
+
+    ``tags`` are full references or bare tags of ``image_name``'s repository. ``cuda``,
+    ``triton_version`` and ``base_image`` choose the base (:func:`builder.base.resolve`;
+    ``cuda=None`` is the CPU base). ``environment``, ``labels``, ``signature``, ``version``,
+    ``revision``, ``user`` and ``server_args`` go to
+    :func:`builder.image.build.build_serving_image`.
+    ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
+    ``push`` pushes every tag and confirms the digests with the registry.
+
+    A GPU release is verified without GPUs where the engine has none (Triton's CPU fallback):
+    models pinned to ``KIND_GPU`` then fail verification; pass ``verify=False`` there. An image
+    tagged by a ``verify=False`` build is reused as it is by a later build of the same inputs.
+    """
+    started = time.monotonic()
+    references = tag_references(image_name, tags)
+    release = resolve(cuda, triton_version, base_image)
+    client = client or _docker_client()
+    with step_log(f"base image {release.image}", on_log) as log:
+        base = ensure_base_image(client, release, on_log=log)
+    return _image_verify_push(
+        repository_dir, references, release, base, client=client, environment=environment,
+        labels=labels, signature=signature, version=version, revision=revision, user=user,
+        server_args=server_args, checks=checks if verify else None, gpus=gpus,
+        verify_timeout=verify_timeout, push=push, started=started, on_log=on_log)
+
+
+def _image_verify_push(
+    repository_dir: str | os.PathLike,
+    references: list[str],
+    release: Release,
+    base: Image,
+    *,
+    client: docker.DockerClient,
+    checks: Sequence[Check] | None,
+    push: bool,
+    started: float,
+    gpus: bool | None = None,
+    verify_timeout: float = 180.0,
+    on_log: Log | None = None,
+    **image_options: Any,
+) -> ImageBuild:
+    """The stages after the environment; ``checks=None`` skips verification."""
+    image = build_serving_image(repository_dir, image_name=references[0], release=release,
+                                base=base, client=client, on_log=on_log, **image_options)
+    verification = None
+    try:
+        if image.built and checks is not None:
+            with step_log(f"verifying {references[0]}", on_log) as log:
+                verification = verify_image(client, image.id, checks, gpus=gpus,
+                                            timeout=verify_timeout, on_log=log)
+        run_command = docker_run_command(references[0], gpus=release.gpu)
+        tag_image(client, image.id, references)
+    except BaseException:
+        discard_image(client, image)
+        raise
+    result = ImageBuild(id=image.id, tags=references, built=image.built, release=release,
+                        content_hash=image.content_hash, labels=image.labels,
+                        run_command=run_command, payload_id=image.payload_id,
+                        verification=verification)
+    if push:
+        with step_log(f"pushing {', '.join(references)}", on_log) as log:
+            for reference in references:
+                result.pushed[reference] = push_image(client, reference, on_log=log)
+    result.seconds = time.monotonic() - started
+    (on_log or stderr_line)(f"run it: {result.run_command}")
+    return result
+
+
+def _docker_client() -> docker.DockerClient:
+    from builder.engine import docker_client
+
+    return docker_client()
 
 
 def _pickle_requirements(pipeline_dir: Path) -> list[str]:

@@ -3,11 +3,12 @@
 A build is minutes of silence otherwise. On a terminal the current ``Step N/M`` drives a bar (and
 cached steps say so); in CI logs and pipes, where bars turn into noise, every line of the build
 log is printed as it comes. Either way the caller gets an ``on_log`` callable for
-:func:`builder.image.docker_build.build_image`.
+:func:`builder.engine.build.build_image`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -82,3 +83,13 @@ def timed_step(title: str, on_log: Callable[[str], None] | None = None) -> Itera
 def stderr_line(line: str) -> None:
     """The default ``on_log``: one line to standard error, at once."""
     print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def step_log(title: str, on_log: Callable[[str], None] | None) -> Iterator[Callable[[str], None]]:
+    """The log of one step: the caller's ``on_log``, else a live :class:`BuildProgress` panel."""
+    if on_log is not None:
+        yield on_log
+        return
+    with BuildProgress(title) as progress:
+        yield progress

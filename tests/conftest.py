@@ -35,14 +35,14 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def os_image(docker_client) -> str:
-    from builder.image.os_image import debian_os_image
+    from builder.base.os_image import debian_os_image
 
     return os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(docker_client)
 
 
 @pytest.fixture(scope="session")
 def cpu_base_image(docker_client, os_image) -> str:
-    from builder.image.cpu_base import build_cpu_base
+    from builder.base.cpu import build_cpu_base
 
     return build_cpu_base(docker_client, os_image=os_image).tags[0]
 

@@ -7,6 +7,7 @@ import tarfile
 
 import pytest
 
+from builder.base.releases import resolve
 from builder.image.build import (
     EnvironmentMismatchError,
     check_environment_python,
@@ -19,7 +20,6 @@ from builder.image.context import (
     environment_image_path,
     plan_context,
 )
-from builder.image.releases import resolve
 
 
 @pytest.fixture

@@ -26,15 +26,12 @@ import tritonclient.http as httpclient
 import pipelines
 from builder import Pipeline, build_pipeline_model, pipe
 from builder.client.aio import AsyncClient
-from builder.client.codec import (
-    NotAPipelineError,
-    read_signature,
-    signature_parameter,
-)
+from builder.client.codec import NotAPipelineError, read_signature
 from builder.client.coercion import InputError
 from builder.client.errors import RemoteModelError
 from builder.client.pipeline import Client
 from builder.client.served_model import ServedModel, ServedTensor
+from builder.pipeline.signature_document import signature_parameter
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.equality import check_same
 
@@ -217,6 +214,10 @@ def test_signature_parameter_round_trips_and_is_checked_against_the_tensors():
     renamed = (ServedTensor("other", "BYTES", (1,)), *served.inputs[1:])
     with pytest.raises(NotAPipelineError, match="rebuild the repository"):
         read_signature(ServedModel("m", "1", 8, renamed, served.outputs, parameters))
+    future = {"pipeline_signature": parameters["pipeline_signature"].replace(
+        '"version":1', '"version":2')}
+    with pytest.raises(NotAPipelineError, match="format version 2"):
+        read_signature(ServedModel("m", "1", 8, served.inputs, served.outputs, future))
 
 
 def _wire(dtype: str) -> str:

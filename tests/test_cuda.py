@@ -1,10 +1,10 @@
-"""The CUDA → Triton release table and :func:`builder.image.releases.resolve`."""
+"""The CUDA → Triton release table and :func:`builder.base.releases.resolve`."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder.image.releases import (
+from builder.base.releases import (
     NOTES,
     RELEASES,
     TOOLKIT,

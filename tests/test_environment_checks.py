@@ -18,13 +18,13 @@ import docker.errors
 import pytest
 import venv_pack
 
+from builder.engine.build import build_image
 from builder.environment.attach import attach_environment
 from builder.environment.check import check_archive
 from builder.environment.errors import ArchiveCheckError, SpecError, TargetError
 from builder.environment.spec import requirements_spec
 from builder.environment.tarball import EnvironmentTarball, pack_environment
 from builder.environment.target import host_target, image_target
-from builder.image.docker_build import build_image
 from tests.test_environment_host import write_probe_repository
 
 FAILED_TAG = "triton-builder-test/environment-refused:latest"

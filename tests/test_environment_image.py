@@ -15,11 +15,11 @@ import time
 import docker.errors
 import pytest
 
+from builder.engine.build import build_image
 from builder.environment.attach import attach_environment
 from builder.environment.spec import load_spec
 from builder.environment.tarball import pack_environment
 from builder.environment.target import image_target
-from builder.image.docker_build import build_image
 from builder.verify.container import ServingContainer
 from tests.test_environment_host import SPEC, probe, write_probe_repository
 

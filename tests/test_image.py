@@ -16,8 +16,9 @@ import docker.errors
 import numpy as np
 import pytest
 
-from builder.image.build import PAYLOAD_REPOSITORY, build_image_from_repository, payload_reference
-from builder.image.docker_build import ImageBuildError
+from builder.engine.build import ImageBuildError
+from builder.image.build import PAYLOAD_REPOSITORY, payload_reference
+from builder.job import build_image_from_repository
 from builder.verify.check import InferenceCheck, VerificationError, verify_image
 from tests.sample_repository import (
     FEATURES,

@@ -7,6 +7,7 @@ import json
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.base.releases import resolve
 from builder.image.labels import (
     CREATED,
     created_timestamp,
@@ -14,7 +15,6 @@ from builder.image.labels import (
     repository_signature,
     serving_labels,
 )
-from builder.image.releases import resolve
 from builder.verify.container import docker_run_command
 
 

@@ -16,22 +16,9 @@ from builder.push.docker_push import PushError, push_image
 from builder.push.registry import (
     MANIFEST_TYPES,
     RegistryError,
-    RegistryReference,
     is_loopback,
     manifest_digest,
 )
-
-
-@pytest.mark.parametrize("reference, expected", [
-    ("127.0.0.1:5000/team/app:1", ("127.0.0.1:5000", "team/app", "1")),
-    ("localhost/app", ("localhost", "app", "latest")),
-    ("nvcr.io/nvidia/tritonserver:24.10-py3", ("nvcr.io", "nvidia/tritonserver", "24.10-py3")),
-    ("app:2", ("registry-1.docker.io", "library/app", "2")),
-    ("team/app", ("registry-1.docker.io", "team/app", "latest")),
-])
-def test_references_split_like_the_engine_splits_them(reference, expected):
-    parsed = RegistryReference.parse(reference)
-    assert (parsed.host, parsed.name, parsed.tag) == expected
 
 
 def test_loopback_registries_are_the_insecure_default():

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.image.cpu_base import build_cpu_base
-from builder.image.docker_build import build_image
+from builder.base.cpu import build_cpu_base
+from builder.engine.build import build_image
 from builder.verify.container import ServingContainer
 from tests.sample_repository import (
     FEATURES,

@@ -16,9 +16,10 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from builder.client.served_model import ServedModel, ServedTensor
+from builder.errors import TritonBuilderError
 
 
-class InputError(ValueError):
+class InputError(TritonBuilderError, ValueError):
     """A value given to a model does not fit the model's input; nothing was sent."""
 
 

@@ -14,8 +14,10 @@ import sys
 
 from tritonclient.utils import InferenceServerException
 
+from builder.errors import TritonBuilderError
 
-class RemoteModelError(RuntimeError):
+
+class RemoteModelError(TritonBuilderError, RuntimeError):
     """The server answered with an error; ``status`` is its gRPC code or HTTP status."""
 
     def __init__(self, message: str, status: str = "") -> None:
@@ -23,12 +25,12 @@ class RemoteModelError(RuntimeError):
         self.status = status
 
 
-class ServerUnavailableError(ConnectionError):
+class ServerUnavailableError(TritonBuilderError, ConnectionError):
     """The server could not be reached, or said it cannot serve now (gRPC UNAVAILABLE, HTTP 503,
     connection refused or reset). The only failure that is retried."""
 
 
-class RemoteTimeoutError(TimeoutError):
+class RemoteTimeoutError(TritonBuilderError, TimeoutError):
     """No answer within the client's timeout; not retried, the request may still be running."""
 
 

@@ -8,8 +8,10 @@ failure, a tarball that fails to extract and takes every later model down with i
 
 from __future__ import annotations
 
+from builder.errors import TritonBuilderError
 
-class EnvironmentBuildError(RuntimeError):
+
+class EnvironmentBuildError(TritonBuilderError, RuntimeError):
     """The model environment could not be made or would not work in the target image."""
 
 

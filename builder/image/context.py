@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from builder.cache import cache_dir
+from builder.errors import TritonBuilderError
 
 ENVIRONMENTS_DIR = "/opt/triton-builder/environments"
 LAYERS = ("environment", "weights", "code")
@@ -43,7 +44,7 @@ SKIPPED_DIRECTORIES = frozenset({"__pycache__", ".ipynb_checkpoints", ".git"})
 _CONTEXT_ROOT = {"environment": "environment", "weights": "weights", "code": "models"}
 
 
-class BuildContextError(ValueError):
+class BuildContextError(TritonBuilderError, ValueError):
     """The repository cannot be laid out as a build context."""
 
 

@@ -23,8 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from builder.image.docker_build import CONTENT_HASH_LABEL, split_tag
-from builder.image.releases import Release
+from builder.base.releases import Release
+from builder.engine.build import CONTENT_HASH_LABEL
+from builder.engine.reference import ImageReference
+from builder.errors import TritonBuilderError
+from builder.pipeline.signature_document import SIGNATURE_PARAMETER
 
 PREFIX = "ai.triton-builder."
 OCI = "org.opencontainers.image."
@@ -39,7 +42,7 @@ UNHASHED = frozenset({CREATED})
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
-class LabelError(ValueError):
+class LabelError(TritonBuilderError, ValueError):
     """A label key is not a plain dotted name, or one of ours is overridden."""
 
 
@@ -63,10 +66,10 @@ def serving_labels(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Every label of a serving image except the content hash and ``created`` (added last)."""
-    repository, tag = split_tag(image_name)
+    reference = ImageReference.parse(image_name)
     labels = {
-        OCI + "title": repository.rsplit("/", 1)[-1],
-        OCI + "version": version or tag,
+        OCI + "title": reference.path.rsplit("/", 1)[-1],
+        OCI + "version": version or reference.tag,
         OCI + "base.name": release.image,
         OCI + "base.digest": base_digest,
         PREFIX + "release": release.release,
@@ -95,10 +98,6 @@ def hashed(labels: Mapping[str, str]) -> str:
     return _compact_json({k: v for k, v in labels.items() if k not in UNHASHED})
 
 
-PIPELINE_SIGNATURE_PARAMETER = "pipeline_signature"
-"""The config parameter in which a pipeline model carries its signature (builder.client.codec)."""
-
-
 def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:
     """What the repository serves, read from its ``config.pbtxt`` files.
 
@@ -121,7 +120,7 @@ def repository_signature(repository: str | os.PathLike) -> dict[str, Any]:
 
         models[name] = {"max_batch_size": config.max_batch_size,
                         "inputs": tensors(config.input), "outputs": tensors(config.output)}
-        carried = config.parameters.get(PIPELINE_SIGNATURE_PARAMETER)
+        carried = config.parameters.get(SIGNATURE_PARAMETER)
         if carried is not None and carried.string_value:
             try:
                 pipelines[name] = json.loads(carried.string_value)

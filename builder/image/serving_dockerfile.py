@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from builder.image.dockerfile import DockerfileError, render, template_source
-from builder.image.releases import Release
+from builder.base.releases import Release
+from builder.engine.dockerfile import DockerfileError, render, template_source
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -109,9 +109,9 @@ def render_serving_dockerfile(
     ``labels`` become one ``LABEL`` instruction at the end of the stage rendered."""
     options = options or ServingOptions()
     if stage not in ("full", "payload", "serving"):
-        raise ValueError(f"stage must be 'full', 'payload' or 'serving', not {stage!r}")
+        raise DockerfileError(f"stage must be 'full', 'payload' or 'serving', not {stage!r}")
     if stage == "serving" and not payload_image:
-        raise ValueError("the serving stage needs payload_image (the image it starts from)")
+        raise DockerfileError("the serving stage needs payload_image (the image it starts from)")
     return render(
         child_template(release),
         stage=stage,

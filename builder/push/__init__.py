@@ -1,5 +1,7 @@
-"""Stage 6, publishing: pushes through the Docker SDK, confirmed with the registry."""
+"""Stage 7, publishing: a verified image tagged, then pushed through the Docker SDK and confirmed
+with the registry."""
 
-from builder.push.docker_push import PushResult, push_image
+from builder.push.docker_push import PushError, PushResult, push_image
+from builder.push.tags import tag_image
 
-__all__ = ["PushResult", "push_image"]
+__all__ = ["PushError", "PushResult", "push_image", "tag_image"]

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from builder.image.docker_build import split_tag, validate_reference
-from builder.push.registry import RegistryError, RegistryReference, is_loopback, manifest_digest
+from builder.engine.reference import ImageReference
+from builder.errors import TritonBuilderError
+from builder.push.registry import RegistryError, is_loopback, manifest_digest
 
 TRANSIENT = (
     "connection refused", "connection reset", "broken pipe", "i/o timeout", "timeout",
@@ -34,7 +35,7 @@ PERMANENT = (
 )
 
 
-class PushError(RuntimeError):
+class PushError(TritonBuilderError, RuntimeError):
     """The push failed (after retries, when the failure looked transient)."""
 
     def __init__(self, message: str, *, reference: str, attempts: int, transient: bool) -> None:
@@ -54,8 +55,7 @@ class PushResult:
     @property
     def pinned(self) -> str:
         """``name@sha256:…``: the reference that cannot move."""
-        repository, _ = split_tag(self.reference)
-        return f"{repository}@{self.digest}"
+        return f"{ImageReference.parse(self.reference).repository}@{self.digest}"
 
 
 def push_image(
@@ -73,8 +73,8 @@ def push_image(
     ``retries`` is the number of attempts after the first for transient failures; the waits are
     ``backoff``, ``2 * backoff``, ``4 * backoff``…
     """
-    validate_reference(reference)
-    repository, tag = split_tag(reference)
+    parsed = ImageReference.parse(reference)
+    repository, tag = parsed.repository, parsed.tag
     attempt = 0
     while True:
         attempt += 1
@@ -125,7 +125,7 @@ def _push_once(client: docker.DockerClient, repository: str, tag: str,
 
 
 def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts: int) -> str:
-    host = RegistryReference.parse(reference).host
+    host = ImageReference.parse(reference).registry
     try:
         held = manifest_digest(reference, insecure=_insecure(client, host))
     except RegistryError as error:
@@ -159,7 +159,7 @@ def _is_transient(message: str) -> bool:
 
 
 def _explain(reference: str, message: str, attempts: int) -> str:
-    host = RegistryReference.parse(reference).host
+    host = ImageReference.parse(reference).registry
     text = message.lower()
     hint = ""
     if "no such host" in text:

@@ -18,9 +18,11 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 
 from docker import auth as docker_auth
+
+from builder.engine.reference import ImageReference
+from builder.errors import TritonBuilderError
 
 MANIFEST_TYPES = ", ".join((
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -28,36 +30,10 @@ MANIFEST_TYPES = ", ".join((
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.index.v1+json",
 ))
-DOCKER_HUB = "registry-1.docker.io"
 
 
-class RegistryError(RuntimeError):
+class RegistryError(TritonBuilderError, RuntimeError):
     """The registry could not be asked, or refused to say."""
-
-
-@dataclass(frozen=True)
-class RegistryReference:
-    """``host/name:tag`` split the way the engine splits it."""
-
-    host: str
-    name: str
-    tag: str
-
-    @classmethod
-    def parse(cls, reference: str) -> RegistryReference:
-        remainder, tag = reference, "latest"
-        last = reference.rsplit("/", 1)[-1]
-        if ":" in last:
-            remainder, tag = reference.rsplit(":", 1)
-        first, _, rest = remainder.partition("/")
-        if rest and ("." in first or ":" in first or first == "localhost"):
-            return cls(first, rest, tag)
-        name = remainder if "/" in remainder else f"library/{remainder}"
-        return cls(DOCKER_HUB, name, tag)
-
-    @property
-    def auth_key(self) -> str:
-        return "https://index.docker.io/v1/" if self.host == DOCKER_HUB else self.host
 
 
 def manifest_digest(reference: str, *, insecure: bool | None = None,
@@ -67,20 +43,20 @@ def manifest_digest(reference: str, *, insecure: bool | None = None,
     ``insecure`` allows plain HTTP (the engine's "insecure registries"; loopback hosts are
     insecure by default, as they are for the engine).
     """
-    ref = RegistryReference.parse(reference)
+    ref = ImageReference.parse(reference)
     if insecure is None:
-        insecure = is_loopback(ref.host)
-    path = f"/v2/{ref.name}/manifests/{urllib.parse.quote(ref.tag)}"
+        insecure = is_loopback(ref.registry)
+    path = f"/v2/{ref.registry_path}/manifests/{urllib.parse.quote(ref.tag)}"
     errors = []
     for scheme in ("https", "http") if insecure else ("https",):
-        url = f"{scheme}://{ref.host}{path}"
+        url = f"{scheme}://{ref.registry}{path}"
         try:
             return _get_digest(url, ref, timeout)
         except (urllib.error.URLError, ssl.SSLError, ConnectionError, TimeoutError) as error:
             if isinstance(error, urllib.error.HTTPError):
                 raise RegistryError(_http_message(ref, error)) from None
             errors.append(f"{url}: {getattr(error, 'reason', error)}")
-    raise RegistryError(f"cannot reach the registry {ref.host}: " + "; ".join(errors))
+    raise RegistryError(f"cannot reach the registry {ref.registry}: " + "; ".join(errors))
 
 
 def is_loopback(host: str) -> bool:
@@ -96,7 +72,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _get_digest(url: str, ref: RegistryReference, timeout: float) -> str:
+def _get_digest(url: str, ref: ImageReference, timeout: float) -> str:
     headers = {"Accept": MANIFEST_TYPES}
     try:
         return _digest_of(_open(url, headers, timeout), ref)
@@ -113,18 +89,23 @@ def _open(url: str, headers: dict[str, str], timeout: float):
     return urllib.request.urlopen(request, timeout=timeout)
 
 
-def _digest_of(response, ref: RegistryReference) -> str:
+def _digest_of(response, ref: ImageReference) -> str:
     with response:
         digest = response.headers.get("Docker-Content-Digest")
     if not digest:
-        raise RegistryError(f"{ref.host} did not send Docker-Content-Digest for "
-                            f"{ref.name}:{ref.tag}")
+        raise RegistryError(f"{ref.registry} did not send Docker-Content-Digest for "
+                            f"{ref.registry_path}:{ref.tag}")
     return digest
 
 
-def _credentials(ref: RegistryReference) -> tuple[str, str] | None:
+def _auth_key(ref: ImageReference) -> str:
+    """The key the Docker configuration files Docker Hub's credentials under."""
+    return "https://index.docker.io/v1/" if ref.host is None else ref.host
+
+
+def _credentials(ref: ImageReference) -> tuple[str, str] | None:
     config = docker_auth.load_config()
-    found = docker_auth.resolve_authconfig(config, ref.auth_key) or {}
+    found = docker_auth.resolve_authconfig(config, _auth_key(ref)) or {}
     username = found.get("username") or found.get("Username")
     password = found.get("password") or found.get("Password")
     if username and password:
@@ -132,20 +113,20 @@ def _credentials(ref: RegistryReference) -> tuple[str, str] | None:
     return None
 
 
-def _authorization(challenge: str, ref: RegistryReference, timeout: float) -> str:
+def _authorization(challenge: str, ref: ImageReference, timeout: float) -> str:
     scheme, _, params = challenge.partition(" ")
     credentials = _credentials(ref)
     if scheme.lower() == "basic":
         if credentials is None:
-            raise RegistryError(f"{ref.host} wants a login: run `docker login {ref.host}`")
+            raise RegistryError(f"{ref.registry} wants a login: run `docker login {ref.registry}`")
         return "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
     if scheme.lower() != "bearer":
-        raise RegistryError(f"{ref.host} asks for an unknown authentication: {challenge!r}")
+        raise RegistryError(f"{ref.registry} asks for an unknown authentication: {challenge!r}")
     fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
     realm = fields.pop("realm", "")
     if not realm:
-        raise RegistryError(f"{ref.host} sent a bearer challenge without a realm")
-    fields.setdefault("scope", f"repository:{ref.name}:pull")
+        raise RegistryError(f"{ref.registry} sent a bearer challenge without a realm")
+    fields.setdefault("scope", f"repository:{ref.registry_path}:pull")
     request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
     if credentials is not None:
         token = base64.b64encode(":".join(credentials).encode()).decode()
@@ -154,17 +135,18 @@ def _authorization(challenge: str, ref: RegistryReference, timeout: float) -> st
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.load(response)
     except urllib.error.HTTPError as error:
-        raise RegistryError(f"{ref.host} refused a token for {ref.name} ({error.code}); "
-                            f"run `docker login {ref.host}`") from None
+        raise RegistryError(f"{ref.registry} refused a token for {ref.registry_path} "
+                            f"({error.code}); run `docker login {ref.registry}`") from None
     token = answer.get("token") or answer.get("access_token")
     if not token:
-        raise RegistryError(f"{ref.host}'s token service sent no token")
+        raise RegistryError(f"{ref.registry}'s token service sent no token")
     return f"Bearer {token}"
 
 
-def _http_message(ref: RegistryReference, error: urllib.error.HTTPError) -> str:
+def _http_message(ref: ImageReference, error: urllib.error.HTTPError) -> str:
+    shown = f"{ref.registry_path}:{ref.tag}"
     if error.code == 404:
-        return f"{ref.host} has no manifest {ref.name}:{ref.tag} (404)"
+        return f"{ref.registry} has no manifest {shown} (404)"
     if error.code in (401, 403):
-        return f"{ref.host} refused to show {ref.name}:{ref.tag} ({error.code}): docker login?"
-    return f"{ref.host} answered {error.code} for {ref.name}:{ref.tag}: {error.reason}"
+        return f"{ref.registry} refused to show {shown} ({error.code}): docker login?"
+    return f"{ref.registry} answered {error.code} for {shown}: {error.reason}"

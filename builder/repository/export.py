@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.errors import ExportError
+from builder.errors import ExportError, TritonBuilderError
 from builder.pipeline.operators import ModelOp
 from builder.pipeline.signature import triton_dtype
 from builder.repository.model_config import TensorConfig
@@ -65,7 +65,7 @@ class ExportedModel:
     attempts: list[ExportAttempt] = field(default_factory=list)
 
 
-class FormatFailed(Exception):
+class FormatFailed(TritonBuilderError, RuntimeError):
     """This format cannot serve this module; the message says why."""
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.errors import BuildError
+
 CONFIG_FILE = "config.pbtxt"
 
 
@@ -54,7 +56,7 @@ class ModelConfigSpec:
 def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
     """The ``ModelConfig`` message for ``spec``."""
     if (spec.backend is None) == (spec.platform is None):
-        raise ValueError(f"model {spec.name!r}: give exactly one of backend and platform")
+        raise BuildError(f"model {spec.name!r}: give exactly one of backend and platform")
     config = mc.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size)
     if spec.backend:
         config.backend = spec.backend

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.client.codec import signature_parameter
 from builder.errors import BuildError, PipelineError
 from builder.pipeline.dsl import PipeBuilder, Pipeline
 from builder.pipeline.operators import BlsTarget, ModelOp, validate_op_config
 from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
 from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
+from builder.pipeline.signature_document import signature_parameter
 from builder.repository.export import ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,

@@ -19,10 +19,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import TritonDistribution, triton_distribution
 
 
-class TritonServerError(RuntimeError):
+class TritonServerError(TritonBuilderError, RuntimeError):
     """The server did not start, or did not become ready; carries the tail of its log."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cache import cache_dir
+from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 """PyTriton 0.7.0 ships Triton 2.51.0, the server of the 24.10 NGC container."""
@@ -33,7 +34,7 @@ STUB_PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 ONNXRUNTIME_BACKEND = Path(__file__).parents[1] / "runtime/backends/onnxruntime/model.py"
 
 
-class DistributionError(RuntimeError):
+class DistributionError(TritonBuilderError, RuntimeError):
     """The Triton wheel could not be fetched or does not hold what we need."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import docker
 import numpy as np
 
+from builder.errors import TritonBuilderError
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerError,
@@ -30,7 +31,7 @@ from builder.verify.container import (
 LOG_TAIL_LINES = 80
 
 
-class VerificationError(RuntimeError):
+class VerificationError(TritonBuilderError, RuntimeError):
     """The image did not start, did not become ready, or answered wrongly; ``logs`` says why."""
 
     def __init__(self, message: str, logs: str = "") -> None:

@@ -18,6 +18,7 @@ import docker
 import docker.errors
 import docker.types
 
+from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from builder.tritonserver.host_process import triton_ready
 
@@ -25,7 +26,7 @@ DEFAULT_SHM_SIZE = "1g"
 TRITON_PORTS = (HTTP_PORT, GRPC_PORT, METRICS_PORT)
 
 
-class ContainerError(RuntimeError):
+class ContainerError(TritonBuilderError, RuntimeError):
     """The container did not start or did not become ready; ``logs`` holds what it printed."""
 
     def __init__(self, message: str, logs: str = "") -> None:

@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from builder.errors import TritonBuilderError
 
-class ResultMismatch(AssertionError):
+
+class ResultMismatch(TritonBuilderError, AssertionError):
     """A served result differs from the in-process one; the message says where."""
 
 

@@ -4,7 +4,7 @@ It holds Triton 2.51 from the ``nvidia-pytriton`` wheel in the NGC layout, the p
 the image's Python, and our Python-based onnxruntime backend with its packages — installed from
 wheels fetched on the host, so ``docker build`` needs no network. The base OS image is a
 parameter: ``python:3.11-slim-bookworm`` where Docker Hub is reachable, or the Debian image that
-:mod:`builder.image.os_image` makes without any registry.
+:mod:`builder.base.os_image` makes without any registry.
 
 Builds are cached by content: the inputs are hashed before any work is done, and an image whose
 label carries the same hash is reused as it is.
@@ -25,8 +25,9 @@ import docker
 import docker.errors
 
 from builder.cache import cache_dir, content_hash
-from builder.image.docker_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
-from builder.image.dockerfile import render, template_source
+from builder.engine.build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
+from builder.engine.dockerfile import render, template_source
+from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
 DEFAULT_OS_IMAGE = "python:3.11-slim-bookworm"
@@ -47,7 +48,7 @@ _REGISTER_PACKAGES = (
 )
 
 
-class BaseImageError(RuntimeError):
+class BaseImageError(TritonBuilderError, RuntimeError):
     """The CPU base image cannot be built from these inputs."""
 
 

@@ -16,12 +16,15 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.engine.reference import ImageReference
+from builder.errors import TritonBuilderError
+
 CONTENT_HASH_LABEL = "ai.triton-builder.content-hash"
 
 _STEP = re.compile(r"^Step \d+/\d+ : ")
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(TritonBuilderError, RuntimeError):
     """A build step failed; ``step`` is the instruction and ``output`` what it printed."""
 
     def __init__(self, message: str, step: str = "", output: str = "") -> None:
@@ -87,31 +90,9 @@ def build_image(
                               "".join(step_output[-200:]))
     image = client.images.get(image_id)
     for tag in tags:
-        repository, version = split_tag(tag)
-        image.tag(repository, version)
+        reference = ImageReference.parse(tag)
+        image.tag(reference.repository, reference.tag)
     return BuiltImage(id=image.id, tags=tags, built=True, log=log)
-
-
-_NAME_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REFERENCE = re.compile(
-    r"^(?:(?P<host>(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*"
-    r"[A-Za-z0-9])?)*(?::[0-9]+)?)/)?"
-    rf"(?P<path>{_NAME_COMPONENT}(?:/{_NAME_COMPONENT})*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-)
-
-
-def validate_reference(reference: str) -> str:
-    """Return ``reference`` if it is a valid ``[host[:port]/]name[:tag]``, else raise ValueError.
-
-    The grammar is the distribution project's (lowercase path components, tags of at most 128
-    word characters): anything else — spaces, newlines, ``$(...)``, quotes — is refused before
-    it reaches the engine.
-    """
-    if not isinstance(reference, str) or not _REFERENCE.fullmatch(reference):
-        raise ValueError(f"not a valid image reference ([host[:port]/]name[:tag], lowercase "
-                         f"name): {reference!r}")
-    return reference
 
 
 def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> BuiltImage | None:
@@ -123,11 +104,3 @@ def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> Buil
     if (image.labels or {}).get(CONTENT_HASH_LABEL) != content_hash:
         return None
     return BuiltImage(id=image.id, tags=[tag], built=False)
-
-
-def split_tag(reference: str) -> tuple[str, str]:
-    """``registry:5000/name:tag`` → (``registry:5000/name``, ``tag``); ``latest`` if none."""
-    name, _, tag = reference.rpartition(":")
-    if not name or "/" in tag:
-        return reference, "latest"
-    return name, tag

@@ -14,13 +14,14 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.errors import TritonBuilderError
 from builder.host_packages import ensure_program
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
 DEBIAN_PACKAGES = ("python3", "libpython3.11", "ca-certificates")
 
 
-class RootfsError(RuntimeError):
+class RootfsError(TritonBuilderError, RuntimeError):
     """mmdebstrap or the import failed."""
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.errors import TritonBuilderError
 from builder.host_packages import ensure_program
 
 
-class EngineError(RuntimeError):
+class EngineError(TritonBuilderError, RuntimeError):
     """No Docker engine answers, and none could be started."""
 
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from builder.image.cpu_base import cpu_base_tag
+from builder.base.cpu import cpu_base_tag
+from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import TRITON_VERSION
 
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver"
@@ -107,7 +108,7 @@ RELEASES_TABLE: tuple[tuple[str, str, str, str, str, int, str, str], ...] = (
 )
 
 
-class UnsupportedCudaError(ValueError):
+class UnsupportedCudaError(TritonBuilderError, ValueError):
     """No release matches the requested CUDA version, Triton version or base image."""
 
 
@@ -162,7 +163,7 @@ RELEASES: tuple[Release, ...] = tuple(
 
 
 def cpu_release(python_version: str = CPU_PYTHON) -> Release:
-    """Our CPU base (:mod:`builder.image.cpu_base`): Triton from the ``nvidia-pytriton`` wheel."""
+    """Our CPU base (:mod:`builder.base.cpu`): Triton from the ``nvidia-pytriton`` wheel."""
     return Release(release="cpu", triton_version=TRITON_VERSION, cuda=None,
                    python_version=python_version, ubuntu=None, min_driver=None,
                    driver_source=None, image=cpu_base_tag(python_version), gpu=False)

@@ -26,8 +26,10 @@ from typing import Any
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from builder.errors import TritonBuilderError
 
-class DockerfileError(ValueError):
+
+class DockerfileError(TritonBuilderError, ValueError):
     """A value cannot be placed in a Dockerfile safely."""
 
 

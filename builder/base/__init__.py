@@ -1,0 +1,8 @@
+"""Stage 1, the base: which ``nvcr.io/nvidia/tritonserver`` release serves a CUDA version (and
+with which Python), and the image found, pulled or — for the CPU base — built here."""
+
+from builder.base.ensure import BaseImageUnavailableError, ensure_base_image
+from builder.base.releases import Release, UnsupportedCudaError, resolve
+
+__all__ = ["BaseImageUnavailableError", "Release", "UnsupportedCudaError", "ensure_base_image",
+           "resolve"]
