@@ -16,27 +16,22 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from builder.client.aio_transport import AsyncTransport, open_async_transport
+from builder.client.aio_transport import open_async_transport
 from builder.client.codec import PipelineCodec, read_signature
 from builder.client.coercion import Request, bind, prepare
-from builder.client.endpoint import Endpoint, parse_endpoint
 from builder.client.errors import RemoteModelError
 from builder.client.fanout import amap_bounded
+from builder.client.lifecycle import AsyncClosing, PipelineClientBase, RemoteModelBase
 from builder.client.pipeline import batch_calls
-from builder.client.remote_model import (
-    DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_TIMEOUT,
-    call_arguments,
-    unbatch,
-)
-from builder.client.retry import RetryPolicy, acall_with_retry, as_policy
+from builder.client.remote_model import call_arguments, unbatch
+from builder.client.retry import acall_with_retry
 from builder.client.served_model import ServedModel, served_model
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class AsyncTritonRemoteModel:
+class AsyncTritonRemoteModel(RemoteModelBase, AsyncClosing):
     """:class:`builder.client.remote_model.TritonRemoteModel` for asyncio: ``await model(...)``.
 
     >>> async with AsyncTritonRemoteModel("http://127.0.0.1:8000/linear") as linear:
@@ -45,24 +40,8 @@ class AsyncTritonRemoteModel:
     Use it from one event loop. Nothing is connected until the first call.
     """
 
-    def __init__(
-        self,
-        url: str,
-        endpoint: str | None = None,
-        scheme: str | None = None,
-        *,
-        version: str = "",
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int | RetryPolicy = 5,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    ) -> None:
-        self.endpoint: Endpoint = parse_endpoint(url, endpoint, scheme, version)
-        self.retry_policy = as_policy(retries)
-        self.max_in_flight = max_in_flight
-        self._transport: AsyncTransport = open_async_transport(self.endpoint, timeout,
-                                                               max_in_flight)
-        self._spec: ServedModel | None = None
-        self._lock = asyncio.Lock()
+    open_transport = staticmethod(open_async_transport)
+    new_lock = asyncio.Lock
 
     async def spec(self) -> ServedModel:
         """The model's inputs, outputs and batching, read from the server on first use."""
@@ -110,17 +89,8 @@ class AsyncTritonRemoteModel:
         """Close the connections."""
         await self._transport.close()
 
-    async def __aenter__(self) -> AsyncTritonRemoteModel:
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncTritonRemoteModel({self.endpoint.url!r})"
-
-
-class AsyncClient:
+class AsyncClient(PipelineClientBase, AsyncClosing):
     """:class:`builder.client.Client` for asyncio: ``await client(*values)`` returns what
     ``pipe(*values)`` returns.
 
@@ -128,21 +98,7 @@ class AsyncClient:
     ...     vec = await embed("hello world")
     """
 
-    def __init__(
-        self,
-        url: str,
-        endpoint: str | None = None,
-        scheme: str | None = None,
-        *,
-        version: str = "",
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int | RetryPolicy = 5,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    ) -> None:
-        self.model = AsyncTritonRemoteModel(url, endpoint, scheme, version=version,
-                                            timeout=timeout, retries=retries,
-                                            max_in_flight=max_in_flight)
-        self._codec: PipelineCodec | None = None
+    model_class = AsyncTritonRemoteModel
 
     async def codec(self) -> PipelineCodec:
         """The pipeline's signature, read from the served model on first use."""
@@ -174,15 +130,6 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the connections."""
         await self.model.close()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncClient({self.model.endpoint.url!r})"
 
     async def _send(self, tensors: dict) -> Any:
         spec = await self.model.spec()

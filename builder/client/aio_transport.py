@@ -8,6 +8,7 @@ they are created in, so they are created on first use inside the loop, not in ``
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -35,29 +36,47 @@ def open_async_transport(endpoint: Endpoint, timeout: float,
                          max_connections: int) -> AsyncTransport:
     """The asyncio transport for ``endpoint.scheme``; ``timeout`` bounds each request."""
     if endpoint.scheme == "grpc":
-        return AsyncGrpcTransport(endpoint, timeout)
+        return AsyncGrpcTransport(endpoint, timeout, max_connections)
     return AsyncHttpTransport(endpoint, timeout, max_connections)
 
 
-class AsyncGrpcTransport:
-    """One ``grpc.aio`` channel; concurrent calls are multiplexed on it."""
+class _LazyClient(abc.ABC):
+    """A tritonclient asyncio client made on first use — inside the running loop, which
+    ``aiohttp`` and ``grpc.aio`` bind to — and refused once closed."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+    def __init__(self, endpoint: Endpoint, timeout: float, max_connections: int) -> None:
         self._endpoint = endpoint
         self._timeout = timeout
+        self._max_connections = max_connections
         self._client: Any = None
         self._closed = False
+
+    @abc.abstractmethod
+    def _connect(self) -> Any:
+        """The tritonclient asyncio client for ``self._endpoint``."""
 
     def _get_client(self) -> Any:
         if self._closed:
             raise RuntimeError(f"the client of {self._endpoint.url} is closed")
         if self._client is None:
-            import tritonclient.grpc.aio as grpcaio
-
-            self._client = grpcaio.InferenceServerClient(
-                self._endpoint.address, ssl=self._endpoint.ssl,
-                channel_args=GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
+            self._client = self._connect()
         return self._client
+
+    async def close(self) -> None:
+        client, self._client, self._closed = self._client, None, True
+        if client is not None:
+            await client.close()
+
+
+class AsyncGrpcTransport(_LazyClient):
+    """One ``grpc.aio`` channel; concurrent calls are multiplexed on it."""
+
+    def _connect(self) -> Any:
+        import tritonclient.grpc.aio as grpcaio
+
+        return grpcaio.InferenceServerClient(
+            self._endpoint.address, ssl=self._endpoint.ssl,
+            channel_args=GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
 
     async def metadata(self) -> dict[str, Any]:
         with translated_errors(f"metadata of {self._endpoint.url}"):
@@ -87,32 +106,16 @@ class AsyncGrpcTransport:
                 client_timeout=self._timeout)
         return {name: result.as_numpy(name) for name in outputs}
 
-    async def close(self) -> None:
-        client, self._client, self._closed = self._client, None, True
-        if client is not None:
-            await client.close()
 
-
-class AsyncHttpTransport:
+class AsyncHttpTransport(_LazyClient):
     """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float, max_connections: int) -> None:
-        self._endpoint = endpoint
-        self._timeout = timeout
-        self._max_connections = max_connections
-        self._client: Any = None
-        self._closed = False
+    def _connect(self) -> Any:
+        import tritonclient.http.aio as httpaio
 
-    def _get_client(self) -> Any:
-        if self._closed:
-            raise RuntimeError(f"the client of {self._endpoint.url} is closed")
-        if self._client is None:
-            import tritonclient.http.aio as httpaio
-
-            self._client = httpaio.InferenceServerClient(
-                self._endpoint.address, ssl=self._endpoint.ssl,
-                conn_limit=self._max_connections, conn_timeout=self._timeout)
-        return self._client
+        return httpaio.InferenceServerClient(
+            self._endpoint.address, ssl=self._endpoint.ssl,
+            conn_limit=self._max_connections, conn_timeout=self._timeout)
 
     async def metadata(self) -> dict[str, Any]:
         with translated_errors(f"metadata of {self._endpoint.url}"):
@@ -138,8 +141,3 @@ class AsyncHttpTransport:
             result = await self._get_client().infer(
                 self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
         return {name: result.as_numpy(name) for name in outputs}
-
-    async def close(self) -> None:
-        client, self._client, self._closed = self._client, None, True
-        if client is not None:
-            await client.close()

@@ -12,20 +12,19 @@ returns arrays by tensor name.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from builder.client.codec import PipelineCodec, read_signature
 from builder.client.coercion import prepare
 from builder.client.errors import RemoteModelError
-from builder.client.remote_model import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, TritonRemoteModel
-from builder.client.retry import RetryPolicy
+from builder.client.lifecycle import Closing, PipelineClientBase
+from builder.client.remote_model import TritonRemoteModel
 
 __all__ = ["Client", "TritonRemoteModel", "batch_calls"]
 
 
-class Client:
+class Client(PipelineClientBase, Closing):
     """A pipeline served by Triton, called like the pipeline.
 
     >>> with Client("grpc://127.0.0.1:8001/text_embedding") as embed:
@@ -35,29 +34,14 @@ class Client:
     Arguments as for :class:`TritonRemoteModel`. Nothing is connected until the first call.
     """
 
-    def __init__(
-        self,
-        url: str,
-        endpoint: str | None = None,
-        scheme: str | None = None,
-        *,
-        version: str = "",
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int | RetryPolicy = 5,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    ) -> None:
-        self.model = TritonRemoteModel(url, endpoint, scheme, version=version, timeout=timeout,
-                                       retries=retries, max_in_flight=max_in_flight)
-        self._codec: PipelineCodec | None = None
-        self._lock = threading.Lock()
+    model_class = TritonRemoteModel
 
     @property
     def codec(self) -> PipelineCodec:
         """The pipeline's signature, read from the served model on first use."""
-        if self._codec is None:
+        if self._codec is None:  # two threads may both read it: the same codec, no harm
             spec = self.model.spec
-            with self._lock:
-                self._codec = PipelineCodec(spec.name, read_signature(spec))
+            self._codec = PipelineCodec(spec.name, read_signature(spec))
         return self._codec
 
     def __call__(self, *values: Any) -> Any:
@@ -93,15 +77,6 @@ class Client:
     def close(self) -> None:
         """Close the connections."""
         self.model.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Client({self.model.endpoint.url!r})"
 
     def _send(self, tensors: dict) -> Any:
         # prepare() checks the encoded tensors against the served config once more

@@ -21,55 +21,32 @@ from typing import Any, TypeVar
 import numpy as np
 
 from builder.client.coercion import Request, bind, prepare
-from builder.client.endpoint import Endpoint, parse_endpoint
 from builder.client.fanout import map_bounded
-from builder.client.retry import RetryPolicy, as_policy, call_with_retry
+from builder.client.lifecycle import Closing, RemoteModelBase
+from builder.client.retry import call_with_retry
 from builder.client.served_model import ServedModel, served_model
-from builder.client.transport import Transport, open_transport
+from builder.client.transport import open_transport
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_MAX_IN_FLIGHT = 8
 
-
-class TritonRemoteModel:
+class TritonRemoteModel(RemoteModelBase, Closing):
     """One model on a Triton server, called like a function.
 
     >>> with TritonRemoteModel("grpc://127.0.0.1:8001/linear") as linear:
     ...     linear([1.0, 2.0, 3.0, 4.0])["OUTPUT"]          # one sample: shape (3,)
     ...     linear(np.ones((5, 4), np.float32))["OUTPUT"]  # a batch: shape (5, 3)
 
-    ``url`` names the protocol, address and model (see
-    :func:`builder.client.endpoint.parse_endpoint`);
-    ``endpoint`` (the model name) and ``scheme`` fill in what it leaves out. ``timeout`` bounds
-    each request in seconds; ``retries`` (a count or a :class:`RetryPolicy`) is how often a
-    request that found the server unavailable is tried again, with exponential backoff.
-
-    Nothing is connected until the first call, so a model may be created before its server is
-    up. Safe to share between threads; :meth:`batch` runs up to ``max_in_flight`` requests at
-    once on the model's own threads.
+    Arguments: see :class:`builder.client.lifecycle.RemoteModelBase`. Nothing is connected
+    until the first call, so a model may be created before its server is up. Safe to share
+    between threads; :meth:`batch` runs up to ``max_in_flight`` requests at once on the
+    model's own threads.
     """
 
-    def __init__(
-        self,
-        url: str,
-        endpoint: str | None = None,
-        scheme: str | None = None,
-        *,
-        version: str = "",
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int | RetryPolicy = 5,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    ) -> None:
-        self.endpoint: Endpoint = parse_endpoint(url, endpoint, scheme, version)
-        self.retry_policy = as_policy(retries)
-        self.max_in_flight = max_in_flight
-        self._transport: Transport = open_transport(self.endpoint, timeout)
-        self._spec: ServedModel | None = None
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+    open_transport = staticmethod(open_transport)
+    new_lock = threading.Lock
+    _executor: ThreadPoolExecutor | None = None
 
     @property
     def spec(self) -> ServedModel:
@@ -129,15 +106,6 @@ class TritonRemoteModel:
         if executor is not None:
             executor.shutdown(wait=True)
         self._transport.close()
-
-    def __enter__(self) -> TritonRemoteModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"TritonRemoteModel({self.endpoint.url!r})"
 
     def _pool(self) -> ThreadPoolExecutor:
         # Kept for the model's lifetime: each thread holds its own HTTP connection.

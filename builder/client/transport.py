@@ -48,8 +48,12 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def open_transport(endpoint: Endpoint, timeout: float) -> Transport:
-    """The transport for ``endpoint.scheme``; ``timeout`` bounds each request, in seconds."""
+def open_transport(endpoint: Endpoint, timeout: float, max_in_flight: int = 1) -> Transport:
+    """The transport for ``endpoint.scheme``; ``timeout`` bounds each request, in seconds.
+
+    ``max_in_flight`` needs no pool here: gRPC multiplexes one channel, HTTP has a client per
+    thread.
+    """
     if endpoint.scheme == "grpc":
         return GrpcTransport(endpoint, timeout)
     return HttpTransport(endpoint, timeout)
