@@ -22,11 +22,19 @@ TRITONSERVER_MEMORY_CPU = 0
 
 
 class TritonError:
-    def __init__(self, message: str) -> None:
+    """Codes as python_backend's ``c_python_backend_utils.TritonError`` (r24.10) has them."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = 0, 1, 2, 3, 4, 5
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
         self._message = message
+        self._code = code
 
     def message(self) -> str:
         return self._message
+
+    def code(self) -> int:
+        return self._code
 
 
 class Tensor:

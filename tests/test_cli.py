@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,35 @@ def test_doctor_reports_a_missing_engine_clearly():
     assert result.returncode == 3
     assert "fail docker engine: no Docker engine answers" in result.stderr
     assert "start dockerd" in result.stderr
+
+
+def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
+    """No second dockerd, no 60 s wait: the error names DOCKER_HOST (and took
+    ``elapsed`` seconds, printed for the record, not asserted)."""
+    from builder.engine import running_dockerd
+
+    before = running_dockerd()
+    socket = tmp_path / "nothing-here.sock"
+    started = time.monotonic()
+    result = cli("inspect", "any:1", env={"DOCKER_HOST": f"unix://{socket}"}, check=False)
+    print(f"elapsed {time.monotonic() - started:.2f}s")
+    assert result.returncode == 3
+    assert f"DOCKER_HOST=unix://{socket}" in result.stderr and "does not exist" in result.stderr
+    assert running_dockerd() == before, "a dockerd was started although DOCKER_HOST names one"
+
+
+@pytest.mark.parametrize("options, message", [
+    (["-t", "Not A Name"], "not a valid image reference"),
+    (["-t", "tb-i14/ok:1", "-t", "bad tag!"], "not a valid image reference"),
+    (["-t", "tb-i14/ok:1", "--env", "envs/no-such-spec.txt"],
+     "environment spec envs/no-such-spec.txt does not exist"),
+])
+def test_bad_image_options_are_usage_errors_before_any_step(options, message, docker_client):
+    result = cli("image", PIPELINE, *options, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    for step in ("> base image", "> model repository", "> python environment"):
+        assert step not in result.stderr
 
 
 def test_bad_input_syntax_is_a_usage_error():

@@ -135,14 +135,36 @@ def test_pipeline_errors_and_wrong_inputs(server, scheme):
             kinds("only text")
         with pytest.raises(InputError, match="input 'n' of pipeline 'kinds'"):
             kinds("text", "not an int")
-        with pytest.raises(RemoteModelError, match="ZeroDivisionError"):
+        with pytest.raises(InputError, match="input 'text' of pipeline 'kinds'.*UTF-8"):
+            kinds("lone \ud800 surrogate", 1)
+        with pytest.raises(RemoteModelError, match="ZeroDivisionError") as failed:
             kinds("fails for n == 0", 0)
+        assert failed.value.status in ("StatusCode.INTERNAL", "500")
         results = kinds.batch([("a b", 1), ("c", 0), ("d e f", 2)], return_exceptions=True)
         assert isinstance(results[1], RemoteModelError)
         assert results[0][1] == 2 and results[2][1] == 1
     with Client(url(server, scheme, "text_encoder")) as not_a_pipeline:
         with pytest.raises(NotAPipelineError, match="TritonRemoteModel"):
             not_a_pipeline("hello")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_invalid_utf8_text_is_the_clients_fault(server, scheme):
+    """Bytes that are not UTF-8 in a str input: INVALID_ARGUMENT / 400, not a server fault."""
+    module = grpcclient if scheme == "grpc" else httpclient
+    address = server.grpc_url if scheme == "grpc" else server.http_url
+    text = np.array([[b"caf\xe9 \xff"]], dtype=object)
+    n = np.array([[1]], dtype=np.int64)
+    with module.InferenceServerClient(address) as client:
+        inputs = [module.InferInput("text", [1, 1], "BYTES"),
+                  module.InferInput("n", [1, 1], "INT64")]
+        inputs[0].set_data_from_numpy(text)
+        inputs[1].set_data_from_numpy(n)
+        with pytest.raises(Exception) as refused:
+            client.infer("kinds", inputs)
+    assert refused.value.status() == ("StatusCode.INVALID_ARGUMENT" if scheme == "grpc" else "400")
+    assert "input 'text'" in refused.value.message() and "not UTF-8" in refused.value.message()
 
 
 @pytest.mark.slow

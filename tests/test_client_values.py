@@ -93,6 +93,7 @@ def test_one_sample_gets_a_batch_dimension_and_is_converted():
     (([1, 2, 3, 4],), {"IDS": [1.5]}, "'IDS' .* expects integers .*got floats"),
     (([1, 2, 3, 4],), {"IDS": [2**40]}, "'IDS' .* expects INT32 in"),
     (([1, 2, 3, 4],), {"TEXT": [3]}, "'TEXT' .* expects str or bytes"),
+    (([1, 2, 3, 4],), {"TEXT": ["\ud800"]}, "'TEXT' .*'\\\\ud800' cannot be sent as UTF-8"),
     ((np.ones((9, 4)),), {}, "batch of 9, the model takes 1 to 8"),
     ((np.ones((2, 4)),), {"IDS": [7]}, "one sample or every input as a batch"),
     ((np.ones((2, 4)),), {"IDS": [[7], [8], [9]]}, "different batch sizes"),

@@ -126,7 +126,14 @@ def test_a_bad_request_gets_an_error_response(served):
     _, model = served
     responses = model.execute([pb.Request({}), _request([1, 2, 3, 4])])
     assert responses[0].error().message() == "bad request: input 'v' is missing"
+    assert responses[0].error().code() == pb.TritonError.INVALID_ARG
     assert not responses[1].has_error()
+
+
+def test_a_failing_operator_is_a_server_error_not_a_bad_request(served):
+    _, model = served
+    (response,) = model.execute([_request([13, 0, 0, 0])])
+    assert response.error().code() == pb.TritonError.INTERNAL
 
 
 def test_ragged_outputs_of_different_lengths_need_separate_requests(served):

@@ -132,3 +132,13 @@ def test_uninferable_values_are_explained(value, message):
     with pytest.raises(SignatureError, match=message) as error:
         infer_spec(value, "col")
     assert "column 'col'" in str(error.value)
+
+
+def test_text_that_is_not_utf8_is_refused_naming_the_problem():
+    from builder.pipeline.signature import TensorSpec
+
+    spec = TensorSpec("TYPE_STRING", (), "scalar", "str")
+    with pytest.raises(SignatureError, match="cannot be sent as UTF-8 text"):
+        spec.encode_batch(["lone \ud800"])
+    with pytest.raises(SignatureError, match="is not UTF-8 text .* at byte 3"):
+        spec.decode_batch(np.array([[b"caf\xe9"]], dtype=object))

@@ -115,7 +115,11 @@ def _to_bytes_array(value: Any, where: str) -> np.ndarray:
     flat = array.reshape(-1)
     for i, item in enumerate(flat):
         if isinstance(item, str):
-            flat[i] = item.encode("utf-8")
+            try:
+                flat[i] = item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise InputError(f"{where}: {item[:40]!r} cannot be sent as UTF-8 text "
+                                 f"({error.reason} at position {error.start})") from None
         elif isinstance(item, (bytes, np.bytes_)):
             flat[i] = bytes(item)
         else:

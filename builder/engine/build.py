@@ -62,12 +62,34 @@ def build_image(
     untagged (known by its ID), for callers that tag only after checking it.
     """
     tags = list(tags)
-    step, step_output, log = "", [], []
+    log: list[str] = []
+    made: list[str] = []
+    try:
+        stream = client.api.build(
+            path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
+            network_mode=network_mode, nocache=nocache, rm=True, forcerm=True, decode=True,
+        )
+        image_id = _follow(stream, made, log, on_log)
+    except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
+        remove_images(client, reversed(made))
+        raise
+    image = client.images.get(image_id)
+    for tag in tags:
+        reference = ImageReference.parse(tag)
+        image.tag(reference.repository, reference.tag)
+    return BuiltImage(id=image.id, tags=tags, built=True, log=log)
+
+
+_LAYER = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+def _follow(stream: Iterable[dict], made: list[str], log: list[str],
+            on_log: Callable[[str], None] | None) -> str:
+    """Read the build stream; collect in ``made`` the images this build created (not those
+    taken from the layer cache, not the FROM image), so an interrupted build can remove them."""
+    step, step_output = "", []
     image_id = None
-    stream = client.api.build(
-        path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
-        network_mode=network_mode, nocache=nocache, rm=True, forcerm=True, decode=True,
-    )
+    cached = False
     for chunk in stream:
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
@@ -80,19 +102,29 @@ def build_image(
             continue
         log.append(text)
         if _STEP.match(text):
-            step, step_output = text.strip(), []
+            step, step_output, cached = text.strip(), [], False
         else:
             step_output.append(text)
+            cached = cached or text.strip() == "---> Using cache"
+            layer = _LAYER.match(text.rstrip("\n"))
+            if layer and not cached and " : FROM " not in step:
+                made.append(layer.group(1))
         if on_log:
             on_log(text.rstrip("\n"))
     if image_id is None:
         raise ImageBuildError("docker build ended without an image id", step,
                               "".join(step_output[-200:]))
-    image = client.images.get(image_id)
-    for tag in tags:
-        reference = ImageReference.parse(tag)
-        image.tag(reference.repository, reference.tag)
-    return BuiltImage(id=image.id, tags=tags, built=True, log=log)
+    return image_id
+
+
+def remove_images(client: docker.DockerClient, image_ids: Iterable[str]) -> None:
+    """Remove untagged images (children first); what is tagged or in use stays."""
+    for image_id in image_ids:
+        try:
+            if not client.images.get(image_id).tags:
+                client.images.remove(image_id, noprune=True)
+        except docker.errors.APIError:
+            pass
 
 
 def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> BuiltImage | None:

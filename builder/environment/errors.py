@@ -15,8 +15,9 @@ class EnvironmentBuildError(TritonBuilderError, RuntimeError):
     """The model environment could not be made or would not work in the target image."""
 
 
-class SpecError(EnvironmentBuildError):
-    """A spec file or an operator's requirements cannot be read or merged."""
+class SpecError(EnvironmentBuildError, ValueError):
+    """A spec file or an operator's requirements cannot be read or merged: bad input (a
+    ``ValueError`` too, so the command line exits 2)."""
 
 
 class TargetError(EnvironmentBuildError):

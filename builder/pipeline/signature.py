@@ -383,7 +383,12 @@ def _check_pytype(value: Any, pytype: str, spec: TensorSpec) -> None:
 
 def _to_wire(value: Any, pytype: str) -> Any:
     if pytype == "str":
-        return str(value).encode("utf-8")
+        try:
+            return str(value).encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise SignatureError(
+                f"{str(value)[:40]!r} cannot be sent as UTF-8 text ({error.reason} at "
+                f"position {error.start})") from None
     if pytype == "bytes":
         return bytes(value)
     return value
@@ -391,7 +396,12 @@ def _to_wire(value: Any, pytype: str) -> Any:
 
 def _from_wire(value: Any, pytype: str) -> Any:
     if pytype == "str":
-        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        try:
+            return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        except UnicodeDecodeError as error:
+            raise SignatureError(
+                f"{value[:40]!r} is not UTF-8 text ({error.reason} at byte {error.start})"
+            ) from None
     if pytype == "bytes":
         return value if isinstance(value, bytes) else str(value).encode("utf-8")
     if pytype == "int":

@@ -98,8 +98,14 @@ class TritonApi:
             self.pb.Tensor(name, np.ascontiguousarray(array)) for name, array in outputs.items()
         ])
 
-    def error_response(self, message: str) -> Any:
-        return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
+    def error_response(self, message: str, *, bad_request: bool = False) -> Any:
+        """An error response; ``bad_request`` makes it the client's fault (gRPC
+        ``INVALID_ARGUMENT``, HTTP 400) instead of the server's (``INTERNAL``, 500)."""
+        error = self.pb.TritonError
+        if bad_request:
+            return self.pb.InferenceResponse(output_tensors=[],
+                                             error=error(message, error.INVALID_ARG))
+        return self.pb.InferenceResponse(output_tensors=[], error=error(message))
 
     def log_warning(self, message: str) -> None:
         logger = getattr(self.pb, "Logger", None)
@@ -223,7 +229,10 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list
         array = api.input_array(request, name)
         if array is None:
             raise ValueError(f"input {name!r} is missing")
-        values = spec.decode_batch(array)
+        try:
+            values = spec.decode_batch(array)
+        except Exception as error:  # noqa: BLE001 - a value the signature cannot read
+            raise ValueError(f"input {name!r}: {error}") from None
         if size is not None and len(values) != size:
             raise ValueError(f"input {name!r} has batch size {len(values)}, others {size}")
         size = len(values)
@@ -241,7 +250,7 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:
         try:
             values = decode_request(api, request, signature.inputs)
         except Exception as error:  # noqa: BLE001 - this request's error response
-            responses[index] = api.error_response(f"bad request: {error}")
+            responses[index] = api.error_response(f"bad request: {error}", bad_request=True)
             continue
         spans.append((index, len(calls), len(values)))
         calls.extend(values)
