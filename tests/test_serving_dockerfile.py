@@ -57,18 +57,20 @@ def _instructions(text: str) -> list[str]:
 def test_layers_go_from_stable_to_volatile(cuda):
     lines = _instructions(render_serving_dockerfile(resolve(cuda)))
     copies = [line for line in lines if line.startswith("COPY")]
-    assert copies == ["COPY environment/ /", "COPY weights/ /models/", "COPY models/ /models/"]
+    assert copies == ["COPY environment/ /", "COPY weights/ /models/",
+                      "COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
     assert lines[0].startswith("FROM ")
     assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
     assert "EXPOSE 8000 8001 8002" in lines
-    assert any(line.startswith("HEALTHCHECK") and "/v2/health/ready" in line for line in lines)
+    assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
+               for line in lines)
     assert 'CMD ["tritonserver", "--model-repository=/models"]' in lines
 
 
 def test_the_healthcheck_follows_a_moved_http_port():
     text = render_serving_dockerfile(resolve(None),
                                      options=ServingOptions(server_args=("--http-port=9000",)))
-    assert "127.0.0.1:9000/v2/health/ready" in text
+    assert '"/opt/triton-builder/health.py", "--http-port=9000"]' in text
 
 
 def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
@@ -79,7 +81,7 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 def test_absent_layers_are_left_out():
     text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY models/ /models/"]
+    assert copies == ["COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
 
 
 HOSTILE = [

@@ -50,7 +50,9 @@ from builder.image.labels import (
     serving_labels,
 )
 from builder.image.serving_dockerfile import (
+    HEALTH_SCRIPT_CONTEXT,
     ServingOptions,
+    health_script_source,
     render_serving_dockerfile,
     templates_source,
 )
@@ -125,7 +127,7 @@ def build_serving_image(
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
                                                 payload_image="payload"),
-        plan.digest("code"), hashed(image_labels))
+        plan.digest("code"), health_script_source(), hashed(image_labels))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
@@ -142,6 +144,7 @@ def build_serving_image(
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
         context = plan.write(Path(workdir), ["code"])
         (context / "models").mkdir(exist_ok=True)
+        (context / HEALTH_SCRIPT_CONTEXT).write_text(health_script_source())
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)
     return ServingImage(id=built.id, release=release, content_hash=digest, labels=image_labels,

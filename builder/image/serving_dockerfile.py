@@ -10,6 +10,7 @@ The build context the templates expect (written by :mod:`builder.image.context`)
 
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
+    health.py                     the health check (builder/runtime/health.py)
     models/<model>/...            configs and code, merged into the model repository last
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from builder.base.releases import Release
@@ -26,6 +28,10 @@ from builder.engine.dockerfile import DockerfileError, render, template_source
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+HEALTH_SCRIPT = "/opt/triton-builder/health.py"
+HEALTH_RUNTIME = Path(__file__).parents[1] / "runtime" / "health.py"
+HEALTH_SCRIPT_CONTEXT = "health.py"
+"""Where the build context holds :mod:`builder.runtime.health` (copied to :data:`HEALTH_SCRIPT`)."""
 
 Stage = Literal["full", "payload", "serving"]
 
@@ -86,12 +92,16 @@ def templates_source(release: Release) -> str:
     return template_source(PARENT_TEMPLATE) + template_source(child_template(release))
 
 
-def healthcheck_command(http_port: int = HTTP_PORT) -> list[str]:
-    """``python3`` is in every Triton base (the python backend needs it); curl is not."""
-    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
-    code = ("import sys, urllib.request; "
-            f"sys.exit(0 if urllib.request.urlopen('{url}', timeout=4).status == 200 else 1)")
-    return ["python3", "-c", code]
+def healthcheck_command(http_port: int = HTTP_PORT, *, live: bool = False) -> list[str]:
+    """The container's health check (:mod:`builder.runtime.health`): ready, and no dead python
+    backend stub; ``live`` for a liveness probe. ``python3`` is in every Triton base (the python
+    backend needs it); curl is not."""
+    return ["python3", HEALTH_SCRIPT, f"--http-port={http_port}", *(["--live"] if live else [])]
+
+
+def health_script_source() -> str:
+    """The text of the health check script that every serving image carries."""
+    return HEALTH_RUNTIME.read_text()
 
 
 def render_serving_dockerfile(
@@ -130,6 +140,8 @@ def render_serving_dockerfile(
         has_environment=has_environment,
         has_weights=has_weights,
         healthcheck=healthcheck_command(options.http_port),
+        health_script=HEALTH_SCRIPT,
+        health_script_context=HEALTH_SCRIPT_CONTEXT,
         command=options.command,
         labels=dict(labels or {}),
     )

@@ -48,18 +48,20 @@ class ServingContainer:
     """Run ``image``; ``with ServingContainer(client, image) as endpoint: ...`` removes it after.
 
     ``host_ports`` maps (http, grpc, metrics) to fixed host ports; by default each is a free
-    port on 127.0.0.1, so parallel runs never collide.
+    port on 127.0.0.1, so parallel runs never collide. ``healthcheck`` overrides the image's
+    (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...).
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
                  shm_size: str = DEFAULT_SHM_SIZE, host_ports: tuple[int, int, int] | None = None,
                  bind: str = "127.0.0.1", name: str | None = None,
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None,
+                 healthcheck: dict | None = None) -> None:
         self.client = client
         self.image = image
         self.gpus = gpus_available(client) if gpus is None else gpus
         self._options = dict(
-            shm_size=shm_size, name=name, labels=labels or {},
+            shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
             device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
                              if self.gpus else None),
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)

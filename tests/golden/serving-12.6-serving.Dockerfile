@@ -4,5 +4,8 @@
 
 FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 
-# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+# 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
+COPY health.py /opt/triton-builder/health.py
+
+# 4. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
 COPY models/ /models/

@@ -13,8 +13,11 @@ COPY environment/ /
 COPY weights/ /models/
 
 EXPOSE 8000 8001 8002
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
 CMD ["tritonserver", "--model-repository=/models"]
 
-# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+# 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
+COPY health.py /opt/triton-builder/health.py
+
+# 4. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
 COPY models/ /models/

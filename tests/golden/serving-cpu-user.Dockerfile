@@ -11,9 +11,12 @@ COPY environment/ /
 COPY weights/ /models/
 
 EXPOSE 8000 8001 8002
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9000/v2/health/ready', timeout=4).status == 200 else 1)"]
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=9000"]
 USER triton
 CMD ["tritonserver", "--model-repository=/models", "--log-verbose=1", "--http-port=9000"]
 
-# 3. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+# 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
+COPY health.py /opt/triton-builder/health.py
+
+# 4. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
 COPY models/ /models/
