@@ -63,7 +63,7 @@ def test_doctor_reports_a_missing_engine_clearly():
 def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
     """No second dockerd, no 60 s wait: the error names DOCKER_HOST (and took
     ``elapsed`` seconds, printed for the record, not asserted)."""
-    from builder.engine import running_dockerd
+    from builder.engine.daemon import running_dockerd
 
     before = running_dockerd()
     socket = tmp_path / "nothing-here.sock"
@@ -79,7 +79,7 @@ def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
     (["-t", "Not A Name"], "not a valid image reference"),
     (["-t", "tb-i14/ok:1", "-t", "bad tag!"], "not a valid image reference"),
     (["-t", "tb-i14/ok:1", "--env", "envs/no-such-spec.txt"],
-     "environment spec envs/no-such-spec.txt does not exist"),
+     "'envs/no-such-spec.txt' does not exist"),
 ])
 def test_bad_image_options_are_usage_errors_before_any_step(options, message, docker_client):
     result = cli("image", PIPELINE, *options, check=False)
