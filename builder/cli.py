@@ -110,16 +110,20 @@ def build(
     format_priority: list[str] = typer.Option(["onnx"], "--format",
                                               help="Export formats, in order (repeatable)."),
     parallelism: int = typer.Option(1, help="Instances of the pipeline model."),
+    cuda: str = typer.Option(None, help="Place models for this CUDA version's release (GPU "
+                                        "instances), or 'cpu' (CPU instances)."),
 ) -> None:
     """Write the Triton model repository of a pipeline.
 
     Example: triton-builder build pipelines/text_embedding.py:pipeline --model-root models
     """
+    from builder.image.releases import resolve
     from builder.repository.writer import build_pipeline_model
 
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
+    target = _run("choosing the release", lambda: resolve(cuda)) if cuda else None
     result = _run("building the repository", lambda: build_pipeline_model(
-        pipe, model_root, format_priority, parallelism))
+        pipe, model_root, format_priority, parallelism, target=target))
     console.print(result.report(), markup=False)
     print(result.model_root)
 

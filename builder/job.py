@@ -116,7 +116,7 @@ def build_docker_image(
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
-                                         parallelism, **pipeline_options)
+                                         parallelism, target=release, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
             target = image_target(client, base.id)

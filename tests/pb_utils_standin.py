@@ -7,15 +7,19 @@ memory, which must go through dlpack; a BLS response carries an error instead of
 requests run the models of the repository under test in process (the exported ONNX files
 through onnxruntime), so a unit test checks the runtime against the models it really calls.
 The end-to-end tests run the real server.
+
+:class:`GpuStandIn` STANDS IN FOR A GPU (none exists here, and torch is a CPU build): it makes
+torch report a CUDA device and records every move of a module or tensor to and from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 import torch.utils.dlpack
 
 TRITONSERVER_MEMORY_CPU = 0
@@ -81,13 +85,16 @@ class InferenceResponse:
 
 @dataclass
 class Request:
-    """What Triton hands ``execute``: named input tensors."""
+    """What Triton hands ``execute``: named input tensors (in "GPU" memory if ``on_gpu``)."""
 
     inputs: dict[str, np.ndarray]
+    on_gpu: bool = False
 
 
 def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
-    return Tensor(name, request.inputs[name]) if name in request.inputs else None
+    if name not in request.inputs:
+        return None
+    return Tensor(name, request.inputs[name], on_gpu=request.on_gpu)
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
@@ -119,10 +126,12 @@ class Models:
     registry: dict[str, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] = {}
     calls: list[BlsCall] = []
     outputs_on_gpu = False
+    preferred_memory: list[PreferredMemory | None] = []
 
     @classmethod
     def reset(cls) -> None:
         cls.registry, cls.calls, cls.outputs_on_gpu = {}, [], False
+        cls.preferred_memory = []
 
 
 class InferenceRequest:
@@ -131,6 +140,7 @@ class InferenceRequest:
         self.model_name = model_name
         self.requested_output_names = requested_output_names
         self.inputs = {t.name(): t.as_numpy() for t in inputs}
+        Models.preferred_memory.append(preferred_memory)
 
     def exec(self) -> InferenceResponse:
         Models.calls.append(BlsCall(self.model_name, len(next(iter(self.inputs.values())))))
@@ -146,3 +156,71 @@ class InferenceRequest:
             Tensor(name, outputs[name], on_gpu=Models.outputs_on_gpu)
             for name in self.requested_output_names
         ])
+
+
+@dataclass
+class GpuStandIn:
+    """STANDS IN FOR A GPU: ``torch.cuda`` reports ``devices`` GPUs, and moving a tensor to
+    ``cuda:N`` gives a copy marked as living there (``standin_device``).
+
+    As with a real GPU, a marked tensor cannot become a NumPy array (``numpy()`` raises what
+    torch raises for a CUDA tensor) until it is moved back with ``cpu()`` / ``to("cpu")``;
+    ``moves`` records every move, ``("module"|"tensor", device)``. Install it with
+    :meth:`install` on pytest's ``monkeypatch``. A module under test marks its outputs with its
+    inputs' device, as a computation on a GPU leaves its results there.
+    """
+
+    devices: int = 1
+    moves: list[tuple[str, str]] = field(default_factory=list)
+
+    def install(self, monkeypatch: Any) -> GpuStandIn:
+        real_to, real_cpu, real_numpy = torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.numpy
+        real_module_to = torch.nn.Module.to
+        stand_in = self
+
+        def device_of(args: tuple, kwargs: dict) -> torch.device | None:
+            for value in (*args, kwargs.get("device")):
+                if isinstance(value, (str, torch.device)):
+                    return torch.device(value)
+            return None
+
+        def tensor_to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            device = device_of(args, kwargs)
+            if device is not None and device.type == "cuda":
+                if (device.index or 0) >= stand_in.devices:
+                    raise RuntimeError(f"CUDA error: invalid device ordinal ({device})")
+                moved = tensor.clone()
+                moved.standin_device = str(device)
+                stand_in.moves.append(("tensor", str(device)))
+                return moved
+            if device is not None and getattr(tensor, "standin_device", None):
+                return tensor_cpu(tensor)
+            return real_to(tensor, *args, **kwargs)
+
+        def tensor_cpu(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if getattr(tensor, "standin_device", None):
+                stand_in.moves.append(("tensor", "cpu"))
+                return tensor.clone()  # a clone carries no mark: host memory
+            return real_cpu(tensor, *args, **kwargs)
+
+        def tensor_numpy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> np.ndarray:
+            if getattr(tensor, "standin_device", None):
+                raise TypeError(f"can't convert {tensor.standin_device} device type tensor to "
+                                f"numpy. Use Tensor.cpu() to copy the tensor to host memory first.")
+            return real_numpy(tensor, *args, **kwargs)
+
+        def module_to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+            device = device_of(args, kwargs)
+            if device is not None and device.type == "cuda":
+                stand_in.moves.append(("module", str(device)))
+                module.standin_device = str(device)
+                return module
+            return real_module_to(module, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", tensor_to)
+        monkeypatch.setattr(torch.Tensor, "cpu", tensor_cpu)
+        monkeypatch.setattr(torch.Tensor, "numpy", tensor_numpy)
+        monkeypatch.setattr(torch.nn.Module, "to", module_to)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.devices)
+        return self

@@ -70,7 +70,8 @@ def _args(model_dir) -> dict:
     config = read_config(model_dir)
     return {
         "model_repository": str(model_dir), "model_version": "1",
-        "model_config": json.dumps(json_format.MessageToDict(config)),
+        "model_config": json.dumps(json_format.MessageToDict(  # field names as Triton's
+            config, preserving_proto_field_name=True)),
         "model_instance_kind": "CPU", "model_instance_device_id": "0",
     }
 
@@ -192,3 +193,101 @@ def test_the_python_format_runtime_batches_and_isolates_bad_requests(tmp_path, m
     np.testing.assert_allclose(_outputs(responses[0])["output_0"], expected, atol=1e-6)
     np.testing.assert_allclose(_outputs(responses[2])["output_0"], expected[1:], atol=1e-6)
     assert responses[1].has_error()
+
+
+def test_before_23_04_bls_asks_for_no_memory_and_reads_gpu_outputs_through_dlpack(
+        built, monkeypatch):
+    """Releases before 23.04 have no ``pb_utils.PreferredMemory``: a GPU model's outputs reach
+    the pipeline model in GPU memory. No GPU here: the stand-in marks them as device memory
+    that only dlpack may read (``as_numpy`` raises, as Triton's does)."""
+    pipeline, root = built
+    pb.Models.reset()
+    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
+    pb.Models.registry["affine"] = lambda inputs: dict(
+        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    monkeypatch.delattr(pb, "PreferredMemory")
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    model = pipeline_model.TritonPythonModel()
+    model.initialize(_args(root / "pipeline"))
+    pb.Models.outputs_on_gpu = True
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+    assert pb.Models.preferred_memory == [None]
+
+
+def test_from_23_04_bls_asks_for_host_memory(served):
+    _, model = served
+    model.execute([_request([1, 2, 3, 4])])
+    (asked,) = pb.Models.preferred_memory
+    assert (asked.kind, asked.device) == (pb.TRITONSERVER_MEMORY_CPU, 0)
+
+
+def test_gpu_outputs_without_torch_in_the_environment_are_a_clear_error(monkeypatch):
+    import sys
+
+    api = pipeline_model.TritonApi(pb)
+    monkeypatch.setitem(sys.modules, "torch.utils.dlpack", None)
+    with pytest.raises(pipeline_model.BlsError, match="GPU memory and torch.*not installed"):
+        api.to_numpy(pb.Tensor("y", np.ones(2), on_gpu=True))
+
+
+class DeviceChecked(torch.nn.Module):
+    """Fails unless its inputs are on the device it was moved to; leaves results there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        where = getattr(self, "standin_device", None)
+        if getattr(x, "standin_device", None) != where:
+            raise RuntimeError(f"input on {getattr(x, 'standin_device', 'cpu')}, module on "
+                               f"{where or 'cpu'}")
+        y = self.linear(x)
+        if where:
+            y.standin_device = where
+        return y
+
+
+def _python_format_gpu_model(tmp_path, monkeypatch, device_id: str):
+    from builder import ModelOp
+    from builder.image.releases import resolve
+
+    torch.manual_seed(0)
+    op = ModelOp(DeviceChecked(), torch.zeros(1, 4), name="checked",
+                 op_config={"format_priority": ["python"]})
+    pipeline = pipe.input("v").map("v", "y", op).output("y").with_example(
+        np.ones((1, 4), np.float32))
+    build_pipeline_model(pipeline, tmp_path / "models", target=resolve("12.4"))
+    (group,) = read_config(tmp_path / "models" / "checked").instance_group
+    assert group.kind == group.KIND_GPU
+    monkeypatch.setattr(torch_model, "pb_utils", pb)
+    args = {**_args(tmp_path / "models" / "checked"), "model_instance_kind": "GPU",
+            "model_instance_device_id": device_id}
+    return op, args
+
+
+def test_a_python_format_model_on_a_gpu_instance_runs_there_and_answers_in_host_memory(
+        tmp_path, monkeypatch):
+    """No GPU here: :class:`tests.pb_utils_standin.GpuStandIn` stands in for two GPUs."""
+    op, args = _python_format_gpu_model(tmp_path, monkeypatch, device_id="1")
+    gpu = pb.GpuStandIn(devices=2).install(monkeypatch)
+    model = torch_model.TritonPythonModel()
+    model.initialize(args)
+    assert gpu.moves == [("module", "cuda:1")]
+    host, device = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((1, 4), np.float32)
+    responses = model.execute([pb.Request({"x": host}),
+                               pb.Request({"x": device}, on_gpu=True)])  # read via dlpack
+    with torch.no_grad():
+        expected = op.module.linear(torch.from_numpy(np.concatenate([host, device]))).numpy()
+    np.testing.assert_allclose(_outputs(responses[0])["output_0"], expected[:2], atol=1e-6)
+    np.testing.assert_allclose(_outputs(responses[1])["output_0"], expected[2:], atol=1e-6)
+    # one batch: its input moved to the instance's GPU once, its result back to the host once
+    assert gpu.moves[1:] == [("tensor", "cuda:1"), ("tensor", "cpu")]
+
+
+def test_a_gpu_instance_whose_torch_has_no_cuda_fails_to_load(tmp_path, monkeypatch):
+    """torch here is a CPU build: exactly what a CPU wheel in a GPU image would be."""
+    _, args = _python_format_gpu_model(tmp_path, monkeypatch, device_id="0")
+    with pytest.raises(RuntimeError, match=r"KIND_GPU on cuda:0.*sees no CUDA device"):
+        torch_model.TritonPythonModel().initialize(args)

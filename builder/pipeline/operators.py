@@ -35,8 +35,8 @@ import numpy as np
 from builder.errors import PipelineError
 from builder.pipeline.user_code import is_installed
 
-OP_CONFIG_KEYS = ("device_ids", "dynamic_batching", "format_priority", "instance_count",
-                  "max_batch_size")
+OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
+                  "instance_count", "max_batch_size")
 """What ``op_config`` may set for a model operator's Triton model (see
 :mod:`builder.repository.model_config`).
 
@@ -45,6 +45,8 @@ pickled in an order that changes from one process to the next (string hashes are
 would make the bytes — and the image — differ for an unchanged pipeline."""
 
 DYNAMIC_BATCHING_KEYS = ("max_queue_delay_microseconds", "preferred_batch_size")
+DEVICES = ("cpu", "gpu")
+"""``op_config["device"]``: where the model's instances run (default: the target's GPUs, if any)."""
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -78,7 +80,8 @@ class ModelOp:
     ``example_inputs`` (a tensor or a tuple of tensors, leading dimension = batch) drive export
     and its numerical check and fix the dtypes and dims of the model's inputs; ``dynamic_axes``
     names further varying axes (``{"tokens": [1]}``); the batch axis always varies.
-    ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device_ids``,
+    ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
+    (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
     ``max_batch_size`` and ``format_priority``.
 
@@ -259,6 +262,13 @@ def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
         or not all(isinstance(d, int) and d >= 0 for d in config["device_ids"])
     ):
         fail("device_ids", "a list of GPU indices")
+    if "device" in config and config["device"] not in DEVICES:
+        fail("device", f"one of {list(DEVICES)}")
+    if config.get("device") == "cpu" and config.get("device_ids"):
+        raise PipelineError(
+            f"operator {owner!r}: op_config pins GPUs {list(config['device_ids'])} and asks for "
+            f"device 'cpu': drop one of them"
+        )
     if "format_priority" in config:
         if isinstance(config["format_priority"], str) or not config["format_priority"]:
             fail("format_priority", "a non-empty list of formats")

@@ -38,7 +38,9 @@ class ModelConfigSpec:
     ``dynamic_batching`` is ``None`` (off) or a mapping with ``preferred_batch_size`` and
     ``max_queue_delay_microseconds`` (an empty mapping turns it on with Triton's defaults).
     ``device_ids`` non-empty makes the instances ``KIND_GPU`` on those GPUs (``instance_count``
-    instances on each); otherwise they are ``KIND_CPU``.
+    instances on each); ``gpu`` without ``device_ids`` makes one ``KIND_GPU`` group that names no
+    GPU, which Triton places on every GPU it sees (``instance_count`` on each); otherwise they
+    are ``KIND_CPU``.
     """
 
     name: str
@@ -49,6 +51,7 @@ class ModelConfigSpec:
     platform: str | None = None
     instance_count: int = 1
     device_ids: Sequence[int] = ()
+    gpu: bool = False
     dynamic_batching: Mapping[str, Any] | None = field(default_factory=dict)
     parameters: Mapping[str, str] = field(default_factory=dict)
 
@@ -67,7 +70,7 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
             target.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype),
                        dims=list(tensor.dims))
     group = config.instance_group.add(count=spec.instance_count)
-    if spec.device_ids:
+    if spec.device_ids or spec.gpu:
         group.kind = mc.ModelInstanceGroup.KIND_GPU
         group.gpus.extend(spec.device_ids)
     else:

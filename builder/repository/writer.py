@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.errors import BuildError, PipelineError
 from builder.pipeline.dsl import PipeBuilder, Pipeline
@@ -38,6 +38,9 @@ from builder.repository.model_config import (
     build_config,
     write_config,
 )
+
+if TYPE_CHECKING:
+    from builder.image.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
 SERVERS = ("triton",)
@@ -93,14 +96,19 @@ def build_pipeline_model(
     max_batch_size: int = 64,
     dynamic_batching: Mapping[str, Any] | None = None,
     tolerance: float = 1e-4,
+    target: Release | None = None,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
     ``parallelism`` is the pipeline model's instance count; ``format_priority`` the export
     formats tried for model operators (an operator's ``op_config`` may override it);
     ``op_defaults`` is an ``op_config`` applied to every model operator; ``max_batch_size`` and
-    ``dynamic_batching`` configure the pipeline model. Raises a :class:`PipelineError` subclass,
-    before anything is written, for a bad pipeline or option.
+    ``dynamic_batching`` configure the pipeline model. ``target`` (a
+    :class:`~builder.image.releases.Release`) places the model operators: on a GPU release they
+    get ``KIND_GPU`` instances unless their ``op_config`` says ``"device": "cpu"``, on the CPU
+    base ``KIND_CPU``; without a target only ``device_ids`` or ``"device": "gpu"`` make them GPU
+    models. The pipeline model always runs on the CPU. Raises a :class:`PipelineError`
+    subclass, before anything is written, for a bad pipeline or option.
     """
     if server not in SERVERS:
         raise BuildError(f"server {server!r} is not supported; supported: {list(SERVERS)}")
@@ -122,6 +130,7 @@ def build_pipeline_model(
     signature = pipe.signature()
     model_ops = pipe.model_ops()
     plans = {op.name: _model_plan(op, defaults, format_priority) for op in model_ops}
+    placements = {name: placement(config, target, name) for name, (_, config) in plans.items()}
     if name in plans:
         raise BuildError(
             f"model operator {name!r} has the same name as the pipeline model; rename one"
@@ -147,7 +156,8 @@ def build_pipeline_model(
                 backend=exported.backend,
                 platform=exported.platform,
                 instance_count=config["instance_count"],
-                device_ids=config.get("device_ids", ()),
+                gpu=placements[op.name][0],
+                device_ids=placements[op.name][1],
                 dynamic_batching=config["dynamic_batching"],
             )), staging / op.name)
             targets[op.name] = BlsTarget(
@@ -177,6 +187,31 @@ def _model_plan(op: ModelOp, defaults: dict[str, Any],
     formats = check_formats(config.pop("format_priority", format_priority),
                             f"model operator {op.name!r}")
     return formats, config
+
+
+def placement(config: Mapping[str, Any], target: Release | None,
+              owner: str) -> tuple[bool, tuple[int, ...]]:
+    """Where a model operator's instances run: (GPU?, pinned GPU ids) from ``op_config``.
+
+    A GPU release puts every model on the GPUs (what the image is for) unless the operator asks
+    for ``"device": "cpu"``; the CPU base has no GPU, so asking for one there is an error rather
+    than a model that never loads.
+    """
+    device = config.get("device")
+    device_ids = tuple(config.get("device_ids", ()))
+    if device == "cpu":
+        return False, ()
+    if target is not None and not target.gpu:
+        if device == "gpu" or device_ids:
+            asked = f"GPUs {list(device_ids)}" if device_ids else "device 'gpu'"
+            raise BuildError(
+                f"model operator {owner!r} asks for {asked}, but {target.describe()} has no "
+                f"GPU: build with cuda= a CUDA version, or drop the GPU request from its op_config"
+            )
+        return False, ()
+    if device_ids:
+        return True, device_ids
+    return device == "gpu" or (target is not None and target.gpu), ()
 
 
 def _tensors(specs: Mapping[str, Any]) -> list[TensorConfig]:

@@ -4,7 +4,10 @@ Copied into ``<model>/1/model.py`` beside ``module.pickle`` (the module, pickled
 cloudpickle). It is the fallback for modules that ONNX and TorchScript cannot express. Like the
 framework backends it batches: the requests of one ``execute`` call are concatenated along the
 batch axis when their other dimensions agree, and run as one forward pass. On a ``KIND_GPU``
-instance the module runs on that GPU; tensors cross into and out of Triton through dlpack.
+instance the module and each batch's inputs move to that instance's GPU (inputs Triton hands
+over in GPU memory are read through dlpack), and the results come back to host memory before
+they are answered: the pipeline model that called runs on the CPU, and before 23.04 BLS had no
+way to ask for host memory, so a GPU tensor here would reach it as one only dlpack can read.
 
 It imports nothing from ``builder``: the serving environment need not have it installed.
 """
@@ -30,7 +33,6 @@ class TritonPythonModel:
     """Load the module once per instance; run each dynamic batch as one forward pass."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        import torch
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
@@ -40,10 +42,7 @@ class TritonPythonModel:
         directory = Path(args["model_repository"]) / args["model_version"]
         with open(directory / MODULE_FILE, "rb") as file:
             module = pickle.load(file)
-        if args.get("model_instance_kind") == "GPU":
-            self._device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
-        else:
-            self._device = torch.device("cpu")
+        self._device = instance_device(args)
         self._module = module.to(self._device).eval()
 
     def execute(self, requests: list) -> list:
@@ -78,20 +77,18 @@ class TritonPythonModel:
         if tensor is None:
             raise ValueError(f"missing input {name!r}")
         if tensor.is_cpu():
-            value = torch.from_numpy(np.array(tensor.as_numpy()))
-        else:
-            value = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-        return value.to(self._device)
+            return torch.from_numpy(np.array(tensor.as_numpy()))
+        return torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
 
     def _forward(self, feeds: list[list[Any]]) -> list[list[Any]]:
         import torch
 
         sizes = [feed[0].shape[0] for feed in feeds]
-        merged = [torch.cat(parts) for parts in zip(*feeds, strict=True)]
+        merged = [torch.cat(parts).to(self._device) for parts in zip(*feeds, strict=True)]
         with torch.no_grad():
             outputs = self._module(*merged)
         outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-        split = [torch.split(output, sizes) for output in outputs]
+        split = [torch.split(output.cpu(), sizes) for output in outputs]
         return [[parts[i] for parts in split] for i in range(len(feeds))]
 
     def _forward_alone(self, feed: list[Any]) -> Any:
@@ -106,13 +103,28 @@ class TritonPythonModel:
             return pb.InferenceResponse(
                 output_tensors=[], error=pb.TritonError(f"{type(result).__name__}: {result}")
             )
-        tensors = []
-        for name, value in zip(self._outputs, result, strict=True):
-            if value.is_cuda:
-                import torch
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor(name, np.ascontiguousarray(value.numpy()))
+            for name, value in zip(self._outputs, result, strict=True)
+        ])
 
-                tensors.append(pb.Tensor.from_dlpack(
-                    name, torch.utils.dlpack.to_dlpack(value.contiguous())))
-            else:
-                tensors.append(pb.Tensor(name, np.ascontiguousarray(value.numpy())))
-        return pb.InferenceResponse(output_tensors=tensors)
+
+def instance_device(args: dict[str, Any]) -> Any:
+    """The torch device of this model instance: its GPU for ``KIND_GPU``, else the CPU.
+
+    A GPU instance whose environment has a CPU-only torch would fail at the first request with
+    an obscure CUDA error; it fails here instead, saying what to rebuild.
+    """
+    import torch
+
+    if args.get("model_instance_kind") != "GPU":
+        return torch.device("cpu")
+    device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"this instance of {args.get('model_name', 'the model')} is KIND_GPU on {device}, "
+            f"but torch {torch.__version__} in its environment sees no CUDA device (a CPU "
+            f"build, or a CUDA runtime the driver cannot run): rebuild the image for the "
+            f"release's CUDA, or give the operator op_config={{'device': 'cpu'}}"
+        )
+    return device
