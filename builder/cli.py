@@ -117,7 +117,7 @@ def build(
 
     Example: triton-builder build pipelines/text_embedding.py:pipeline --model-root models
     """
-    from builder.image.releases import resolve
+    from builder.base.releases import resolve
     from builder.repository.writer import build_pipeline_model
 
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
@@ -142,6 +142,10 @@ def image(
     verify: bool = typer.Option(True, help="Run the image and compare with the pipeline."),
     push: bool = typer.Option(False, help="Push every tag after the build."),
     user: str = typer.Option(None, help="Run the server as this (non-root) user."),
+    pytorch_index: str = typer.Option(
+        "https://download.pytorch.org/whl",
+        help="PyTorch's wheel indexes (<url>/cu124, <url>/cpu); 'none' to use only the "
+             "package index, choosing torch by each wheel's CUDA runtime."),
 ) -> None:
     """Build (and verify, and push) the serving image of a pipeline.
 
@@ -155,7 +159,8 @@ def image(
     built = _run("building the image", lambda: build_docker_image(
         pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
-        push=push, user=user, client=ensure_engine()))
+        push=push, user=user, client=ensure_engine(),
+        pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index))
     console.print(("built " if built.built else "up to date ") + ", ".join(built.tags))
     for pushed in built.pushed.values():
         console.print(f"pushed {pushed.pinned}")

@@ -35,11 +35,18 @@ from builder.environment import (
     load_spec,
     pack_environment,
 )
+from builder.environment.cuda_packages import (
+    PICKLE_SOURCE,
+    PYTORCH_INDEX,
+    resolve_cuda_packages,
+)
+from builder.environment.spec import merge_specs, requirements_spec
 from builder.errors import BuildError
 from builder.image.build import build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
+from builder.repository.model_config import read_config
 from builder.repository.writer import build_pipeline_model
 from builder.verify.check import Check, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
@@ -82,6 +89,7 @@ def build_docker_image(
     requirements: Iterable[str] = (),
     packer: str | None = None,
     index: PackageIndex | None = None,
+    pytorch_index: str | None = PYTORCH_INDEX,
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
@@ -97,7 +105,11 @@ def build_docker_image(
     (:func:`~builder.base.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
     ``triton_version`` / ``base_image`` override it.
     The environment holds what the pickled pipeline imports (pinned to the versions used here),
-    ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements.
+    ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements;
+    torch is resolved for the release's CUDA (a CPU build for the CPU base) from
+    ``pytorch_index`` (PyTorch's per-CUDA indexes; ``None`` skips it) or, where that cannot be
+    reached, from the package index by each wheel's metadata
+    (:mod:`builder.environment.cuda_packages`).
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
@@ -120,9 +132,16 @@ def build_docker_image(
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
             target = image_target(client, base.id)
-            spec = load_spec(env_specs, [*_pickle_requirements(pipeline_dir), *requirements],
-                             [node.op for node in pipe.nodes])
-            tarball = pack_environment(spec, target, packer=packer, index=index, on_log=on_log)
+            spec = merge_specs(
+                load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
+                requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
+                _dlpack_requirements(release, built.model_root))
+            resolution = resolve_cuda_packages(
+                spec, release, python_version=target.python_version,
+                platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
+                on_log=on_log or stderr_line)
+            tarball = pack_environment(resolution.spec, target, packer=packer,
+                                       index=resolution.index, on_log=on_log)
             attach_environment(built.model_root, tarball, models=[built.pipeline_model])
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
@@ -227,6 +246,27 @@ def _docker_client() -> docker.DockerClient:
     from builder.engine import docker_client
 
     return docker_client()
+
+
+def _dlpack_requirements(release: Release, model_root: Path):
+    """torch, for releases whose BLS hands GPU outputs to the pipeline model in GPU memory.
+
+    Before 23.04 BLS requests cannot ask for host memory (``PreferredMemory``), so the outputs
+    of a ``KIND_GPU`` model reach the pipeline model on the GPU, readable only through dlpack:
+    the pipeline model reads them with torch (:mod:`builder.runtime.pipeline_model`).
+    """
+    gpu_models = [path.parent.name for path in sorted(model_root.glob("*/config.pbtxt"))
+                  if any(group.kind == group.KIND_GPU
+                         for group in read_config(path.parent).instance_group)]
+    needed = release.gpu and _release_key(release.release) < (23, 4) and gpu_models
+    return requirements_spec(
+        ["torch"] if needed else [],
+        f"Triton {release.release} BLS: GPU outputs of {', '.join(gpu_models)} read via dlpack")
+
+
+def _release_key(release: str) -> tuple[int, int]:
+    year, month = release.split(".")
+    return int(year), int(month)
 
 
 def _pickle_requirements(pipeline_dir: Path) -> list[str]:

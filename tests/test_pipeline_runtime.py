@@ -251,7 +251,7 @@ class DeviceChecked(torch.nn.Module):
 
 def _python_format_gpu_model(tmp_path, monkeypatch, device_id: str):
     from builder import ModelOp
-    from builder.image.releases import resolve
+    from builder.base.releases import resolve
 
     torch.manual_seed(0)
     op = ModelOp(DeviceChecked(), torch.zeros(1, 4), name="checked",

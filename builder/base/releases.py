@@ -46,6 +46,10 @@ TOOLKIT_DRIVER = {
 }
 """Minimum Linux driver branch of each CUDA toolkit minor (CUDA Toolkit release notes)."""
 
+MINOR_VERSION_DRIVER = {"11": 450, "12": 525, "13": 580}
+"""Driver branch from which any CUDA runtime of that major runs ("minor version compatibility",
+CUDA Compatibility guide: 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580)."""
+
 # release, Triton, CUDA, Python, Ubuntu, minimum driver, where that driver value comes from,
 # known defect of the release (such releases are skipped unless asked for by version).
 # Triton = 2.(7 + months since 21.02) until 25.06; 25.07 is a patch release (2.59.1), so from
@@ -145,6 +149,26 @@ class Release:
         if not self.gpu:
             return None
         return "7.5" if self.release >= "25.01" else "6.0"
+
+    def cuda_runtime_problem(self, runtime: str) -> str | None:
+        """Why this release's minimum driver cannot run CUDA runtime ``runtime`` (None if it can).
+
+        A runtime no newer than the release's own CUDA, of the same major, runs on the driver the
+        release needs; a newer one of that major needs the major's minor-version-compatibility
+        driver; another major never shares the release's driver guarantee.
+        """
+        if not self.gpu or self.cuda is None or self.min_driver is None:
+            return None
+        major, minor = (int(p) for p in runtime.split(".")[:2])
+        own_major, own_minor = (int(p) for p in self.cuda.split("."))
+        if major == own_major and minor <= own_minor:
+            return None
+        needed = MINOR_VERSION_DRIVER.get(str(major), TOOLKIT_DRIVER.get(f"{major}.{minor}"))
+        if needed is not None and self.min_driver >= needed:
+            return None
+        return (f"CUDA runtime {runtime} needs driver >= {needed or 'unknown'}, but "
+                f"{self.release} (CUDA {self.cuda}) only needs driver >= {self.min_driver}, so "
+                f"machines that run this image may not run it")
 
     def describe(self) -> str:
         if not self.gpu:

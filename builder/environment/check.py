@@ -45,6 +45,39 @@ _KEPT = frozenset({"pyvenv.cfg", "bin/activate"})
 _HARD_CODED_ACTIVATE = re.compile(r"^\s*(?:export\s+)?VIRTUAL_ENV=['\"]?/", re.MULTILINE)
 
 
+_CUDA_RUNTIME_DIST = re.compile(
+    r"^lib/python3\.\d+/site-packages/(nvidia_cuda_runtime(?:_cu\d+)?-(\d+)\.(\d+)[^/]*"
+    r"|torch-[^/+]+\+cu(\d+)(\d))\.dist-info/")
+
+
+@dataclass(frozen=True)
+class CudaRuntime:
+    """The CUDA runtime an environment carries, and the distribution that says so."""
+
+    cuda: str
+    distribution: str
+
+
+def archive_cuda_runtime(path: str | Path) -> CudaRuntime | None:
+    """The CUDA runtime inside a packed environment (``nvidia-cuda-runtime`` wheels, or a
+    ``torch+cuXY`` build); None when it carries none (CPU packages only)."""
+    found: CudaRuntime | None = None
+    try:
+        with tarfile.open(path, "r|*") as archive:
+            for member in archive:
+                match = _CUDA_RUNTIME_DIST.match(posixpath.normpath(
+                    member.name.removeprefix("./")))
+                if match is None:
+                    continue
+                if match.group(2):  # the runtime's own wheel outranks torch's label
+                    return CudaRuntime(f"{match.group(2)}.{match.group(3)}", match.group(1))
+                found = found or CudaRuntime(f"{match.group(4)}.{match.group(5)}",
+                                             match.group(1))
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise ArchiveCheckError(f"{path} cannot be read: {error}") from error
+    return found
+
+
 @dataclass(frozen=True)
 class ArchiveReport:
     """What the archive holds, as far as Triton cares."""

@@ -38,6 +38,7 @@ from builder.engine.build import (
     build_image,
     find_built,
 )
+from builder.environment.check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
 from builder.image.labels import (
@@ -111,6 +112,7 @@ def build_serving_image(
     for entry in plan.layer("environment"):
         if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES):
             check_environment_python(entry.source, release)
+            check_environment_cuda(entry.source, release)
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
@@ -159,6 +161,19 @@ def check_environment_python(tarball: str | os.PathLike, release: Release) -> No
             f"the environment {Path(tarball).name} has Python {found}, but {release.describe()} "
             f"runs the python backend on Python {release.python_version}: pack the environment "
             f"with Python {release.python_version}, or choose a release with Python {found}")
+
+
+def check_environment_cuda(tarball: str | os.PathLike, release: Release) -> None:
+    """Refuse an environment whose CUDA runtime the release's minimum driver cannot run."""
+    runtime = archive_cuda_runtime(tarball)
+    if runtime is None or not release.gpu:
+        return
+    problem = release.cuda_runtime_problem(runtime.cuda)
+    if problem:
+        raise EnvironmentMismatchError(
+            f"the environment {Path(tarball).name} carries {runtime.distribution}: {problem}. "
+            f"Rebuild it for CUDA {release.cuda} (build_docker_image resolves torch for the "
+            f"release), or choose a release whose CUDA is {runtime.cuda} or newer")
 
 
 _PYTHON_IN_ARCHIVE = re.compile(r"(?:^|/)(?:lib/python|bin/python)(\d+\.\d+)(?:/|$)")

@@ -40,7 +40,7 @@ from builder.repository.model_config import (
 )
 
 if TYPE_CHECKING:
-    from builder.image.releases import Release
+    from builder.base.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
 SERVERS = ("triton",)
@@ -104,7 +104,7 @@ def build_pipeline_model(
     formats tried for model operators (an operator's ``op_config`` may override it);
     ``op_defaults`` is an ``op_config`` applied to every model operator; ``max_batch_size`` and
     ``dynamic_batching`` configure the pipeline model. ``target`` (a
-    :class:`~builder.image.releases.Release`) places the model operators: on a GPU release they
+    :class:`~builder.base.releases.Release`) places the model operators: on a GPU release they
     get ``KIND_GPU`` instances unless their ``op_config`` says ``"device": "cpu"``, on the CPU
     base ``KIND_CPU``; without a target only ``device_ids`` or ``"device": "gpu"`` make them GPU
     models. The pipeline model always runs on the CPU. Raises a :class:`PipelineError`
