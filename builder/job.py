@@ -40,13 +40,12 @@ from builder.environment.cuda_packages import (
     PYTORCH_INDEX,
     resolve_cuda_packages,
 )
-from builder.environment.spec import merge_specs, requirements_spec
+from builder.environment.spec import EnvironmentSpec, merge_specs, requirements_spec
 from builder.errors import BuildError
 from builder.image.build import build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
-from builder.repository.model_config import read_config
 from builder.repository.writer import build_pipeline_model
 from builder.verify.check import Check, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
@@ -135,7 +134,7 @@ def build_docker_image(
             spec = merge_specs(
                 load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
                 requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
-                _dlpack_requirements(release, built.model_root))
+                _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
             resolution = resolve_cuda_packages(
                 spec, release, python_version=target.python_version,
                 platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
@@ -248,16 +247,13 @@ def _docker_client() -> docker.DockerClient:
     return docker_client()
 
 
-def _dlpack_requirements(release: Release, model_root: Path):
+def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:
     """torch, for releases whose BLS hands GPU outputs to the pipeline model in GPU memory.
 
     Before 23.04 BLS requests cannot ask for host memory (``PreferredMemory``), so the outputs
     of a ``KIND_GPU`` model reach the pipeline model on the GPU, readable only through dlpack:
     the pipeline model reads them with torch (:mod:`builder.runtime.pipeline_model`).
     """
-    gpu_models = [path.parent.name for path in sorted(model_root.glob("*/config.pbtxt"))
-                  if any(group.kind == group.KIND_GPU
-                         for group in read_config(path.parent).instance_group)]
     needed = release.gpu and _release_key(release.release) < (23, 4) and gpu_models
     return requirements_spec(
         ["torch"] if needed else [],

@@ -38,11 +38,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.base.releases import Release
-from builder.environment.errors import SpecError
+from builder.environment.errors import IndexUnreachableError, SpecError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.wheel_metadata import (
-    IndexUnreachableError,
     WheelFile,
     list_wheels,
     local_metadata,

@@ -30,3 +30,7 @@ class PackError(EnvironmentBuildError):
 
 class ArchiveCheckError(EnvironmentBuildError):
     """The packed archive would fail in Triton: wrong format, corrupt, wrong Python, no numpy."""
+
+
+class IndexUnreachableError(TritonBuilderError, ConnectionError):
+    """A package index did not answer a listing or a wheel's metadata."""

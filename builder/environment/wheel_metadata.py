@@ -26,13 +26,11 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from builder.environment.errors import IndexUnreachableError
+
 TIMEOUT = 20.0
 _BLOCK = 1 << 18
 _JSON = "application/vnd.pypi.simple.v1+json"
-
-
-class IndexUnreachableError(OSError):
-    """The index could not be reached or did not answer the listing."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ class BuiltModel:
     name: str
     format: str
     attempts: list[ExportAttempt] = field(default_factory=list)
+    gpu: bool = False
+    """Whether its instances are ``KIND_GPU``."""
 
 
 @dataclass
@@ -165,7 +167,8 @@ def build_pipeline_model(
                 tuple(t.name for t in exported.inputs), tuple(t.name for t in exported.outputs),
                 config["max_batch_size"],
             )
-            built.append(BuiltModel(op.name, exported.format, exported.attempts))
+            built.append(BuiltModel(op.name, exported.format, exported.attempts,
+                                    gpu=placements[op.name][0]))
         _write_pipeline_model(staging / name, pipe, signature, targets, ModelConfigSpec(
             name=name,
             inputs=_tensors(signature.inputs),
