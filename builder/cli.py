@@ -270,14 +270,19 @@ def inspect(reference: str = typer.Argument(..., help="Image to describe.")) -> 
 
 
 @app.command()
-def doctor(cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for.")) -> None:
-    """Check this machine: Docker engine, GPUs and driver, disk, base image.
+def doctor(
+    cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for."),
+    environment: Path = typer.Option(None, help="A packed environment (.tar.gz) whose CUDA "
+                                                "runtime to check against the driver."),
+) -> None:
+    """Check this machine: Docker engine, NVIDIA container runtime, driver against the
+    release's minimum and an environment's CUDA runtime, disk, base image.
 
-    Example: triton-builder doctor --cuda 12.6
+    Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """
     from builder.doctor import run_checks
 
-    checks = run_checks(cuda)
+    checks = run_checks(cuda, environment)
     for check in checks:
         color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
         console.print(f"[{color}]{check.status:<4}[/{color}] {check.name}: {check.detail}")

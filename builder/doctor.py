@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.base.releases import Release, resolve
+from builder.base.releases import MINOR_VERSION_DRIVER, TOOLKIT_DRIVER, Release, resolve
 from builder.cache import cache_dir
 
 MIN_FREE_GB = 10
@@ -26,8 +26,24 @@ class Check:
     detail: str
 
 
-def run_checks(cuda: str | None = "cpu") -> list[Check]:
-    """Every check, for a build targeting ``cuda`` (``"cpu"`` for the CPU base)."""
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as ``nvidia-smi --query-gpu=name,driver_version --format=csv,noheader`` lists it."""
+
+    name: str
+    driver: str
+
+    @property
+    def driver_branch(self) -> int:
+        return int(self.driver.split(".")[0])
+
+
+def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None) -> list[Check]:
+    """Every check, for a build targeting ``cuda`` (``"cpu"`` for the CPU base).
+
+    ``environment`` is a packed environment (``.tar.gz``) whose CUDA runtime is held against
+    this machine's driver and the release's minimum.
+    """
     try:
         release = resolve(cuda)
     except ValueError as error:
@@ -35,11 +51,108 @@ def run_checks(cuda: str | None = "cpu") -> list[Check]:
     checks = [Check("release", "ok", release.describe())]
     client, engine = _engine()
     checks.append(engine)
-    checks.append(_driver(release))
+    info = client.info() if client is not None else {}
+    gpus, smi_problem = _query_gpus()
+    checks.append(container_runtime_check(release, info, shutil.which(NVIDIA_HOOK)))
+    checks.append(driver_check(release, gpus, smi_problem))
+    if environment is not None:
+        from builder.environment.check import archive_cuda_runtime
+
+        runtime = archive_cuda_runtime(environment)
+        checks.append(environment_cuda_check(release, gpus, runtime.cuda if runtime else None,
+                                             f"{Path(environment).name}"
+                                             + (f" ({runtime.distribution})" if runtime else "")))
     checks.append(_disk(client))
     if client is not None:
         checks.append(_base_image(client, release))
     return checks
+
+
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
+"""What ``docker run --gpus`` calls (NVIDIA Container Toolkit); dockerd finds it on its PATH."""
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """GPUs from ``nvidia-smi --query-gpu=name,driver_version --format=csv,noheader``."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, _, driver = line.rpartition(",")
+        if not name or not driver.strip()[:1].isdigit():
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        gpus.append(Gpu(name.strip(), driver.strip()))
+    return gpus
+
+
+def container_runtime_check(release: Release, docker_info: dict, hook: str | None) -> Check:
+    """Can this engine give containers GPUs (``--gpus``/``device_requests``)?"""
+    runtimes = sorted((docker_info.get("Runtimes") or {}).keys())
+    if "nvidia" in runtimes or hook:
+        via = "the engine's nvidia runtime" if "nvidia" in runtimes else hook
+        return Check("nvidia container runtime", "ok",
+                     f"containers get GPUs through {via}; verification runs GPU models on GPUs")
+    status = "warn" if release.gpu else "ok"
+    what = (f"images for {release.release} are verified on the CPU here (GPU placement not "
+            f"exercised); install the NVIDIA Container Toolkit to verify on GPUs"
+            if release.gpu else "not needed for the CPU base")
+    return Check("nvidia container runtime", status,
+                 f"none (engine runtimes: {', '.join(runtimes) or 'none'}; no {NVIDIA_HOOK} on "
+                 f"PATH): {what}")
+
+
+def driver_check(release: Release, gpus: list[Gpu], problem: str | None = None) -> Check:
+    """This machine's driver against the release's minimum."""
+    if not release.gpu:
+        return Check("gpu driver", "ok", "not needed: the CPU base runs without GPUs")
+    if problem is not None or not gpus:
+        return Check("gpu driver", "warn",
+                     f"{problem or 'no GPU listed'}: images for {release.release} need driver "
+                     f">= {release.safe_driver} on the machine that runs them")
+    gpu = min(gpus, key=lambda g: g.driver_branch)
+    if gpu.driver_branch < (release.min_driver or 0):
+        return Check("gpu driver", "fail",
+                     f"{gpu.name} with driver {gpu.driver}; {release.release} needs >= "
+                     f"{release.min_driver} (or pick an older --cuda)")
+    if release.safe_driver and gpu.driver_branch < release.safe_driver:
+        return Check("gpu driver", "warn",
+                     f"{gpu.name} with driver {gpu.driver}: the {release.release} release notes "
+                     f"ask for >= {release.min_driver}, CUDA {release.cuda} itself for >= "
+                     f"{release.safe_driver}")
+    return Check("gpu driver", "ok", f"{gpu.name} with driver {gpu.driver} (>= "
+                 f"{release.safe_driver} for {release.release})")
+
+
+def environment_cuda_check(release: Release, gpus: list[Gpu], runtime: str | None,
+                           what: str) -> Check:
+    """An environment's CUDA runtime against the release's minimum driver and this machine's."""
+    if runtime is None:
+        return Check("environment cuda", "ok", f"{what} carries no CUDA runtime (CPU packages)")
+    if not release.gpu:
+        return Check("environment cuda", "warn",
+                     f"{what} carries CUDA runtime {runtime}, unused on the CPU base")
+    problem = release.cuda_runtime_problem(runtime)
+    if problem:
+        return Check("environment cuda", "fail", f"{what}: {problem}")
+    if not gpus:
+        return Check("environment cuda", "ok",
+                     f"{what} carries CUDA runtime {runtime}, which {release.release}'s minimum "
+                     f"driver runs (no GPU here to check this machine's driver)")
+    major, minor = runtime.split(".")[:2]
+    full = TOOLKIT_DRIVER.get(f"{major}.{minor}")
+    compatible = MINOR_VERSION_DRIVER.get(major)
+    gpu = min(gpus, key=lambda g: g.driver_branch)
+    if full is not None and gpu.driver_branch >= full:
+        return Check("environment cuda", "ok",
+                     f"{what}: CUDA runtime {runtime} runs on driver {gpu.driver} (>= {full})")
+    if compatible is not None and gpu.driver_branch >= compatible:
+        return Check("environment cuda", "ok",
+                     f"{what}: CUDA runtime {runtime} runs on driver {gpu.driver} by minor "
+                     f"version compatibility (>= {compatible}; PTX compiled for newer GPUs "
+                     f"would not JIT)")
+    return Check("environment cuda", "fail",
+                 f"{what}: CUDA runtime {runtime} needs driver >= {compatible or full}, this "
+                 f"machine has {gpu.driver} ({gpu.name})")
 
 
 def _engine():
@@ -58,25 +171,21 @@ def _engine():
                          f"runtimes: {', '.join(runtimes) or 'none listed'}")
 
 
-def _driver(release: Release) -> Check:
-    if not release.gpu:
-        return Check("gpu driver", "ok", "not needed: the CPU base runs without GPUs")
+def _query_gpus() -> tuple[list[Gpu], str | None]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return Check("gpu driver", "warn",
-                     f"no nvidia-smi here: images for {release.release} need driver "
-                     f">= {release.safe_driver} on the machine that runs them")
-    found = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-    if found.returncode != 0 or not found.stdout.strip():
-        return Check("gpu driver", "fail", f"nvidia-smi failed: {found.stderr.strip()}")
-    name, driver = (part.strip() for part in found.stdout.splitlines()[0].split(",", 1))
-    major = int(driver.split(".")[0])
-    if release.safe_driver and major < release.safe_driver:
-        return Check("gpu driver", "fail",
-                     f"{name} with driver {driver}; {release.release} needs >= "
-                     f"{release.safe_driver} (or pick an older --cuda)")
-    return Check("gpu driver", "ok", f"{name} with driver {driver}")
+        return [], "no nvidia-smi here"
+    try:
+        found = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [], f"nvidia-smi failed: {error}"
+    if found.returncode != 0:
+        return [], f"nvidia-smi failed: {(found.stderr or found.stdout).strip()}"
+    try:
+        return parse_nvidia_smi(found.stdout), None
+    except ValueError as error:
+        return [], str(error)
 
 
 def _disk(client) -> Check:

@@ -160,3 +160,14 @@ def test_an_environment_whose_cuda_runtime_the_drivers_cannot_run_is_refused(
     with tarfile.open(cpu_only, "w:gz") as archive:
         archive.add(__file__, arcname="lib/python3.10/site-packages/x.py")
     assert archive_cuda_runtime(cpu_only) is None
+
+
+def test_doctor_reads_the_environments_cuda_runtime(cuda_12_8_environment):
+    from builder.doctor import run_checks
+
+    checks = {c.name: c for c in run_checks("11.8", cuda_12_8_environment)}
+    assert checks["environment cuda"].status == "fail"
+    assert ("environment.tar.gz (nvidia_cuda_runtime_cu12-12.8.90): CUDA runtime 12.8 needs "
+            "driver >= 525") in checks["environment cuda"].detail
+    assert {c.name: c for c in run_checks("12.8", cuda_12_8_environment)}[
+        "environment cuda"].status == "ok"

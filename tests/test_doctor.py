@@ -1,0 +1,92 @@
+"""``doctor --cuda``: the NVIDIA container runtime, the driver against the release's minimum and
+against an environment's CUDA runtime.
+
+No GPU here: the driver decisions are fed ``nvidia-smi --query-gpu=name,driver_version
+--format=csv,noheader`` output as that command prints it, parsed by the doctor's own parser;
+the container runtime check reads this machine's real ``docker info`` (no NVIDIA runtime).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.base.releases import resolve
+from builder.doctor import (
+    container_runtime_check,
+    driver_check,
+    environment_cuda_check,
+    parse_nvidia_smi,
+    run_checks,
+)
+
+H100_550 = "NVIDIA H100 80GB HBM3, 550.54.15\n"
+TWO_GPUS_535 = "Tesla T4, 535.183.01\nNVIDIA A10G, 535.183.01\n"
+A100_580 = "NVIDIA A100-SXM4-40GB, 580.65.06\n"
+
+
+def test_nvidia_smi_output_is_parsed():
+    (gpu,) = parse_nvidia_smi(H100_550)
+    assert (gpu.name, gpu.driver, gpu.driver_branch) == ("NVIDIA H100 80GB HBM3", "550.54.15",
+                                                         550)
+    assert [g.name for g in parse_nvidia_smi(TWO_GPUS_535)] == ["Tesla T4", "NVIDIA A10G"]
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+@pytest.mark.parametrize(("cuda", "smi", "status", "words"), [
+    ("12.4", H100_550, "ok", "driver 550.54.15 (>= 550 for 24.05)"),
+    ("12.6", H100_550, "fail", "needs >= 560"),
+    ("13.0", TWO_GPUS_535, "fail", "Tesla T4 with driver 535.183.01; 25.11 needs >= 580"),
+    ("12.4", A100_580, "ok", "A100"),
+    ("cpu", "", "ok", "not needed"),
+])
+def test_the_driver_against_the_releases_minimum(cuda, smi, status, words):
+    check = driver_check(resolve(cuda), parse_nvidia_smi(smi))
+    assert check.status == status and words in check.detail
+
+
+def test_a_release_note_below_the_toolkit_minimum_warns():
+    check = driver_check(resolve("12.4", "24.03"), parse_nvidia_smi("Tesla T4, 545.23.08"))
+    assert check.status == "warn" and "release notes ask for >= 545" in check.detail
+    assert "CUDA 12.4 itself for >= 550" in check.detail
+
+
+def test_no_gpu_here_warns_with_the_driver_to_install():
+    check = driver_check(resolve("12.6"), [], "no nvidia-smi here")
+    assert check.status == "warn" and "need driver >= 560" in check.detail
+
+
+@pytest.mark.parametrize(("cuda", "runtime", "smi", "status", "words"), [
+    ("12.4", "12.4", H100_550, "ok", "runs on driver 550.54.15 (>= 550)"),
+    ("12.4", "12.1", H100_550, "ok", "(>= 530)"),
+    ("12.8", "12.8", TWO_GPUS_535, "ok", "minor version compatibility (>= 525"),
+    ("12.6", "13.0", A100_580, "fail", "CUDA runtime 13.0 needs driver >= 580, but 24.12"),
+    ("11.8", "12.1", H100_550, "fail", "only needs driver >= 520"),
+    ("13.0", "13.0", H100_550, "fail", "needs driver >= 580, this machine has 550.54.15"),
+    ("12.4", None, H100_550, "ok", "no CUDA runtime"),
+])
+def test_the_environments_cuda_runtime_against_release_and_driver(cuda, runtime, smi, status,
+                                                                  words):
+    check = environment_cuda_check(resolve(cuda), parse_nvidia_smi(smi), runtime, "env.tar.gz")
+    assert check.status == status, check.detail
+    assert words in check.detail
+
+
+def test_this_engine_has_no_nvidia_runtime(docker_client):
+    info = docker_client.info()
+    gpu = container_runtime_check(resolve("12.4"), info, None)
+    assert gpu.status == "warn" and "verified on the CPU here (GPU placement not exercised)" \
+        in gpu.detail
+    assert "runc" in gpu.detail
+    assert container_runtime_check(resolve(None), info, None).status == "ok"
+    with_nvidia = {**info, "Runtimes": {**info.get("Runtimes", {}),
+                                        "nvidia": {"path": "nvidia-container-runtime"}}}
+    assert container_runtime_check(resolve("12.4"), with_nvidia, None).status == "ok"
+
+
+def test_run_checks_for_a_gpu_release_on_this_machine():
+    checks = {c.name: c for c in run_checks("12.4")}
+    assert checks["release"].status == "ok"
+    assert checks["nvidia container runtime"].status == "warn"
+    assert checks["gpu driver"].status == "warn"
+    assert not any(c.status == "fail" for c in checks.values())
