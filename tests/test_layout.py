@@ -195,3 +195,13 @@ def test_the_public_face():
         assert getattr(builder, name) is not None
     errors = [getattr(builder, name) for name in builder.__all__ if name.endswith("Error")]
     assert all(issubclass(error, TritonBuilderError) for error in errors)
+
+
+def test_every_package_is_in_the_distribution():
+    """An editable install finds any folder; a wheel holds only the packages pyproject lists."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {".".join(("builder", *path.parent.relative_to(ROOT).parts))
+                for path in ROOT.rglob("__init__.py")}
+    assert packages <= listed, f"add to pyproject.toml: {sorted(packages - listed)}"
