@@ -182,8 +182,10 @@ def build_image_from_repository(
     ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
     ``push`` pushes every tag and confirms the digests with the registry.
 
-    A GPU release is verified without GPUs where the engine has none (Triton's CPU fallback):
-    models pinned to ``KIND_GPU`` then fail verification; pass ``verify=False`` there. An image
+    A GPU release is verified on GPUs where the engine has an NVIDIA runtime, and each
+    ``KIND_GPU`` model must be seen running on one; elsewhere those models are verified on the
+    CPU (their configs swapped for ``KIND_CPU`` ones in the verification container only) and
+    ``verification.gpu_placement`` says that the placement was not exercised. An image
     tagged by a ``verify=False`` build is reused as it is by a later build of the same inputs.
     """
     started = time.monotonic()
@@ -222,7 +224,8 @@ def _image_verify_push(
         if image.built and checks is not None:
             with step_log(f"verifying {references[0]}", on_log) as log:
                 verification = verify_image(client, image.id, checks, gpus=gpus,
-                                            timeout=verify_timeout, on_log=log)
+                                            timeout=verify_timeout, on_log=log,
+                                            repository_dir=repository_dir)
         run_command = docker_run_command(references[0], gpus=release.gpu)
         tag_image(client, image.id, references)
     except BaseException:

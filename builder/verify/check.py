@@ -11,21 +11,32 @@ those. On failure the container's log is part of the error; the container is alw
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 import numpy as np
 
 from builder.errors import TritonBuilderError
+from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerError,
     Endpoint,
     ServingContainer,
+    gpus_available,
+)
+from builder.verify.placement import (
+    GpuPlacement,
+    GpuPlacementError,
+    check_ran_on_gpus,
+    cpu_config_mounts,
+    gpu_models,
 )
 
 LOG_TAIL_LINES = 80
@@ -72,6 +83,8 @@ class Verification:
     gpus: bool
     seconds: float
     models: list[str] = field(default_factory=list)
+    gpu_placement: GpuPlacement | None = None
+    """For an image with ``KIND_GPU`` models: whether their placement was exercised, and how."""
 
 
 def verify_image(
@@ -83,31 +96,60 @@ def verify_image(
     shm_size: str = DEFAULT_SHM_SIZE,
     timeout: float = 180.0,
     on_log: Callable[[str], None] | None = None,
+    repository_dir: str | Path | None = None,
+    image_repository: str = DEFAULT_MODEL_REPOSITORY,
 ) -> Verification:
-    """Run ``image``, wait for readiness, run the default model check and ``checks``."""
+    """Run ``image``, wait for readiness, run the default model check and ``checks``.
+
+    ``repository_dir`` (the repository the image serves, at ``image_repository`` inside it)
+    makes the check GPU-aware (:mod:`builder.verify.placement`): with GPUs each ``KIND_GPU``
+    model must have run on one; without, those models are verified on the CPU and the result
+    says their placement was not exercised.
+    """
     started = time.monotonic()
-    container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
-                                 labels={"ai.triton-builder.verification": "1"})
-    try:
-        endpoint = container.start(timeout)
-        models = _check_models_ready(endpoint)
-        for check in checks:
-            try:
-                check(endpoint)
-            except Exception as error:  # noqa: BLE001 - any failed check fails verification
-                raise VerificationError(
-                    f"{image} answered, but a check failed: {type(error).__name__}: {error}"
-                ) from error
-        return Verification(image=image, gpus=container.gpus,
-                            seconds=time.monotonic() - started, models=models)
-    except (VerificationError, ContainerError) as error:
-        failure = VerificationError(str(error).split("\n--- container log")[0],
-                                    container.logs())
-        if on_log:
-            on_log(str(failure))
-        raise failure from error.__cause__
-    finally:
-        container.remove()
+    on_gpu = gpu_models(repository_dir) if repository_dir is not None else []
+    gpus = gpus_available(client) if gpus is None else gpus
+    with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir:
+        volumes = (cpu_config_mounts(repository_dir, on_gpu, Path(workdir), image_repository)
+                   if on_gpu and not gpus else None)
+        container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
+                                     labels={"ai.triton-builder.verification": "1"},
+                                     volumes=volumes)
+        try:
+            endpoint = container.start(timeout)
+            models = _check_models_ready(endpoint)
+            for check in checks:
+                try:
+                    check(endpoint)
+                except Exception as error:  # noqa: BLE001 - any failed check fails verification
+                    raise VerificationError(
+                        f"{image} answered, but a check failed: {type(error).__name__}: {error}"
+                    ) from error
+            placement = _placement(endpoint, on_gpu, gpus)
+            if placement is not None and on_log:
+                on_log(placement.detail)
+            return Verification(image=image, gpus=container.gpus,
+                                seconds=time.monotonic() - started, models=models,
+                                gpu_placement=placement)
+        except (VerificationError, ContainerError, GpuPlacementError) as error:
+            failure = VerificationError(str(error).split("\n--- container log")[0],
+                                        container.logs())
+            if on_log:
+                on_log(str(failure))
+            raise failure from error.__cause__
+        finally:
+            container.remove()
+
+
+def _placement(endpoint: Endpoint, on_gpu: list[str], gpus: bool) -> GpuPlacement | None:
+    if not on_gpu:
+        return None
+    if not gpus:
+        return GpuPlacement(tuple(on_gpu), False, (
+            f"GPU placement was not exercised: this engine has no NVIDIA runtime, so "
+            f"{', '.join(on_gpu)} (KIND_GPU) were verified on the CPU with KIND_CPU configs"))
+    return GpuPlacement(tuple(on_gpu), True,
+                        f"GPU placement verified: {check_ran_on_gpus(endpoint, on_gpu)}")
 
 
 def infer(

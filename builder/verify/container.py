@@ -56,12 +56,14 @@ class ServingContainer:
                  shm_size: str = DEFAULT_SHM_SIZE, host_ports: tuple[int, int, int] | None = None,
                  bind: str = "127.0.0.1", name: str | None = None,
                  labels: dict[str, str] | None = None,
-                 healthcheck: dict | None = None) -> None:
+                 healthcheck: dict | None = None,
+                 volumes: dict[str, dict[str, str]] | None = None) -> None:
         self.client = client
         self.image = image
         self.gpus = gpus_available(client) if gpus is None else gpus
         self._options = dict(
             shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
+            volumes=volumes,
             device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
                              if self.gpus else None),
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)
