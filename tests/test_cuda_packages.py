@@ -171,3 +171,15 @@ def test_doctor_reads_the_environments_cuda_runtime(cuda_12_8_environment):
             "driver >= 525") in checks["environment cuda"].detail
     assert {c.name: c for c in run_checks("12.8", cuda_12_8_environment)}[
         "environment cuda"].status == "ok"
+
+
+def test_two_torch_requirements_that_resolve_alike_become_one():
+    from builder.environment.spec import merge_specs
+
+    release = resolve("12.4")
+    spec = merge_specs(requirements_spec(["torch==2.6.0"], PICKLE_SOURCE),
+                       requirements_spec(["torch"], "dlpack"))
+    resolution = resolve_cuda_packages(spec, release, python_version="3.10",
+                                       platforms=_platforms("2.35"), pytorch_index=None)
+    assert resolution.spec.requirements == ("torch==2.6.0",)
+    assert len(resolution.spec.origins["torch==2.6.0"]) == 2

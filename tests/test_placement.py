@@ -103,3 +103,14 @@ def test_device_is_checked_where_op_config_is_given():
         validate_op_config({"device": "cuda"}, "enc")
     with pytest.raises(PipelineError, match=r"'enc'.*pins GPUs \[0\].*device 'cpu'"):
         validate_op_config({"device": "cpu", "device_ids": [0]}, "enc")
+
+
+def test_before_23_04_gpu_models_bring_torch_into_the_environment_for_dlpack():
+    from builder.job import _dlpack_requirements
+
+    assert _dlpack_requirements(TARGETS["22.12"], ["text_encoder"]).requirements == ("torch",)
+    assert "GPU outputs of text_encoder read via dlpack" in _dlpack_requirements(
+        TARGETS["22.12"], ["text_encoder"]).where("torch")
+    assert _dlpack_requirements(TARGETS["22.12"], []).requirements == ()
+    assert _dlpack_requirements(TARGETS["24.05"], ["text_encoder"]).requirements == ()
+    assert _dlpack_requirements(TARGETS["cpu"], []).requirements == ()

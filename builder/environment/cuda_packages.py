@@ -156,7 +156,7 @@ def resolve_cuda_packages(
     index = index or PackageIndex()
     log = on_log or (lambda line: None)
     requirements = list(spec.requirements)
-    origins = dict(spec.origins)
+    origins: dict[str, tuple[str, ...]] = {}  # rewritten requirements: origin, and why
     choices: list[CudaChoice] = []
     extra_indexes: list[str] = []
     for line in spec.requirements:
@@ -186,7 +186,8 @@ def resolve_cuda_packages(
         log(f"torch for {_target_words(release)}: {choice.describe()}")
     if not choices and not extra_indexes and requirements == list(spec.requirements):
         return CudaResolution(spec, index, ())
-    resolved = replace(spec, requirements=tuple(requirements), origins=origins)
+    kept = {line: spec.origins.get(line, ()) for line in requirements if line not in origins}
+    resolved = replace(spec, requirements=tuple(requirements), origins={**kept, **origins})
     if extra_indexes:
         index = replace(index, extra_index_urls=(*index.extra_index_urls, *extra_indexes))
     return CudaResolution(resolved, index, tuple(choices))
@@ -386,9 +387,13 @@ def _without_specifier(requirement: Requirement) -> str:
 
 def _replace(requirements: list[str], origins: dict[str, tuple[str, ...]], old: str, new: str,
              origin: str) -> None:
-    requirements[requirements.index(old)] = new
-    origins.pop(old, None)
-    origins[new] = (origin,)
+    """Put ``new`` where ``old`` was; two requirements that resolve alike become one."""
+    position = requirements.index(old)
+    if new != old and new in requirements:
+        del requirements[position]
+    else:
+        requirements[position] = new
+    origins[new] = (*origins.get(new, ()), origin)
 
 
 def _target_words(release: Release) -> str:
