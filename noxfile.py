@@ -7,7 +7,10 @@ nothing but Python and ``pip install nox``.
 
 from __future__ import annotations
 
+import glob
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import nox
@@ -19,8 +22,49 @@ PYTHON = "3.11"
 SOURCES = ["builder", "tests", "pipelines", "benchmarks", "noxfile.py"]
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+"""PyTorch's CPU-only wheels: PyPI's default torch pulls CUDA libraries (a 5.7 GB virtualenv)."""
+
+
 def _install(session: nox.Session, extras: str = "test") -> None:
+    """The project, with a CPU build of torch where the machine has no NVIDIA GPU."""
+    if not _has_nvidia_gpu():
+        _install_cpu_torch(session)
     session.install("-e", f".[{extras}]")
+
+
+def _has_nvidia_gpu() -> bool:
+    """The NVIDIA kernel driver lists each GPU it drives under ``/proc/driver/nvidia/gpus``."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def _install_cpu_torch(session: nox.Session) -> None:
+    """PyTorch's CPU index where it answers; else a local ``+cpu`` wheel pip's find-links has.
+
+    Without either, pip installs PyPI's default (CUDA) torch with the project, as before.
+    """
+    try:
+        urllib.request.urlopen(f"{TORCH_CPU_INDEX}/torch/", timeout=5).close()
+    except (urllib.error.URLError, OSError):
+        local = _local_cpu_torch()
+        if local:
+            session.install(f"torch=={local}")
+        else:
+            session.warn(f"{TORCH_CPU_INDEX} is unreachable and no local CPU torch wheel is "
+                         "in PIP_FIND_LINKS: installing PyPI's default torch")
+        return
+    session.install("torch", "--index-url", TORCH_CPU_INDEX)
+
+
+def _local_cpu_torch() -> str | None:
+    """The newest ``torch-X+cpu`` wheel version in ``$PIP_FIND_LINKS`` directories, if any."""
+    versions = []
+    for directory in os.environ.get("PIP_FIND_LINKS", "").split():
+        for wheel in glob.glob(os.path.join(directory, "torch-*+cpu-*.whl")):
+            versions.append(os.path.basename(wheel).split("-")[1])
+    return max(versions, key=lambda v: [int(p) for p in v.split("+")[0].split(".")],
+               default=None)
 
 
 @nox.session(python=PYTHON)
@@ -70,6 +114,6 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks; their numbers go to BENCHMARKS.md with the command that produced them."""
-    _install(session)
+    _install(session, "test,bench")
     for script in sorted(Path("benchmarks").glob("bench_*.py")):
         session.run("python", str(script), *session.posargs)

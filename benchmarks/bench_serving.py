@@ -1,92 +1,681 @@
-"""Serving throughput of the text-embedding pipeline: in process vs Triton, by concurrency.
+"""Serving speed, side by side in one run: served pipeline vs eager, raw ONNX Runtime, PyTriton.
 
-The pipeline is built with ``build_pipeline_model`` and served by the host-process
-``tritonserver`` (the CPU image runs the same server and backends). A bounded number of gRPC
-requests are kept in flight with :class:`builder.client.AsyncClient`; every served answer is
-checked against the in-process one. In process, calls run one after another, as a Python
-program would run them without a server.
+For the text-embedding and image-classification pipelines, at 1, 8 and 32 requests in flight
+(gRPC clients on this machine), medians of ``--runs``:
 
-    python benchmarks/bench_serving.py [--requests 400] [--runs 3] [--no-write]
+* (a) the pipeline served by ``build_pipeline_model``'s repository on the host ``tritonserver``,
+  and by the CPU image ``build_docker_image`` makes of it;
+* (b) eager ``pipeline(x)`` in process, one call after another;
+* (c) raw ONNX Runtime (default session) on batches of 32 and 64, with the same pre- and
+  post-processing written out by hand: what the hardware does without any server;
+* (d) NVIDIA PyTriton (same Triton 2.51) serving the same work as one ``@batch`` callable
+  (pre-processing, one ONNX Runtime run on the batch, post-processing), in its own process.
+
+Every served answer is compared with the in-process result. Achieved batch sizes and queue time
+come from Triton's statistics; CPU per request from ``/proc`` for each process involved
+(client, server, stubs). The pipeline model's overhead is its p50 at concurrency 1 minus the
+p50 of calling its ONNX model directly (inputs prepared beforehand) on the same server.
+
+    python benchmarks/bench_serving.py [--requests 2000] [--runs 3] [--quick] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import platform
 import statistics
 import sys
+import sysconfig
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
-from builder import build_pipeline_model  # noqa: E402
+from benchmarks.report import BENCHMARKS, publish  # noqa: E402
+from builder import build_docker_image, build_pipeline_model  # noqa: E402
 from builder.client import AsyncClient  # noqa: E402
-from builder.tritonserver.host_process import TritonServer  # noqa: E402
+from builder.client.aio import AsyncTritonRemoteModel  # noqa: E402
+from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
-from pipelines.text_embedding import pipeline  # noqa: E402
-from tests.example_inputs import TEXTS  # noqa: E402
+from pipelines import image_classification, text_embedding  # noqa: E402
+from pipelines.imaging import decode_image  # noqa: E402
+from tests.example_inputs import TEXTS, images  # noqa: E402
 
-SECTION = "## Serving throughput: text embedding, in process vs Triton"
+SECTION = "## Serving speed: served pipeline vs eager, raw ONNX Runtime and PyTriton"
 COMMAND = "python benchmarks/bench_serving.py"
-CONCURRENCY = (1, 4, 16, 64)
+CHART = ROOT / "benchmarks" / "serving_throughput.png"
+CONCURRENCY = (1, 8, 32)
+ORT_BATCHES = (32, 64)
+TOLERANCE = 1e-4
+IMAGE_PREFIX = "triton-builder-bench/serving-"
 
 
-async def _served(url: str, texts: list[str], concurrency: int) -> tuple[float, list]:
-    async with AsyncClient(url, max_in_flight=concurrency) as client:
-        await client(texts[0])  # connect and read the signature outside the timing
-        started = time.monotonic()
-        results = await client.batch(texts)
-        return time.monotonic() - started, results
+# -- the two workloads, and their pre/post written out for raw ONNX Runtime and PyTriton ------
+@dataclass
+class Workload:
+    """A pipeline, its inputs, and its model operator's pre/post as plain functions."""
+
+    key: str
+    title: str
+    pipeline: Any
+    items: list
+    model: str
+    encode: Callable[[Any], tuple[np.ndarray, ...]]
+    finish: Callable[[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], Any]
+    expected: list = field(default_factory=list)
+
+    @property
+    def input_name(self) -> str:
+        return self.pipeline.inputs[0]
+
+
+def _text_workload(count: int) -> Workload:
+    tokenizer = text_embedding.Tokenizer()
+    items = [TEXTS[i % len(TEXTS)] + f" #{i}" for i in range(count)]
+    return Workload("text", "text embedding", text_embedding.pipeline, items, "text_encoder",
+                    encode=tokenizer,
+                    finish=lambda outputs, encoded: text_embedding.mean_pool(outputs[0],
+                                                                             encoded[1]))
+
+
+def _image_workload(count: int) -> Workload:
+    pool = images()
+    top_k = image_classification.TopK(image_classification.LABELS, k=3)
+    return Workload("image", "image classification", image_classification.pipeline,
+                    [pool[i % len(pool)] for i in range(count)], "image_classifier",
+                    encode=lambda data: (image_classification.preprocess(decode_image(data)),),
+                    finish=lambda outputs, encoded: top_k(outputs[0]))
+
+
+def run_batch(session: Any, workload: Workload, items: Sequence[Any]) -> list:
+    """Pre-process each item, one ONNX Runtime run for all of them, post-process each."""
+    encoded = [workload.encode(item) for item in items]
+    names = [i.name for i in session.get_inputs()]
+    feeds = {name: np.stack([e[k] for e in encoded]) for k, name in enumerate(names)}
+    outputs = session.run(None, feeds)
+    return [workload.finish(tuple(o[i] for o in outputs), e) for i, e in enumerate(encoded)]
+
+
+# -- measuring ------------------------------------------------------------------------------
+@dataclass
+class Measure:
+    """One row at one concurrency: medians over the runs."""
+
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    batch: dict[str, float] = field(default_factory=dict)
+    queue_ms: float | None = None
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _median_measure(runs: list[Measure]) -> Measure:
+    middle = sorted(runs, key=lambda m: m.rate)[len(runs) // 2]
+    return Measure(statistics.median(m.rate for m in runs),
+                   statistics.median(m.p50_ms for m in runs),
+                   statistics.median(m.p99_ms for m in runs),
+                   middle.batch, middle.queue_ms, middle.cpu_ms)
+
+
+def _percentiles(latencies: Sequence[float]) -> tuple[float, float]:
+    ms = np.asarray(latencies) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+async def _drive(call: Callable[[Any], Any], items: Sequence[Any],
+                 concurrency: int) -> tuple[float, list[float], list]:
+    """``concurrency`` workers sending ``items`` one request each; seconds, latencies, answers."""
+    results: list = [None] * len(items)
+    latencies = [0.0] * len(items)
+    indices = iter(range(len(items)))
+
+    async def worker() -> None:
+        for index in indices:
+            started = time.perf_counter()
+            results[index] = await call(items[index])
+            latencies[index] = time.perf_counter() - started
+
+    for item in items[:concurrency]:  # connections up, first-call costs paid
+        await call(item)
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - started, latencies, results
+
+
+class Processes:
+    """CPU time of the client and of process trees (a server and its stubs), from ``/proc``."""
+
+    def __init__(self, roots: Sequence[int], prefix: str = "") -> None:
+        self.roots = list(roots)
+        self.prefix = prefix
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def snapshot(self) -> dict[str, float]:
+        times = {"client (benchmark process)": self._seconds(os.getpid())}
+        children = _children_by_parent()
+        stack = list(self.roots)
+        while stack:
+            pid = stack.pop()
+            stack.extend(children.get(pid, ()))
+            seconds = self._seconds(pid)
+            if seconds is None:
+                continue
+            label = f"{self.prefix}{_label(pid)}"
+            times[label] = times.get(label, 0.0) + seconds
+        return times
+
+    def _seconds(self, pid: int) -> float | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self.tick
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def _label(pid: int) -> str:
+    """``tritonserver``, ``stub <model>`` (the python backend's per-instance process), or comm."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    if comm.startswith("triton_python"):  # argv[1]: <repository>/<model>/<version>/<file>
+        parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
+        return f"stub {parts[-3]}" if len(parts) >= 3 and parts[-2].isdigit() else "stub"
+    return comm
+
+
+def _difference(after: dict[str, float], before: dict[str, float],
+                requests: int) -> dict[str, float]:
+    return {label: (seconds - before.get(label, 0.0)) * 1000 / requests
+            for label, seconds in after.items() if seconds - before.get(label, 0.0) > 0}
+
+
+def _statistics(metrics_url: str, models: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Per model: (inferences, executions, queue µs, requests), from Triton's Prometheus metrics.
+
+    Metrics rather than the statistics API: PyTriton restricts that API to its own clients.
+    """
+    names = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_queue_duration_us",
+             "nv_inference_request_success")
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {model: [0.0] * len(names) for model in models}
+    for line in text.splitlines():
+        metric, _, rest = line.partition("{")
+        if metric not in names:
+            continue
+        labels, _, value = rest.rpartition("}")
+        model = dict(part.split("=", 1) for part in labels.split(",") if "=" in part).get(
+            "model", "").strip('"')
+        if model in found:
+            found[model][names.index(metric)] += float(value)
+    return {model: tuple(values) for model, values in found.items()}
+
+
+async def _served_once(make_client: Callable[[], Any], call: Callable[[Any, Any], Any],
+                       items: Sequence[Any], concurrency: int) -> tuple[float, list[float], list]:
+    async with make_client() as client:
+        return await _drive(lambda item: call(client, item), items, concurrency)
+
+
+def measure_served(make_client: Callable[[], Any], call: Callable[[Any, Any], Any],
+                   to_result: Callable[[Any], Any], workload: Workload, items: Sequence[Any],
+                   expected: Sequence[Any], concurrency: int, runs: int, metrics_url: str,
+                   models: Sequence[str], processes: Processes | None) -> Measure:
+    """``runs`` timed runs at one concurrency; every answer checked."""
+    measures = []
+    for _ in range(runs):
+        stats_before = _statistics(metrics_url, models)
+        cpu_before = processes.snapshot() if processes else {}
+        seconds, latencies, results = asyncio.run(
+            _served_once(make_client, call, items, concurrency))
+        cpu_after = processes.snapshot() if processes else {}
+        stats_after = _statistics(metrics_url, models)
+        for item, got, want in zip(items, results, expected):
+            check_same(to_result(got), want, TOLERANCE, where=f"{workload.key} {item!r:.40}")
+        batch, queue_ms = {}, None
+        for model in models:
+            inferences, executions, queue_us, queued = (
+                a - b for a, b in zip(stats_after[model], stats_before[model]))
+            if executions:
+                batch[model] = inferences / executions
+            if model == models[0] and queued:
+                queue_ms = queue_us / queued / 1e3
+        p50, p99 = _percentiles(latencies)
+        measures.append(Measure(len(items) / seconds, p50, p99, batch, queue_ms,
+                                _difference(cpu_after, cpu_before, len(items))))
+    return _median_measure(measures)
+
+
+def measure_eager(workload: Workload, items: Sequence[Any], runs: int) -> Measure:
+    pipeline = workload.pipeline
+    measures = []
+    for _ in range(runs):
+        latencies = []
+        started = time.perf_counter()
+        for item in items:
+            begun = time.perf_counter()
+            pipeline(item)
+            latencies.append(time.perf_counter() - begun)
+        seconds = time.perf_counter() - started
+        measures.append(Measure(len(items) / seconds, *_percentiles(latencies)))
+    return _median_measure(measures)
+
+
+def measure_ort(workload: Workload, onnx_path: Path, batch: int, items: Sequence[Any],
+                expected: Sequence[Any], runs: int) -> Measure:
+    """Raw ONNX Runtime, default session options; latency is the batch's."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
+    run_batch(session, workload, chunks[0])
+    measures = []
+    for _ in range(runs):
+        latencies, results = [], []
+        started = time.perf_counter()
+        for chunk in chunks:
+            begun = time.perf_counter()
+            results.extend(run_batch(session, workload, chunk))
+            latencies.append(time.perf_counter() - begun)
+        seconds = time.perf_counter() - started
+        for item, got, want in zip(items, results, expected):
+            check_same(got, want, TOLERANCE, where=f"onnxruntime {item!r:.40}")
+        measures.append(Measure(len(items) / seconds, *_percentiles(latencies)))
+    return _median_measure(measures)
+
+
+# -- clients for the served rows ------------------------------------------------------------
+def _pipeline_client(url: str, concurrency: int) -> Callable[[], Any]:
+    return lambda: AsyncClient(url, max_in_flight=concurrency)
+
+
+async def _call_pipeline(client: Any, item: Any) -> Any:
+    return await client(item)
+
+
+def _model_result(outputs: dict[str, np.ndarray], names: Sequence[str]) -> Any:
+    """A PyTriton answer in the pipeline's result structure (strings decoded)."""
+    values = []
+    for name in names:
+        array = outputs[name]
+        if array.dtype == object or array.dtype.kind == "S":
+            values.append([v.decode() if isinstance(v, bytes) else str(v) for v in array])
+        else:
+            values.append(array)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+# -- PyTriton, in its own process -----------------------------------------------------------
+def _pytriton_serve(key: str, onnx_path: str, ports: tuple[int, int, int], ready: Any,
+                    stop: Any) -> None:
+    """Serve ``key``'s work as one ``@batch`` callable with PyTriton until ``stop`` is set."""
+    import onnxruntime as ort
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    workload = (_text_workload if key == "text" else _image_workload)(0)
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    outputs = list(workload.pipeline.outputs)
+    signature = workload.pipeline.signature()
+
+    @batch
+    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        raw = inputs[workload.input_name][:, 0]
+        items = [v.decode() if key == "text" else bytes(v) for v in raw]
+        results = run_batch(session, workload, items)
+        columns = [[r] for r in results] if len(outputs) == 1 else list(zip(*results))
+        answer = {}
+        for name, column in zip(outputs, columns if len(outputs) > 1 else [results]):
+            if signature.outputs[name].dtype == "TYPE_STRING":
+                answer[name] = np.array([[s.encode() for s in row] for row in column],
+                                        dtype=np.bytes_)
+            else:
+                answer[name] = np.stack(column)
+        return answer
+
+    out_tensors = [Tensor(name=name, dtype=np.bytes_ if spec.dtype == "TYPE_STRING"
+                          else np.float32, shape=spec.served_dims)
+                   for name, spec in signature.outputs.items()]
+    http, grpc, metrics = ports
+    config = TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)
+    with Triton(config=config) as triton:
+        triton.bind(model_name=f"pytriton_{key}", infer_func=infer,
+                    inputs=[Tensor(name=workload.input_name, dtype=np.bytes_, shape=(1,))],
+                    outputs=out_tensors,
+                    config=ModelConfig(max_batch_size=64, batcher=DynamicBatcher()))
+        triton.run()
+        ready.set()
+        stop.wait()
+
+
+class PyTritonServer:
+    """PyTriton in a child process (its callable must not share the client's interpreter)."""
+
+    def __init__(self, key: str, onnx_path: Path) -> None:
+        self.key = key
+        self.onnx_path = onnx_path
+        self.ports = tuple(free_ports(3))
+        context = multiprocessing.get_context("spawn")
+        self.ready, self.stop = context.Event(), context.Event()
+        self.process = context.Process(target=_pytriton_serve, daemon=True, args=(
+            key, str(onnx_path), self.ports, self.ready, self.stop))
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports[1]}"
+
+    def __enter__(self) -> PyTritonServer:
+        # PyTriton's 3.11 stub links a libpython: this interpreter's own, not Debian's.
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            d for d in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if d)
+        self.process.start()
+        if not self.ready.wait(180) or not triton_ready(f"127.0.0.1:{self.ports[0]}"):
+            self.__exit__()
+            raise RuntimeError("PyTriton did not become ready")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# -- the run --------------------------------------------------------------------------------
+@dataclass
+class Results:
+    workload: Workload
+    rows: dict[str, dict[int, Measure]] = field(default_factory=dict)
+    overhead_ms: float | None = None
+    direct_p50_ms: float | None = None
+
+
+def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str,
+                 models: Sequence[str],
+                 processes: Processes, args: argparse.Namespace, results: Results) -> None:
+    url = f"grpc://{grpc_url}/pipeline"
+    row = results.rows.setdefault(label, {})
+    for concurrency in CONCURRENCY:
+        row[concurrency] = measure_served(
+            _pipeline_client(url, concurrency), _call_pipeline, lambda got: got, workload,
+            workload.items, workload.expected, concurrency, args.runs, metrics_url, models,
+            processes)
+        print(f"{workload.key} {label} c={concurrency}: {row[concurrency].rate:.0f} req/s",
+              flush=True)
+
+
+def _direct_model_p50(workload: Workload, grpc_url: str, args: argparse.Namespace) -> float:
+    """p50 of the pipeline's ONNX model called directly, concurrency 1, inputs ready."""
+    items = workload.items[:max(200, len(workload.items) // 4)]
+    encoded = [workload.encode(item) for item in items]
+    url = f"grpc://{grpc_url}/{workload.model}"
+
+    async def call(client: Any, arrays: tuple[np.ndarray, ...]) -> Any:
+        return await client(*arrays)
+
+    p50s = []
+    for _ in range(args.runs):
+        async def once() -> list[float]:
+            async with AsyncTritonRemoteModel(url, max_in_flight=1) as client:
+                _, latencies, answers = await _drive(lambda a: call(client, a), encoded, 1)
+            for arrays, answer, want in zip(encoded, answers, workload.expected):
+                got = workload.finish(tuple(answer.values()), arrays)
+                check_same(got, want, TOLERANCE, where=f"{workload.model} directly")
+            return latencies
+
+        p50s.append(_percentiles(asyncio.run(once()))[0])
+    return statistics.median(p50s)
+
+
+def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
+                 client: Any) -> Results:
+    results = Results(workload)
+    workload.expected = [workload.pipeline(item) for item in workload.items]
+    results.rows["eager pipeline(x), one at a time"] = {
+        1: measure_eager(workload, workload.items, args.runs)}
+    built = build_pipeline_model(workload.pipeline, workdir / f"{workload.key}-models")
+    onnx_path = built.model_root / workload.model / "1" / "model.onnx"
+    for size in ORT_BATCHES:
+        results.rows[f"raw ONNX Runtime, batches of {size}"] = {
+            size: measure_ort(workload, onnx_path, size, workload.items, workload.expected,
+                              args.runs)}
+    models = [built.pipeline_model, workload.model]
+    with TritonServer(built.model_root) as server:
+        assert server._process is not None
+        processes = Processes([server._process.pid])
+        _served_rows(workload, server.grpc_url, f"127.0.0.1:{server.metrics_port}",
+                     "served: host tritonserver", models,
+                     processes, args, results)
+        results.direct_p50_ms = _direct_model_p50(workload, server.grpc_url, args)
+    results.overhead_ms = (results.rows["served: host tritonserver"][1].p50_ms
+                           - results.direct_p50_ms)
+    if not args.no_image:
+        from builder.verify.container import ServingContainer
+
+        tag = f"{IMAGE_PREFIX}{workload.key}:1"
+        build_docker_image(workload.pipeline, tag, verify=False, client=client,
+                           on_log=lambda line: None)
+        try:
+            with ServingContainer(client, tag, gpus=False) as endpoint:
+                pid = client.containers.get(endpoint.container_id).attrs["State"]["Pid"]
+                _served_rows(workload, endpoint.grpc_url, endpoint.metrics_url,
+                             "served: CPU image", models,
+                             Processes([pid], "image "), args, results)
+        finally:
+            client.images.remove(tag, force=True)
+    with PyTritonServer(workload.key, onnx_path) as pytriton:
+        name = f"pytriton_{workload.key}"
+        url = f"grpc://{pytriton.grpc_url}/{name}"
+        outputs = list(workload.pipeline.outputs)
+        row = results.rows.setdefault("PyTriton, one @batch callable", {})
+
+        async def call(model: Any, item: Any) -> Any:
+            value = item.encode() if isinstance(item, str) else item
+            return await model(np.array([value], dtype=np.object_))
+
+        for concurrency in CONCURRENCY:
+            row[concurrency] = measure_served(
+                lambda c=concurrency: AsyncTritonRemoteModel(url, max_in_flight=c), call,
+                lambda got: _model_result(got, outputs), workload, workload.items,
+                workload.expected, concurrency, args.runs, f"127.0.0.1:{pytriton.ports[2]}", [name],
+                Processes([pytriton.process.pid], "pytriton "))
+            print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
+                  flush=True)
+    return results
+
+
+# -- the report -----------------------------------------------------------------------------
+SERVED = "served: host tritonserver"
+EAGER = "eager pipeline(x), one at a time"
+PYTRITON = "PyTriton, one @batch callable"
+ORT64 = "raw ONNX Runtime, batches of 64"
+
+
+def _table(results: Results) -> list[str]:
+    rows = results.rows
+    eager = rows[EAGER][1].rate
+    ort = rows[ORT64][64].rate
+    lines = ["| how | in flight | req/s | p50 ms | p99 ms | achieved batch (pipeline / model) "
+             "| queue ms | a/b | a/c | a/d |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, by_concurrency in rows.items():
+        for concurrency, m in sorted(by_concurrency.items()):
+            batch = " / ".join(f"{b:.1f}" for b in m.batch.values()) or "—"
+            queue = f"{m.queue_ms:.2f}" if m.queue_ms is not None else "—"
+            if label.startswith("served"):
+                pytriton = rows[PYTRITON].get(concurrency)
+                ratios = (f"{m.rate / eager:.2f} | {m.rate / ort:.3f} | "
+                          + (f"{m.rate / pytriton.rate:.2f}" if pytriton else "—"))
+            else:
+                ratios = "— | — | —"
+            flight = (f"batch {concurrency}" if label.startswith("raw") else str(concurrency))
+            lines.append(f"| {label} | {flight} | {m.rate:.0f} | {m.p50_ms:.2f} | "
+                         f"{m.p99_ms:.2f} | {batch} | {queue} | {ratios} |")
+    return lines
+
+
+def _cpu_table(results: Results, concurrency: int) -> list[str]:
+    lines = []
+    for label in (SERVED, "served: CPU image", PYTRITON):
+        measure = results.rows.get(label, {}).get(concurrency)
+        if measure is None or not measure.cpu_ms:
+            continue
+        parts = ", ".join(f"{name} {ms:.3f}" for name, ms in
+                          sorted(measure.cpu_ms.items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {label} | {sum(measure.cpu_ms.values()):.3f} | {parts} |")
+    return lines
+
+
+def _chart(all_results: list[Results], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(all_results), figsize=(6 * len(all_results), 4.2))
+    for axis, results in zip(np.atleast_1d(axes), all_results):
+        for label, by_concurrency in results.rows.items():
+            if len(by_concurrency) > 1:
+                xs = sorted(by_concurrency)
+                axis.plot(xs, [by_concurrency[x].rate for x in xs], marker="o", label=label)
+            else:  # eager and raw ONNX Runtime do not depend on requests in flight
+                (measure,) = by_concurrency.values()
+                axis.plot(CONCURRENCY, [measure.rate] * len(CONCURRENCY), linestyle="--",
+                          label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+        axis.set_xlabel("requests in flight")
+        axis.set_ylabel("requests/s")
+        axis.set_title(results.workload.title)
+        axis.grid(True, which="both", alpha=0.3)
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def report(all_results: list[Results], args: argparse.Namespace, command: str,
+           chart: Path) -> str:
+    lines = [SECTION, "",
+             f"`{command}` — {platform.machine()}, {os.cpu_count()} CPUs, client on the same "
+             f"machine; {args.requests} requests per run, median of {args.runs} runs; every "
+             "served answer equal to the in-process one. a = served (host tritonserver), "
+             "b = eager `pipeline(x)`, c = raw ONNX Runtime on batches of 64, d = PyTriton at "
+             "the same concurrency. Achieved batch and queue time from Triton's statistics.", "",
+             f"![throughput by requests in flight]({chart.relative_to(BENCHMARKS.parent)})"
+             if chart.is_relative_to(BENCHMARKS.parent) else f"Chart: {chart}", ""]
+    for results in all_results:
+        lines += [f"### {results.workload.title}", "", *_table(results), ""]
+        if results.overhead_ms is not None:
+            lines += [f"Pipeline-model overhead at concurrency 1: "
+                      f"{results.overhead_ms:.3f} ms p50 (pipeline "
+                      f"{results.rows[SERVED][1].p50_ms:.3f} ms, its model `"
+                      f"{results.workload.model}` called directly "
+                      f"{results.direct_p50_ms:.3f} ms).", ""]
+        cpu = _cpu_table(results, max(CONCURRENCY))
+        if cpu:
+            lines += [f"CPU per request at {max(CONCURRENCY)} in flight, by process (ms, "
+                      "from `/proc`):", "", "| served by | total | by process |", "|---|---|---|",
+                      *cpu, ""]
+    return "\n".join(lines) + "\n"
+
+
+SWEEP_SECTION = "## Dynamic batching of the pipeline model: a sweep"
+SWEEP = ({}, {"max_queue_delay_microseconds": 100}, {"max_queue_delay_microseconds": 500},
+         {"max_queue_delay_microseconds": 2000},
+         {"preferred_batch_size": [8, 16, 32], "max_queue_delay_microseconds": 500})
+
+
+def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) -> str:
+    """The pipeline model's dynamic batching settings, served by the host server, side by side."""
+    lines = ["| pipeline | dynamic_batching | " + " | ".join(
+        f"req/s at {c} | p50 ms at {c}" for c in CONCURRENCY) + " |",
+        "|---|---|" + "---|---|" * len(CONCURRENCY)]
+    for workload in workloads:
+        for index, setting in enumerate(SWEEP):
+            built = build_pipeline_model(workload.pipeline,
+                                         workdir / f"sweep-{workload.key}-{index}",
+                                         dynamic_batching=setting)
+            cells = []
+            with TritonServer(built.model_root) as server:
+                url = f"grpc://{server.grpc_url}/pipeline"
+                for concurrency in CONCURRENCY:
+                    m = measure_served(
+                        _pipeline_client(url, concurrency), _call_pipeline, lambda got: got,
+                        workload, workload.items, workload.expected, concurrency, args.runs,
+                        f"127.0.0.1:{server.metrics_port}", [built.pipeline_model], None)
+                    cells.append(f"{m.rate:.0f} | {m.p50_ms:.2f}")
+            described = ", ".join(f"{k} {v}" for k, v in setting.items()) or (
+                "Triton's defaults (no delay)")
+            lines.append(f"| {workload.title} | {described} | {' | '.join(cells)} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per run")
     parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 200 requests, one run, nothing written")
+    parser.add_argument("--no-image", action="store_true", help="skip the CPU image rows")
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="skip the sweep of the pipeline model's dynamic batching")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    texts = [TEXTS[i % len(TEXTS)] + f" #{i}" for i in range(args.requests)]
+    if args.quick:
+        args.requests, args.runs, args.no_write = 200, 1, True
+    command = COMMAND + ("" if (args.requests, args.runs) == (2000, 3) else
+                         f" --requests {args.requests} --runs {args.runs}")
+    client = None
+    if not args.no_image:
+        from builder.engine import ensure_engine
 
-    pipeline(texts[0])
-    rates = []
-    for _ in range(args.runs):
-        started = time.monotonic()
-        expected = [pipeline(text) for text in texts]
-        rates.append(len(texts) / (time.monotonic() - started))
-    in_process = statistics.median(rates)
-
-    rows = []
+        client = ensure_engine()
+    all_results = []
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
-        built = build_pipeline_model(pipeline, Path(workdir) / "models")
-        with TritonServer(built.model_root) as server:
-            url = f"grpc://{server.grpc_url}/{built.pipeline_model}"
-            for concurrency in CONCURRENCY:
-                rates = []
-                for _ in range(args.runs):
-                    seconds, results = asyncio.run(_served(url, texts, concurrency))
-                    for text, got, want in zip(texts, results, expected):
-                        check_same(got, want, where=text)
-                    rates.append(len(texts) / seconds)
-                rows.append((concurrency, statistics.median(rates)))
-
-    lines = [SECTION, "",
-             f"`{COMMAND} --requests {args.requests} --runs {args.runs}` — median of the runs; "
-             f"{platform.machine()}, "
-             f"{os.cpu_count()} CPUs; host-process Triton 2.51 (python backend + the "
-             "onnxruntime Python backend), one pipeline model instance with dynamic batching, "
-             "gRPC from the same machine (the client shares the CPUs with the server). Every "
-             "served answer equals the in-process one.", "",
-             "| how | requests in flight | calls/s |", "|---|---|---|",
-             f"| in process, one call after another | 1 | {in_process:.0f} |"]
-    lines += [f"| served over gRPC | {c} | {qps:.0f} |" for c, qps in rows]
-    section = "\n".join(lines) + "\n"
-    publish(SECTION, section, write=not args.no_write)
+        for make in (_text_workload, _image_workload):
+            all_results.append(run_workload(make(args.requests), args, Path(workdir), client))
+        chart = Path(workdir) / CHART.name if args.no_write else CHART
+        _chart(all_results, chart)
+        publish(SECTION, report(all_results, args, command, chart), write=not args.no_write)
+        if not args.no_sweep:
+            table = sweep([r.workload for r in all_results], args, Path(workdir))
+            publish(SWEEP_SECTION, "\n".join([
+                SWEEP_SECTION, "",
+                f"`{command}` (same run) — the served pipeline on the host tritonserver, "
+                f"{args.requests} requests per run, median of {args.runs}; every answer "
+                "checked. The default the builder writes for CPU targets is the setting "
+                "chosen from this table (see `builder/repository/batching.py`).", "",
+                table]) + "\n", write=not args.no_write)
 
 
 if __name__ == "__main__":
