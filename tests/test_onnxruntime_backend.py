@@ -126,3 +126,14 @@ def test_execute_with_stand_in_pb_utils(repository, monkeypatch):
     for request, response in zip(requests, responses):
         (tensor,) = response.output_tensors
         np.testing.assert_allclose(tensor.array, expected_linear(request["INPUT"]), atol=1e-5)
+
+
+def test_sessions_do_not_spin_and_share_the_cores_unless_the_config_says_so(monkeypatch):
+    monkeypatch.setattr(backend.os, "cpu_count", lambda: 8)
+    options = backend.session_options({}, instances=2)
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    chosen = backend.session_options({"intra_op_thread_count": {"string_value": "3"},
+                                      "allow_spinning": {"string_value": "1"}}, instances=2)
+    assert chosen.intra_op_num_threads == 3
+    assert chosen.get_session_config_entry("session.inter_op.allow_spinning") == "1"

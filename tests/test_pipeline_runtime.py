@@ -7,6 +7,7 @@ onnxruntime); only Triton's plumbing is the stand-in of :mod:`tests.pb_utils_sta
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -45,9 +46,10 @@ def _make_pipeline(op_config=None):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """A repository whose pipeline model reaches its model operator through BLS."""
     root = tmp_path_factory.mktemp("runtime") / "models"
     pipeline = _make_pipeline({"max_batch_size": 3})
-    build_pipeline_model(pipeline, root)
+    build_pipeline_model(pipeline, root, in_process=False)
     return pipeline, root
 
 
@@ -291,3 +293,74 @@ def test_a_gpu_instance_whose_torch_has_no_cuda_fails_to_load(tmp_path, monkeypa
     _, args = _python_format_gpu_model(tmp_path, monkeypatch, device_id="0")
     with pytest.raises(RuntimeError, match=r"KIND_GPU on cuda:0.*sees no CUDA device"):
         torch_model.TritonPythonModel().initialize(args)
+
+
+class CountingSession:
+    """A real ONNX Runtime session that records the batch size of each run (a spy)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.runs: list[int] = []
+
+    def run(self, names, feeds):
+        self.runs.append(len(next(iter(feeds.values()))))
+        return self.session.run(names, feeds)
+
+
+@pytest.fixture(scope="module")
+def built_in_process(tmp_path_factory):
+    """The default build for a CPU target: the pipeline model runs the ONNX model itself."""
+    root = tmp_path_factory.mktemp("in-process") / "models"
+    pipeline = _make_pipeline({"max_batch_size": 3})
+    build_pipeline_model(pipeline, root)
+    return pipeline, root
+
+
+def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
+        built_in_process, monkeypatch):
+    pipeline, root = built_in_process
+    pb.Models.reset()
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    model = pipeline_model.TritonPythonModel()
+    model.initialize(_args(root / "pipeline"))
+    spy = model.sessions["affine"] = CountingSession(model.sessions["affine"])
+    vectors = [[1, 2, 3, 4], [-1, 2, -3, 4], [0.5, -1, -1, 1], [4, 3, 2, 1]]
+    responses = model.execute([_request(vectors[0]), _request(*vectors[1:3]),
+                               _request(vectors[3])])
+    _assert_matches(pipeline, vectors[:1], _outputs(responses[0]))
+    _assert_matches(pipeline, vectors[1:3], _outputs(responses[1]))
+    _assert_matches(pipeline, vectors[3:], _outputs(responses[2]))
+    assert pb.Models.calls == []  # no BLS request at all
+    assert spy.runs == [3, 1]  # max_batch_size 3 still bounds one run
+    # the model operator keeps its Triton model: clients can call it directly
+    assert read_config(root / "affine").platform == "onnxruntime_onnx"
+    versions = json.loads((root / "pipeline" / "1" / "pipe.versions.json").read_text())
+    assert "onnxruntime" in versions["libraries"]  # packed into the pipeline's environment
+
+
+def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
+        built_in_process, monkeypatch):
+    pipeline, root = built_in_process
+    pb.Models.reset()
+    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
+    pb.Models.registry["affine"] = lambda inputs: dict(
+        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when not installed
+    monkeypatch.setattr(pipeline_model, "check_versions", lambda record: [])
+    warnings = []
+    monkeypatch.setattr(pipeline_model.TritonApi, "log_warning",
+                        lambda self, message: warnings.append(message))
+    model = pipeline_model.TritonPythonModel()
+    model.initialize(_args(root / "pipeline"))
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+    assert [c.model_name for c in pb.Models.calls] == ["affine"]
+    assert "go through BLS" in warnings[0]
+
+
+def test_in_process_sessions_do_not_spin(monkeypatch):
+    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 16)
+    options = pipeline_model.cpu_session_options(ort, instances=2)
+    assert options.intra_op_num_threads == 4 and options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -272,3 +272,19 @@ def test_unchanged_pipelines_write_the_same_bytes_in_every_process(tmp_path):
         files.append(json.loads(result.stdout.splitlines()[-1]))
     assert any(name.endswith("pipe.pickle") for name in files[0])
     assert files[0] == files[1], {k: v for k, v in files[1].items() if files[0].get(k) != v}
+
+
+def test_cpu_targets_run_onnx_model_operators_in_the_pipeline_model(tmp_path):
+    from builder.base import resolve
+
+    cases = {"host": {}, "cpu": {"target": resolve(None)}, "gpu": {"target": resolve("12.4")},
+             "off": {"in_process": False}}
+    found = {}
+    for case, options in cases.items():
+        build_pipeline_model(_pipeline(), tmp_path / case, **options)
+        parameters = read_config(tmp_path / case / "pipeline").parameters
+        found[case] = (json.loads(parameters["in_process_models"].string_value)
+                       if "in_process_models" in parameters else None)
+        assert (tmp_path / case / "affine" / "1" / "model.onnx").is_file()
+    assert found == {"host": {"affine": "affine/1/model.onnx"},
+                     "cpu": {"affine": "affine/1/model.onnx"}, "gpu": None, "off": None}

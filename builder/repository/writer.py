@@ -31,6 +31,7 @@ from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_s
 from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
+from builder.repository.batching import default_batching
 from builder.repository.export import ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,
@@ -43,13 +44,16 @@ if TYPE_CHECKING:
     from builder.base.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
+IN_PROCESS_PARAMETER = "in_process_models"
+"""Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
+ONNX_FILE = "model.onnx"
 SERVERS = ("triton",)
 DEFAULT_OP_CONFIG: dict[str, Any] = {
     "instance_count": 1,
     "max_batch_size": 64,
-    "dynamic_batching": {},
 }
-"""Defaults for every model operator, under ``op_defaults`` and each ``op_config``."""
+"""Defaults for every model operator, under ``op_defaults`` and each ``op_config``; dynamic
+batching by target, from :mod:`builder.repository.batching`."""
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -99,18 +103,24 @@ def build_pipeline_model(
     dynamic_batching: Mapping[str, Any] | None = None,
     tolerance: float = 1e-4,
     target: Release | None = None,
+    in_process: bool | None = None,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
     ``parallelism`` is the pipeline model's instance count; ``format_priority`` the export
     formats tried for model operators (an operator's ``op_config`` may override it);
     ``op_defaults`` is an ``op_config`` applied to every model operator; ``max_batch_size`` and
-    ``dynamic_batching`` configure the pipeline model. ``target`` (a
+    ``dynamic_batching`` configure the pipeline model (default: by target, from
+    :mod:`builder.repository.batching`; ``{}`` is Triton's defaults). ``target`` (a
     :class:`~builder.base.releases.Release`) places the model operators: on a GPU release they
     get ``KIND_GPU`` instances unless their ``op_config`` says ``"device": "cpu"``, on the CPU
     base ``KIND_CPU``; without a target only ``device_ids`` or ``"device": "gpu"`` make them GPU
-    models. The pipeline model always runs on the CPU. Raises a :class:`PipelineError`
-    subclass, before anything is written, for a bad pipeline or option.
+    models. The pipeline model always runs on the CPU. ``in_process`` makes the pipeline model
+    run its CPU ONNX model operators itself, in ONNX Runtime, instead of through BLS; by
+    default it does unless the target is a GPU release: on the CPU base the ``onnxruntime``
+    backend is another python stub (see :mod:`builder.runtime.pipeline_model`). Every model
+    operator keeps its own Triton model either way. Raises a :class:`PipelineError` subclass,
+    before anything is written, for a bad pipeline or option.
     """
     if server not in SERVERS:
         raise BuildError(f"server {server!r} is not supported; supported: {list(SERVERS)}")
@@ -126,8 +136,9 @@ def build_pipeline_model(
         raise BuildError(f"{name!r} is not a valid Triton model name")
     check_formats(format_priority, "build_pipeline_model")
     defaults = {**DEFAULT_OP_CONFIG, **validate_op_config(op_defaults or {}, "op_defaults")}
-    pipeline_batching = validate_op_config(
-        {"dynamic_batching": dynamic_batching or {}}, name)["dynamic_batching"]
+    pipeline_batching = validate_op_config({"dynamic_batching": (
+        default_batching(target, "pipeline") if dynamic_batching is None else dynamic_batching
+    )}, name)["dynamic_batching"]
 
     signature = pipe.signature()
     model_ops = pipe.model_ops()
@@ -160,7 +171,8 @@ def build_pipeline_model(
                 instance_count=config["instance_count"],
                 gpu=placements[op.name][0],
                 device_ids=placements[op.name][1],
-                dynamic_batching=config["dynamic_batching"],
+                dynamic_batching=config.get("dynamic_batching",
+                                            default_batching(target, "model")),
             )), staging / op.name)
             targets[op.name] = BlsTarget(
                 op.name, exported.format,
@@ -169,7 +181,11 @@ def build_pipeline_model(
             )
             built.append(BuiltModel(op.name, exported.format, exported.attempts,
                                     gpu=placements[op.name][0]))
-        _write_pipeline_model(staging / name, pipe, signature, targets, ModelConfigSpec(
+        own = {
+            op.name: f"{op.name}/1/{ONNX_FILE}" for op in model_ops
+            if targets[op.name].format == "onnx" and not placements[op.name][0]
+        } if _in_process(in_process, target) else {}
+        _write_pipeline_model(staging / name, pipe, signature, targets, own, ModelConfigSpec(
             name=name,
             inputs=_tensors(signature.inputs),
             outputs=_tensors(signature.outputs),
@@ -177,7 +193,10 @@ def build_pipeline_model(
             backend="python",
             instance_count=parallelism,
             dynamic_batching=pipeline_batching,
-            parameters=signature_parameter(signature),  # lets any client rebuild the values
+            parameters={
+                **signature_parameter(signature),  # lets any client rebuild the values
+                **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)} if own else {}),
+            },
         ))
     result = BuildResult(root, name, signature, built)
     log.info("%s", result.report())
@@ -221,14 +240,21 @@ def _tensors(specs: Mapping[str, Any]) -> list[TensorConfig]:
     return [TensorConfig(n, s.dtype, s.served_dims) for n, s in specs.items()]
 
 
+def _in_process(wanted: bool | None, target: Release | None) -> bool:
+    return (target is None or not target.gpu) if wanted is None else wanted
+
+
 def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSignature,
-                          targets: Mapping[str, BlsTarget], spec: ModelConfigSpec) -> None:
+                          targets: Mapping[str, BlsTarget], in_process: Mapping[str, str],
+                          spec: ModelConfigSpec) -> None:
     version = directory / "1"
     version.mkdir(parents=True)
     served = copy.copy(pipe)
     served.examples = ()  # examples may be large and are not needed to serve
     served._signature = signature
     payload, referenced = dumps(served, targets)
+    if in_process:  # the pipeline model opens those sessions itself: its environment needs ORT
+        referenced = {*referenced, "onnxruntime"}
     (version / PIPELINE_FILE).write_bytes(payload)
     (version / VERSIONS_FILE).write_text(
         json.dumps(_versions_record(referenced), indent=2, sort_keys=True) + "\n"

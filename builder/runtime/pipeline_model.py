@@ -5,10 +5,11 @@ by value) and ``pipe.versions.json`` (the Python and library versions it was pic
 
 ``execute`` receives a dynamic batch of requests, each holding a batch of calls (one per element
 of the batch dimension). It decodes every call's typed input tensors into Python values, runs all
-calls through the DAG together — Python operators in process, model operators through BLS, one
-BLS request for the rows of all calls where their shapes agree — and answers each request with
+calls through the DAG together — Python operators in process, model operators in one model call
+for the rows of all calls where their shapes agree — and answers each request with
 typed output tensors, or with an error response when one of its calls failed; the other requests
-still get their results.
+still get their results. A model call is a BLS request, or, for the ONNX models the config's
+``in_process_models`` parameter names (CPU targets), an ONNX Runtime session in this process.
 
 Everything this module needs from ``triton_python_backend_utils`` goes through
 :class:`TritonApi`, so the logic here runs, and is tested, without Triton. It imports nothing
@@ -18,10 +19,11 @@ from ``builder``: the serving environment need not have it installed.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -115,12 +117,72 @@ class TritonApi:
             print(message, file=sys.stderr)
 
 
-# -- model operators through BLS -------------------------------------------------------------
-class BlsRunner:
-    """Runs model operators as BLS requests, batching rows whose non-batch shapes agree."""
+# -- model operators: BLS, or ONNX Runtime in this process ---------------------------------
+IN_PROCESS_PARAMETER = "in_process_models"
+"""The pipeline model's config parameter naming the model operators it runs itself: a JSON
+object, model name → its ONNX file relative to the model repository."""
 
-    def __init__(self, api: TritonApi) -> None:
+
+class ModelCalls:
+    """One model call for a batch of rows: in this process where a session is open, else BLS.
+
+    Why in process: on the CPU base the ``onnxruntime`` backend is itself a python backend, so a
+    BLS call is a second stub process and two shared-memory round trips, which cost more CPU
+    than these models' compute. The models stay in the repository for clients to call.
+    """
+
+    def __init__(self, api: TritonApi, sessions: dict[str, Any] | None = None) -> None:
         self.api = api
+        self.sessions = {} if sessions is None else sessions
+
+    def __call__(self, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        session = self.sessions.get(target.model_name)
+        if session is None:
+            return self.api.infer(target.model_name, inputs, target.output_names)
+        try:
+            return session.run(list(target.output_names), inputs)
+        except Exception as error:  # noqa: BLE001 - reported like a failed BLS request
+            raise BlsError(f"model {target.model_name!r} (in process): {error}") from None
+
+
+def open_sessions(repository: Path, parameter: str | None, instances: int,
+                  api: TritonApi) -> dict[str, Any]:
+    """ONNX Runtime sessions for the models ``parameter`` names; ``{}`` without onnxruntime."""
+    models = json.loads(parameter) if parameter else {}
+    if not models:
+        return {}
+    try:
+        import onnxruntime as ort
+    except ImportError as error:
+        api.log_warning(f"model operators {sorted(models)} go through BLS: onnxruntime cannot "
+                        f"be imported in the pipeline model's environment ({error})")
+        return {}
+    options = cpu_session_options(ort, instances)
+    return {name: ort.InferenceSession(str(repository / path), sess_options=options,
+                                       providers=["CPUExecutionProvider"])
+            for name, path in models.items()}
+
+
+def cpu_session_options(ort: Any, instances: int) -> Any:
+    """No spinning threads, and half the cores per instance for each model run.
+
+    Measured on 2 cores: spinning intra-op threads burn the CPU that the server, the stubs and
+    a local client need, and one thread per run costs less CPU per row than two on these
+    small models. The other half of the cores is left to Triton's own processes.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, (os.cpu_count() or 1) // (2 * max(1, instances)))
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+class BatchingRunner:
+    """Runs model operators, one model call for the rows whose non-batch shapes agree."""
+
+    def __init__(self, call: Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]) -> None:
+        self.call = call
 
     def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
         target = op.served
@@ -130,18 +192,26 @@ class BlsRunner:
             key = tuple((a.shape[1:], a.dtype.str) for a in row)
             groups.setdefault(key, []).append(index)
         for members in groups.values():
-            for chunk in _chunks(members, [rows[i][0].shape[0] for i in members],
-                                 target.max_batch_size, op.name):
+            sizes = [rows[i][0].shape[0] for i in members]
+            for chunk in _chunks(members, sizes, target.max_batch_size, op.name):
                 merged = {
                     name: np.concatenate([rows[i][k] for i in chunk])
                     for k, name in enumerate(target.input_names)
                 }
-                outputs = self.api.infer(target.model_name, merged, target.output_names)
-                bounds = np.cumsum([rows[i][0].shape[0] for i in chunk])[:-1]
-                parts = [np.split(output, bounds) for output in outputs]
-                for position, index in enumerate(chunk):
-                    results[index] = tuple(p[position] for p in parts)
+                outputs = self.call(target, merged)
+                for index, row_outputs in zip(chunk, _split_rows(outputs, rows, chunk)):
+                    results[index] = row_outputs
         return results
+
+
+def _split_rows(outputs: Sequence[np.ndarray], rows: Sequence[tuple],
+                chunk: list[int]) -> list[tuple]:
+    """The outputs of one model call, back into one tuple of arrays per row."""
+    if all(rows[i][0].shape[0] == 1 for i in chunk):  # the usual case: slicing beats np.split
+        return [tuple(output[p:p + 1] for output in outputs) for p in range(len(chunk))]
+    bounds = np.cumsum([rows[i][0].shape[0] for i in chunk])[:-1]
+    parts = [np.split(output, bounds) for output in outputs]
+    return [tuple(part[p] for part in parts) for p in range(len(chunk))]
 
 
 def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list[list[int]]:
@@ -296,7 +366,11 @@ class TritonPythonModel:
                 f"{sorted(expected[1])}, {PIPELINE_FILE} has {sorted(signature.inputs)} and "
                 f"{sorted(signature.outputs)}: rebuild the model repository"
             )
-        runner = BlsRunner(self.api)
+        parameters = config.get("parameters", {})
+        parameter = parameters.get(IN_PROCESS_PARAMETER, {}).get("string_value")
+        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+        self.sessions = open_sessions(directory.parent.parent, parameter, instances, self.api)
+        runner = BatchingRunner(ModelCalls(self.api, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")

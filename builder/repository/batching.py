@@ -1,0 +1,37 @@
+"""The dynamic batching the builder writes when a pipeline does not choose its own.
+
+One table, by kind of release, because what pays differs: on the CPU base every request of a
+batch costs the same CPU in the pipeline model, so holding requests back only adds latency; the
+measured sweep is ``benchmarks/bench_serving.py`` (section "Dynamic batching of the pipeline
+model" of ``BENCHMARKS.md``). GPU releases keep Triton's own defaults until a GPU measurement
+says otherwise: none could be taken where this table was made.
+
+``op_config["dynamic_batching"]`` (model operators) and ``build_pipeline_model(...,
+dynamic_batching=...)`` (the pipeline model) override it; ``{}`` there means Triton's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from builder.base.releases import Release
+
+DEFAULT_BATCHING: dict[str, dict[str, dict[str, Any]]] = {
+    "cpu": {
+        "pipeline": {"max_queue_delay_microseconds": 0},
+        "model": {"max_queue_delay_microseconds": 0},
+    },
+    "gpu": {
+        "pipeline": {"max_queue_delay_microseconds": 0},
+        "model": {},
+    },
+}
+"""Release kind → model kind (the pipeline model, a model operator's model) → the settings."""
+
+
+def default_batching(target: Release | None, model: str) -> dict[str, Any]:
+    """The default ``dynamic_batching`` of ``model`` (``"pipeline"`` or ``"model"``) on
+    ``target`` (``None``: the CPU base or a host server)."""
+    kind = "gpu" if target is not None and target.gpu else "cpu"
+    return dict(DEFAULT_BATCHING[kind][model])
