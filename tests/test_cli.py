@@ -103,6 +103,22 @@ def test_build_writes_the_repository(tmp_path):
     assert "model 'text_encoder': onnx" in result.stderr
 
 
+def test_build_for_a_cuda_release_places_the_model_on_the_gpus(tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from builder.repository.model_config import read_config
+
+    root = Path(cli("build", PIPELINE, "--model-root", str(tmp_path / "models"),
+                    "--cuda", "12.4").stdout.strip())
+    assert read_config(root / "text_encoder").instance_group[0].kind == (
+        mc.ModelInstanceGroup.KIND_GPU)
+    assert read_config(root / "pipeline").instance_group[0].kind == (
+        mc.ModelInstanceGroup.KIND_CPU)
+    bad = cli("build", PIPELINE, "--model-root", str(tmp_path / "other"), "--cuda", "10.2",
+              check=False)
+    assert bad.returncode == 2 and "no nvcr.io/nvidia/tritonserver release" in bad.stderr
+
+
 @pytest.mark.slow
 def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry):
     reference = f"{registry.host}/cli/text-embedding:1"
