@@ -62,6 +62,8 @@ def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None) 
         checks.append(environment_cuda_check(release, gpus, runtime.cuda if runtime else None,
                                              f"{Path(environment).name}"
                                              + (f" ({runtime.distribution})" if runtime else "")))
+    elif release.gpu:
+        checks.append(_chosen_torch_check(release, gpus))
     checks.append(_disk(client))
     if client is not None:
         checks.append(_base_image(client, release))
@@ -169,6 +171,27 @@ def _engine():
     return client, Check("docker engine", "ok",
                          f"{version.get('Version')} (API {version.get('ApiVersion')}), "
                          f"runtimes: {', '.join(runtimes) or 'none listed'}")
+
+
+def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
+    """The torch a build for ``release`` would put in the environment, against the drivers."""
+    from builder.base.releases import UBUNTU_GLIBC
+    from builder.environment.cuda_packages import resolve_cuda_packages
+    from builder.environment.spec import requirements_spec
+    from builder.environment.target import platform_tags
+    from builder.errors import TritonBuilderError
+
+    try:
+        resolution = resolve_cuda_packages(
+            requirements_spec(["torch"], "doctor"), release,
+            python_version=release.python_version,
+            platforms=platform_tags(UBUNTU_GLIBC.get(release.ubuntu or "", "2.35"), "x86_64"))
+    except TritonBuilderError as error:
+        return Check("environment cuda", "warn", f"could not tell which torch a build would "
+                     f"choose: {error}")
+    (choice,) = resolution.choices
+    return environment_cuda_check(release, gpus, choice.cuda,
+                                  f"torch a build would choose ({choice.requirement})")
 
 
 def _query_gpus() -> tuple[list[Gpu], str | None]:

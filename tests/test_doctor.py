@@ -90,3 +90,6 @@ def test_run_checks_for_a_gpu_release_on_this_machine():
     assert checks["nvidia container runtime"].status == "warn"
     assert checks["gpu driver"].status == "warn"
     assert not any(c.status == "fail" for c in checks.values())
+    chosen = checks["environment cuda"]  # the torch a build would choose, from PyPI here
+    assert chosen.status == "ok" and "torch a build would choose (torch==" in chosen.detail
+    assert "carries CUDA runtime 12.4" in chosen.detail

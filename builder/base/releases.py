@@ -46,6 +46,10 @@ TOOLKIT_DRIVER = {
 }
 """Minimum Linux driver branch of each CUDA toolkit minor (CUDA Toolkit release notes)."""
 
+UBUNTU_GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
+"""glibc of the Ubuntu releases the NGC images are built on (Ubuntu's libc6 package per release):
+the wheel platforms an image runs, known before its image is pulled."""
+
 MINOR_VERSION_DRIVER = {"11": 450, "12": 525, "13": 580}
 """Driver branch from which any CUDA runtime of that major runs ("minor version compatibility",
 CUDA Compatibility guide: 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580)."""

@@ -89,11 +89,7 @@ class EnvironmentTarget:
 
     def platform_tags(self) -> list[str]:
         """Wheel platform tags the target can run, most specific first (for ``pip download``)."""
-        major, minor = (int(part) for part in self.glibc_version.split(".")[:2])
-        tags = [f"manylinux_{major}_{m}_{self.machine}" for m in range(minor, 16, -1)]
-        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-        tags += [f"{name}_{self.machine}" for floor, name in legacy.items() if minor >= floor]
-        return tags + [f"linux_{self.machine}"]
+        return platform_tags(self.glibc_version, self.machine)
 
     def fingerprint(self) -> str:
         """What an environment built for this target depends on (hashed into the cache key)."""
@@ -113,6 +109,15 @@ class EnvironmentTarget:
             return _run_on_host(argv, what=what, env=env)
         assert self.client is not None, "an image target needs its Docker client"
         return _run_in_image(self.client, self.image, argv, what=what, binds=binds, env=env)
+
+
+def platform_tags(glibc_version: str, machine: str) -> list[str]:
+    """Wheel platform tags a glibc system runs, most specific first."""
+    major, minor = (int(part) for part in glibc_version.split(".")[:2])
+    tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, 16, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags += [f"{name}_{machine}" for floor, name in legacy.items() if minor >= floor]
+    return tags + [f"linux_{machine}"]
 
 
 def image_target(client: docker.DockerClient, image: str, *,
