@@ -17,7 +17,7 @@ import zipfile
 import pytest
 from packaging.requirements import Requirement
 
-from builder.base.releases import resolve
+from builder.base.releases import UBUNTU_GLIBC, resolve
 from builder.environment.check import archive_cuda_runtime
 from builder.environment.cuda_packages import (
     PICKLE_SOURCE,
@@ -28,24 +28,18 @@ from builder.environment.cuda_packages import (
 )
 from builder.environment.errors import SpecError
 from builder.environment.spec import requirements_spec
-from builder.environment.target import EnvironmentTarget
+from builder.environment.target import platform_tags
 from builder.environment.wheel_metadata import list_wheels, read_metadata
 from builder.image.build import EnvironmentMismatchError, check_environment_cuda
 
-GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
-"""glibc of the NGC images' Ubuntu releases: the wheel platforms those images run."""
-
 
 def _platforms(glibc: str) -> list[str]:
-    return EnvironmentTarget(
-        python_version="3", full_python_version="3", python_executable="/usr/bin/python3",
-        interpreter_dirs=(), stub_python_version="3", machine="x86_64", glibc_version=glibc,
-        triton_version=None).platform_tags()
+    return platform_tags(glibc, "x86_64")
 
 
 def _resolve(cuda, triton, requirement="torch==2.13.0", source=PICKLE_SOURCE, **options):
     release = resolve(cuda, triton)
-    glibc = GLIBC.get(release.ubuntu or "", "2.36")
+    glibc = UBUNTU_GLIBC.get(release.ubuntu or "", "2.36")  # 2.36: the CPU base's Debian 12
     logged: list[str] = []
     resolution = resolve_cuda_packages(
         requirements_spec([requirement], source), release, python_version=release.python_version,
