@@ -26,6 +26,7 @@ import docker
 from docker.models.images import Image
 
 from builder.base import Release, ensure_base_image, resolve
+from builder.base.python_bridge import plan_python
 from builder.client import Client
 from builder.engine.reference import tag_references
 from builder.environment import (
@@ -35,6 +36,7 @@ from builder.environment import (
     load_spec,
     pack_environment,
 )
+from builder.environment.bridge import bridge_environment
 from builder.environment.cuda_packages import (
     PICKLE_SOURCE,
     PYTORCH_INDEX,
@@ -47,6 +49,7 @@ from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
 from builder.repository.writer import build_pipeline_model
+from builder.runtime.torch_model import MODULE_FILE
 from builder.verify.check import Check, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
@@ -89,6 +92,9 @@ def build_docker_image(
     packer: str | None = None,
     index: PackageIndex | None = None,
     pytorch_index: str | None = PYTORCH_INDEX,
+    bridge: bool = True,
+    base_python: str | None = None,
+    interpreter_image: str | None = None,
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
@@ -102,7 +108,13 @@ def build_docker_image(
 
     ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release
     (:func:`~builder.base.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
-    ``triton_version`` / ``base_image`` override it.
+    ``triton_version`` / ``base_image`` override it; ``base_python`` picks the CPU base
+    (3.11: Debian bookworm; 3.13: Debian trixie).
+    Where the release's Python is not this builder's, the python models are *bridged*
+    (:mod:`builder.base.python_bridge`): a stub for this Python from the release's branch and
+    an environment that carries this interpreter (taken from ``interpreter_image``, by default
+    the official Python image on a glibc no newer than the release's). ``bridge=False``, or a
+    release no bridge reaches, fails before anything is pulled or built.
     The environment holds what the pickled pipeline imports (pinned to the versions used here),
     ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements;
     torch is resolved for the release's CUDA (a CPU build for the CPU base) from
@@ -120,32 +132,45 @@ def build_docker_image(
         raise BuildError("verification needs at least one call: give the pipeline an example "
                          "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
-    release = resolve(cuda, triton_version, base_image)
+    release = resolve(cuda, triton_version, base_image, base_python=base_python)
+    plan = plan_python(release, bridge=bridge,
+                       conda={"conda": True, "venv": False}.get(str(packer)),
+                       interpreter_image=interpreter_image)
     client = client or _docker_client()
     with timed_step(f"base image {release.image}", on_log):
         base = ensure_base_image(client, release, on_log=on_log)
+        bridged = bridge_environment(client, plan) if plan.bridged else None
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, target=release, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
-            target = image_target(client, base.id)
+            target = bridged.target if bridged else image_target(client, base.id)
             spec = merge_specs(
                 load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
                 requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
+                requirements_spec(_python_model_requirements(built.model_root),
+                                  "python-format model operators"),
+                requirements_spec(bridged.requirements if bridged else [],
+                                  "the CPU base's onnxruntime backend, bridged"),
                 _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
             resolution = resolve_cuda_packages(
                 spec, release, python_version=target.python_version,
                 platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
                 on_log=on_log or stderr_line)
-            tarball = pack_environment(resolution.spec, target, packer=packer,
+            tarball = pack_environment(resolution.spec, target,
+                                       packer=bridged.packer if bridged else packer,
                                        index=resolution.index, on_log=on_log)
-            attach_environment(built.model_root, tarball, models=[built.pipeline_model])
+            attach_environment(built.model_root, tarball,
+                               stub=bridged.stub if bridged else None,
+                               backends=bridged.backends if bridged else ("python",),
+                               unpacked=bool(bridged and bridged.unpacked))
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
             return _image_verify_push(
                 built.model_root, references, release, base, client=client, user=user,
+                environment_python=plan.python_version,
                 checks=checks if verify else None, push=push, started=started, on_log=on_log)
 
 
@@ -266,6 +291,15 @@ def _dlpack_requirements(release: Release, gpu_models: list[str]) -> Environment
 def _release_key(release: str) -> tuple[int, int]:
     year, month = release.split(".")
     return int(year), int(month)
+
+
+def _python_model_requirements(model_root: Path) -> list[str]:
+    """``python``-format model operators load their module with torch: the builder's torch."""
+    if not any(model_root.glob(f"*/*/{MODULE_FILE}")):
+        return []
+    import torch
+
+    return [f"torch=={torch.__version__.split('+')[0]}"]
 
 
 def _pickle_requirements(pipeline_dir: Path) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from packaging.requirements import Requirement
 
 from builder.cache import cache_dir, content_hash
 from builder.engine.build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
@@ -90,7 +91,7 @@ def build_cpu_base(
     cached = None if rebuild else find_built(client, tag, digest)
     if cached is not None:
         return cached
-    packages = _python_packages(requirements, python_version)
+    packages = _python_packages(requirements_for(requirements, python_version), python_version)
     with tempfile.TemporaryDirectory(prefix="tritonserver-cpu-") as workdir:
         context = Path(workdir)
         (context / "Dockerfile").write_text(dockerfile)
@@ -124,6 +125,25 @@ def _os_image_id(client: docker.DockerClient, os_image: str) -> str:
             f"packages with `triton-builder base os` and pass --os-image (or set "
             f"TRITON_BUILDER_OS_IMAGE)."
         ) from error
+
+
+def requirements_for(requirements: str, python_version: str) -> str:
+    """The lines of ``requirements`` whose markers hold for the image's Python.
+
+    ``pip install --python-version`` evaluates markers against the running interpreter, not the
+    target, so they are resolved here.
+    """
+    kept = []
+    for raw in requirements.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(
+                {"python_version": python_version, "python_full_version": f"{python_version}.0"}):
+            requirement.marker = None
+            kept.append(str(requirement))
+    return "".join(f"{line}\n" for line in kept)
 
 
 def _python_packages(requirements: str, python_version: str) -> Path:

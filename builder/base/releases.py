@@ -24,10 +24,21 @@ Sources:
   mode (each note lists them); we do not model that.
 * From 25.01 the containers need compute capability 7.5 or newer (release notes, "GPU
   Requirements"); before, 6.0.
+* glibc of each Ubuntu (:data:`UBUNTU_GLIBC`) and Debian suite (:data:`DEBIAN_SUITES`): the
+  distributions' ``libc6`` package versions (packages.ubuntu.com, packages.debian.org).
+* Which ``nvidia-pytriton`` wheel bundles which Triton and which python backend stubs
+  (:data:`PYTRITON_STUBS`): REFERENCE.md ("Another Python than the release's"), read from the
+  wheels' ``pytriton/tritonserver/python_backend_stubs/`` directories.
+* pybind11 of each python_backend branch (:data:`PYBIND11_OF_BRANCH`): ``CMakeLists.txt`` of
+  r22.12 (branch v2.10) and r24.10 (v2.10.0) in ``../shared/triton-sources``; r24.11 moved to
+  pybind11 2.12 (python_backend PR 384, numpy 2). Newest CPython each pybind11 supports
+  (:data:`PYBIND11_NEWEST_PYTHON`): pybind11's changelog (2.10: 3.11; 2.11: 3.12; 2.12 and
+  later build 3.13 — not verified here, no 3.13 stub of r24.11+ was built on this machine).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 from builder.base.cpu import cpu_base_tag
@@ -116,8 +127,57 @@ RELEASES_TABLE: tuple[tuple[str, str, str, str, str, int, str, str], ...] = (
 )
 
 
+UBUNTU_GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
+"""glibc of each Ubuntu an NGC release is built on: an interpreter or stub from elsewhere must
+not need a newer one."""
+
+DEBIAN_SUITES: dict[str, tuple[str, str]] = {
+    "bullseye": ("3.9", "2.31"), "bookworm": ("3.11", "2.36"), "trixie": ("3.13", "2.41"),
+}
+"""Debian suite → (its python3, its glibc): the CPU bases and the interpreter images."""
+
+CPU_BASE_SUITES = {"3.11": "bookworm", "3.13": "trixie"}
+"""Our CPU bases by their Python: bookworm is the default; trixie (Python 3.13) stands in for a
+release whose Python is not the builder's (no NGC release has Python 3.11)."""
+
+# nvidia-pytriton release, Triton it bundles, the stub Pythons it carries (REFERENCE.md; 0.1.x
+# and 0.2.x bundle 2.29 and 2.33 with the container's 3.8 stub only, so they bridge nothing).
+PYTRITON_STUBS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("0.4.0", "2.36.0", ("3.8", "3.9", "3.10", "3.11")),
+    ("0.4.2", "2.39.0", ("3.8", "3.9", "3.10", "3.11")),
+    ("0.5.0", "2.41.0", ("3.8", "3.9", "3.10", "3.11")),
+    ("0.5.2", "2.42.0", ("3.8", "3.9", "3.10", "3.11")),
+    ("0.5.3", "2.43.0", ("3.8", "3.9", "3.10", "3.11")),
+    ("0.5.6", "2.44.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.7", "2.45.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.8", "2.46.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.9", "2.47.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.10", "2.48.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.11", "2.49.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.5.12", "2.50.0", ("3.8", "3.9", "3.10", "3.11", "3.12")),
+    ("0.7.0", "2.51.0", ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")),
+)
+
+# First release of a pybind11 pin (python_backend CMakeLists.txt), newest CPython it builds for.
+PYBIND11_OF_BRANCH: tuple[tuple[str, str], ...] = (("21.02", "2.10"), ("24.11", "2.12"))
+PYBIND11_NEWEST_PYTHON = {"2.10": "3.11", "2.11": "3.12", "2.12": "3.13"}
+
+
 class UnsupportedCudaError(TritonBuilderError, ValueError):
     """No release matches the requested CUDA version, Triton version or base image."""
+
+
+@dataclass(frozen=True)
+class StubRoute:
+    """Where the python backend stub of an image comes from."""
+
+    kind: str
+    """``release`` (its own), ``pytriton-wheel`` or ``compile``."""
+    description: str
+    requirement: str | None = None
+    """The wheel to take it from (``pytriton-wheel``)."""
+    branch: str | None = None
+    """The python_backend branch to compile (``compile``)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +196,30 @@ class Release:
     image: str
     gpu: bool
     known_issue: str = ""
+    glibc: str = ""
+    """glibc of the image (its Ubuntu's, or the CPU base's Debian suite's)."""
+
+    @property
+    def branch(self) -> str:
+        """The python_backend branch of this release's Triton (``r24.10``); CPU: Triton 2.51's."""
+        return f"r{self.release}" if self.gpu else "r24.10"
+
+    @property
+    def pytriton_wheel(self) -> str | None:
+        """The ``nvidia-pytriton`` release that bundles this Triton with several stubs."""
+        return next((wheel for wheel, triton, _ in PYTRITON_STUBS
+                     if triton == self.triton_version), None)
+
+    @property
+    def wheel_stub_pythons(self) -> tuple[str, ...]:
+        return next((pythons for _, triton, pythons in PYTRITON_STUBS
+                     if triton == self.triton_version), ())
+
+    @property
+    def pybind11(self) -> str:
+        """The pybind11 the python_backend branch builds its stub with."""
+        return [pin for first, pin in PYBIND11_OF_BRANCH
+                if self.branch.removeprefix("r") >= first][-1]
 
     @property
     def toolkit_driver(self) -> int | None:
@@ -185,43 +269,101 @@ class Release:
 RELEASES: tuple[Release, ...] = tuple(
     Release(release=r, triton_version=t, cuda=c, python_version=p,
             ubuntu=u, min_driver=d, driver_source=s, image=f"{NGC_IMAGE}:{r}-py3", gpu=True,
-            known_issue=k)
+            known_issue=k, glibc=UBUNTU_GLIBC[u])
     for r, t, c, p, u, d, s, k in RELEASES_TABLE
 )
 
 
 def cpu_release(python_version: str = CPU_PYTHON) -> Release:
-    """Our CPU base (:mod:`builder.base.cpu`): Triton from the ``nvidia-pytriton`` wheel."""
+    """Our CPU base (:mod:`builder.base.cpu`): Triton from the ``nvidia-pytriton`` wheel.
+
+    Python 3.11 is Debian bookworm's, 3.13 Debian trixie's (:data:`CPU_BASE_SUITES`).
+    """
+    suite = CPU_BASE_SUITES.get(python_version)
+    if suite is None:
+        raise UnsupportedCudaError(
+            f"there is no CPU base with Python {python_version}; CPU bases: "
+            f"{', '.join(f'Python {p} (Debian {s})' for p, s in CPU_BASE_SUITES.items())}")
     return Release(release="cpu", triton_version=TRITON_VERSION, cuda=None,
                    python_version=python_version, ubuntu=None, min_driver=None,
-                   driver_source=None, image=cpu_base_tag(python_version), gpu=False)
+                   driver_source=None, image=cpu_base_tag(python_version), gpu=False,
+                   glibc=DEBIAN_SUITES[suite][1])
 
 
 def supported_cuda_versions() -> list[str]:
     return sorted({r.cuda for r in RELEASES if r.cuda}, key=_version_key)
 
 
+def builder_python() -> str:
+    """The Python minor of this builder: the one ``pipe.pickle`` loads in."""
+    return "{}.{}".format(*sys.version_info[:2])
+
+
+def stub_route(release: Release, python_version: str) -> StubRoute | None:
+    """Where a python backend stub for ``python_version`` on ``release`` comes from; None: nowhere.
+
+    The release's own stub when the Pythons match; else the ``nvidia-pytriton`` wheel that
+    bundles the same Triton (stubs speak their branch's shared-memory protocol only); else
+    compiled from the release's python_backend branch, where its pybind11 supports the Python.
+    """
+    if python_version == release.python_version:
+        return StubRoute("release", f"the release's own stub (Python {python_version})")
+    if python_version in release.wheel_stub_pythons:
+        return StubRoute("pytriton-wheel",
+                         f"nvidia-pytriton=={release.pytriton_wheel} (Triton "
+                         f"{release.triton_version}, stub for Python {python_version})",
+                         requirement=f"nvidia-pytriton=={release.pytriton_wheel}")
+    newest = PYBIND11_NEWEST_PYTHON[release.pybind11]
+    if _version_key(python_version) <= _version_key(newest):
+        return StubRoute("compile",
+                         f"compiled from python_backend {release.branch} for Python "
+                         f"{python_version} (pybind11 {release.pybind11})",
+                         branch=release.branch)
+    return None
+
+
+def no_stub_reason(release: Release, python_version: str) -> str:
+    wheel = (f"nvidia-pytriton=={release.pytriton_wheel} bundles stubs for Python "
+             f"{', '.join(release.wheel_stub_pythons)} only" if release.pytriton_wheel else
+             f"no nvidia-pytriton wheel bundles Triton {release.triton_version}")
+    return (f"{release.release} (Triton {release.triton_version}) runs Python "
+            f"{release.python_version}; {wheel}, and python_backend {release.branch} builds "
+            f"with pybind11 {release.pybind11}, which supports Python up to "
+            f"{PYBIND11_NEWEST_PYTHON[release.pybind11]}")
+
+
 def resolve(
     cuda: str | float | None = None,
     triton_version: str | None = None,
     base_image: str | None = None,
+    *,
+    python_version: str | None = None,
+    base_python: str | None = None,
 ) -> Release:
     """The release to build on.
 
-    ``cuda='11.8'`` gives the newest release built on CUDA 11.8 that has no known defect;
+    ``cuda='11.8'`` gives, among the releases built on CUDA 11.8 that have no known defect, the
+    newest whose own Python is ``python_version`` (default: this builder's) — else the newest
+    whose stub can be bridged to that Python (:func:`stub_route`), else the newest;
     ``triton_version`` (``'2.29'``, ``'2.29.0'`` or the release ``'22.12'``) picks one exactly;
     ``base_image`` keeps the release's facts (Python above all) but builds on another image,
-    e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base.
+    e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base,
+    ``base_python`` picks which (3.11: Debian bookworm, the default; 3.13: Debian trixie).
     """
+    python_version = python_version or builder_python()
     cuda_minor = _cuda_minor(cuda)
     if cuda_minor is None:
-        release = cpu_release()
+        release = cpu_release(base_python or CPU_PYTHON)
         if triton_version and _normal_triton(triton_version) not in (
                 _normal_triton(TRITON_VERSION), "cpu"):
             raise UnsupportedCudaError(
                 f"the CPU base is Triton {TRITON_VERSION}; Triton {triton_version} exists only "
                 f"as an NGC GPU image: pass cuda= (one of {', '.join(supported_cuda_versions())})")
         return replace(release, image=base_image) if base_image else release
+    if base_python:
+        raise UnsupportedCudaError(
+            f"base_python={base_python!r} chooses among the CPU bases; an NGC release brings its "
+            f"own Python (pass cuda=None or 'cpu' for a CPU base)")
 
     candidates = [r for r in RELEASES if r.cuda == cuda_minor]
     if not candidates:
@@ -240,8 +382,10 @@ def resolve(
                 f"{cuda_minor}: {choices}")
         release = matches[-1]
     else:
-        healthy = [r for r in candidates if not r.known_issue]
-        release = (healthy or candidates)[-1]
+        healthy = [r for r in candidates if not r.known_issue] or candidates
+        native = [r for r in healthy if r.python_version == python_version]
+        bridged = [r for r in healthy if stub_route(r, python_version) is not None]
+        release = (native or bridged or healthy)[-1]
     return replace(release, image=base_image) if base_image else release
 
 

@@ -11,12 +11,18 @@ relative symlink to it, and every python model's ``config.pbtxt`` gets the same
 
 Copy the repository with its symlinks kept (``shutil.copytree(..., symlinks=True)``, Docker's
 ``COPY`` does): dereferenced, each link becomes a copy and is extracted on its own.
+
+A bridged image (:mod:`builder.base.python_bridge`) also gets one python backend stub, built
+for the environment's Python: the backend launches ``<model directory>/triton_python_backend_stub``
+instead of its own when that file exists, so it goes beside the archive in the same model and is
+linked from the others.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +35,8 @@ from builder.environment.tarball import EnvironmentTarball
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 LOCK_FILE = "environment.lock.txt"
+STUB_FILE = "triton_python_backend_stub"
+_PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
 
 def attach_environment(
@@ -36,35 +44,58 @@ def attach_environment(
     tarball: EnvironmentTarball,
     *,
     models: Iterable[str] | None = None,
+    stub: str | os.PathLike | None = None,
+    backends: Iterable[str] = ("python",),
+    unpacked: bool = False,
 ) -> list[str]:
-    """Make python models of ``repository`` use ``tarball``; return their names.
+    """Make python models of ``repository`` use ``tarball`` (and ``stub``); return their names.
 
-    ``models`` limits it to those models (default: every model with ``backend: "python"``).
-    A repository without python models is left as it is.
+    ``models`` limits it to those models (default: every model of ``backends``, where a
+    ``platform: "onnxruntime_onnx"`` model counts as an ``onnxruntime`` one: on the CPU base that
+    backend is Python-based, run by the python backend's stub like a python model).
+    A repository without such models is left as it is.
+
+    ``unpacked`` puts the environment in as a directory, which the python backend uses in place:
+    models of two backends (the python backend and the CPU base's Python-based onnxruntime)
+    extract their archives at the same time, and the extraction changes the process's working
+    directory (python_backend ``pb_env.cc``), so concurrent ones write into each other's.
     """
     repository = Path(repository)
-    configs = _python_models(repository, None if models is None else set(models))
+    configs = _python_models(repository, None if models is None else set(models),
+                             frozenset(backends))
     if not configs:
         return []
-    filename = "environment" + (".tar.gz" if tarball.path.name.endswith(".tar.gz") else ".tar")
     holder = min(configs)
-    _place(tarball.path, repository / holder / filename)
+    if unpacked:
+        filename = "environment"
+        _unpack(tarball.path, repository / holder / filename)
+    else:
+        filename = "environment" + (".tar.gz" if tarball.path.name.endswith(".tar.gz")
+                                    else ".tar")
+        _place(tarball.path, repository / holder / filename)
     if tarball.lock is not None:
         shutil.copyfile(tarball.lock, repository / holder / LOCK_FILE)
+    shared = [filename]
+    if stub is not None:
+        shutil.copyfile(stub, repository / holder / STUB_FILE)
+        (repository / holder / STUB_FILE).chmod(0o755)
+        shared.append(STUB_FILE)
     for name in configs:
-        if name != holder:
-            link = repository / name / filename
+        if name == holder:
+            continue
+        for item in shared:
+            link = repository / name / item
             if link.is_symlink() or link.exists():
                 link.unlink()
-            link.symlink_to(Path("..") / holder / filename)
+            link.symlink_to(Path("..") / holder / item)
     for name, config in configs.items():
         config.parameters[ENV_PARAMETER].string_value = f"{MODEL_DIRECTORY}/{filename}"
         (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
     return sorted(configs)
 
 
-def _python_models(repository: Path,
-                   wanted: set[str] | None) -> dict[str, model_config_pb2.ModelConfig]:
+def _python_models(repository: Path, wanted: set[str] | None,
+                   backends: frozenset[str]) -> dict[str, model_config_pb2.ModelConfig]:
     if not repository.is_dir():
         raise EnvironmentBuildError(f"model repository {repository} does not exist")
     configs: dict[str, model_config_pb2.ModelConfig] = {}
@@ -77,7 +108,8 @@ def _python_models(repository: Path,
             text_format.Parse(path.read_text(), config)
         except text_format.ParseError as error:
             raise EnvironmentBuildError(f"{path} is not a valid model config: {error}") from error
-        if config.backend == "python":
+        backend = config.backend or _PLATFORM_BACKENDS.get(config.platform, "")
+        if backend in backends:
             configs[directory.name] = config
     missing = (wanted or set()) - set(configs)
     if missing:
@@ -86,6 +118,16 @@ def _python_models(repository: Path,
             f"(only backend: \"python\" models take an environment)"
         )
     return configs
+
+
+def _unpack(archive: Path, destination: Path) -> None:
+    """Extract a checked environment archive (its members stay inside: ``check_archive``)."""
+    if destination.is_symlink() or destination.is_file():
+        destination.unlink()
+    elif destination.exists():
+        shutil.rmtree(destination)
+    with tarfile.open(archive) as members:
+        members.extractall(destination, filter="tar")
 
 
 def _place(archive: Path, destination: Path) -> None:

@@ -84,7 +84,8 @@ class ArchiveReport:
 
     path: Path
     layout: str
-    """``venv`` (``pyvenv.cfg``) or ``conda`` (``conda-meta/``)."""
+    """``venv`` (``pyvenv.cfg``), ``conda`` (``conda-meta/``) or ``interpreter`` (carries its
+    own Python: :mod:`builder.environment.carried`)."""
     python_version: str
     numpy_version: str
     home: str | None
@@ -301,8 +302,16 @@ def _layout(path: str, contents: _Contents) -> tuple[str, str, str | None]:
             raise ArchiveCheckError(f"{path} is a conda environment without "
                                     f"bin/python{python_version}: add python to it")
         return "conda", python_version, None
+    if {f"bin/python{python_version}", f"lib/python{python_version}/os.py"} <= contents.names:
+        if f"lib/libpython{python_version}.so.1.0" not in contents.names:
+            raise ArchiveCheckError(
+                f"{path} carries Python {python_version} without lib/libpython"
+                f"{python_version}.so.1.0: the python backend stub links it from the "
+                f"environment's lib/; take the interpreter from an image with a shared libpython")
+        return "interpreter", python_version, None
     raise ArchiveCheckError(
-        f"{path} is neither a venv (pyvenv.cfg) nor a conda environment (conda-meta/): pack "
+        f"{path} is neither a venv (pyvenv.cfg), a conda environment (conda-meta/) nor an "
+        f"environment that carries its interpreter (bin/python3.X, lib/python3.X/os.py): pack "
         f"it with venv-pack or conda-pack"
     )
 

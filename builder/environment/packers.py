@@ -112,7 +112,7 @@ class VenvPacker:
         on_log(f"downloading wheels for Python {target.full_python_version} "
                f"({target.machine}, glibc {target.glibc_version})")
         download_wheels(requirements, constraints, target, wheels, index)
-        pip = _pip_wheel(wheels) / "pip"
+        pip = pip_wheel(wheels) / "pip"
         python = str(venv / "bin" / "python")
         install = [python, str(pip), "install", "--no-index", "--find-links", str(wheels),
                    "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
@@ -279,7 +279,7 @@ def _check_prefix_python(prefix: Path, target: EnvironmentTarget) -> None:
             )
 
 
-def _pip_wheel(wheels: Path) -> Path:
+def pip_wheel(wheels: Path) -> Path:
     found = sorted(wheels.glob("pip-*.whl"))
     if not found:
         raise PackError(f"no pip wheel was downloaded into {wheels}")

@@ -147,6 +147,37 @@ def image_target(client: docker.DockerClient, image: str, *,
     return _target(facts, facts["stub_python"], image=image, image_id=image_id, client=client)
 
 
+def interpreter_target(client: docker.DockerClient, image: str, *, python_version: str,
+                       triton_version: str | None = None) -> EnvironmentTarget:
+    """An image that holds the Python a bridged environment carries (no Triton, no stub).
+
+    Its ``python3`` must be ``python_version``: the bridged stub is built for that Python.
+    ``triton_version`` is the release's (what the stub speaks, which decides numpy's range).
+    """
+    try:
+        image_id = client.images.get(image).id
+    except docker.errors.ImageNotFound:
+        try:
+            image_id = client.images.pull(image).id
+        except docker.errors.APIError as error:
+            raise TargetError(
+                f"the interpreter image {image} is not on this engine and cannot be pulled "
+                f"({error.explanation or error}): pass interpreter_image= (an image whose "
+                f"python3 is Python {python_version}) or set TRITON_BUILDER_INTERPRETER_IMAGE"
+            ) from error
+    facts = _cached_image_facts(image_id, "")
+    if facts is None:
+        output = _run_in_image(client, image, ["python3", "-c", _PROBE, ""],
+                               what="find python3", binds=(), env=None)
+        facts = _facts(output, f"image {image}")
+        _cache_image_facts(image_id, "", facts)
+    if facts["version"] != python_version:
+        raise TargetError(f"the interpreter image {image} has Python {facts['version']}, not "
+                          f"{python_version}: pick an image whose python3 is {python_version}")
+    facts = {**facts, "triton_version": triton_version}
+    return _target(facts, python_version, image=image, image_id=image_id, client=client)
+
+
 def host_target(python: str | os.PathLike | None = None, *,
                 stub_python_version: str | None = None) -> EnvironmentTarget:
     """This host as the target, for host-process servers (``tritonserver.host_process``).

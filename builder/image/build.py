@@ -87,6 +87,7 @@ def build_serving_image(
     image_name: str,
     release: Release,
     base: Image,
+    environment_python: str | None = None,
     environment: str | os.PathLike | None = None,
     labels: Mapping[str, str] | None = None,
     signature: Mapping[str, Any] | str | None = None,
@@ -103,6 +104,8 @@ def build_serving_image(
     :func:`builder.image.context.environment_image_path`; tarballs inside the repository are
     found and layered on their own. ``signature`` (the pipeline's inputs and outputs) goes to the
     ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
+    ``environment_python`` is the Python of the environments (default: the release's; the
+    builder's for a bridged image, whose python models carry their own stub).
     An image already tagged ``image_name`` with the same content hash is returned as it is.
     """
     options = ServingOptions(user=user, server_args=tuple(server_args))
@@ -111,7 +114,7 @@ def build_serving_image(
                         model_repository=options.model_repository)
     for entry in plan.layer("environment"):
         if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES):
-            check_environment_python(entry.source, release)
+            check_environment_python(entry.source, release, environment_python)
             check_environment_cuda(entry.source, release)
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
@@ -153,10 +156,16 @@ def build_serving_image(
                         built=True, payload_id=payload_id)
 
 
-def check_environment_python(tarball: str | os.PathLike, release: Release) -> None:
-    """Refuse an environment whose Python differs from the release's python backend stub."""
+def check_environment_python(tarball: str | os.PathLike, release: Release,
+                             expected: str | None = None) -> None:
+    """Refuse an environment whose Python differs from the stub's (``expected``, default: the
+    release's own)."""
     found = environment_python(tarball)
-    if found is not None and found != release.python_version:
+    if found is not None and found != (expected or release.python_version):
+        if expected and expected != release.python_version:
+            raise EnvironmentMismatchError(
+                f"the environment {Path(tarball).name} has Python {found}, but this image's "
+                f"python models are bridged to Python {expected}: rebuild it")
         raise EnvironmentMismatchError(
             f"the environment {Path(tarball).name} has Python {found}, but {release.describe()} "
             f"runs the python backend on Python {release.python_version}: pack the environment "

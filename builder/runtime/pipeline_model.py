@@ -218,7 +218,7 @@ def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list
     """Consecutive rows whose batch sizes add up to at most the model's ``max_batch_size``."""
     chunks: list[list[int]] = []
     total = 0
-    for index, size in zip(members, sizes, strict=True):
+    for index, size in zip(members, sizes):
         if size > limit:
             raise BlsError(
                 f"model operator {name!r}: one row has batch size {size}, more than the "
@@ -307,7 +307,7 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list
             raise ValueError(f"input {name!r} has batch size {len(values)}, others {size}")
         size = len(values)
         columns.append(values)
-    return list(zip(*columns, strict=True))
+    return list(zip(*columns))  # equal lengths: checked above
 
 
 def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:

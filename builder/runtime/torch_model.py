@@ -65,7 +65,7 @@ class TritonPythonModel:
                 outputs = self._forward([feeds[i] for i in members])
             except Exception:  # noqa: BLE001 - retried alone so only the culprit fails
                 outputs = [self._forward_alone(feeds[i]) for i in members]
-            for index, output in zip(members, outputs, strict=True):
+            for index, output in zip(members, outputs):
                 results[index] = output
         return [self._response(result) for result in results]
 
@@ -84,7 +84,7 @@ class TritonPythonModel:
         import torch
 
         sizes = [feed[0].shape[0] for feed in feeds]
-        merged = [torch.cat(parts).to(self._device) for parts in zip(*feeds, strict=True)]
+        merged = [torch.cat(parts).to(self._device) for parts in zip(*feeds)]
         with torch.no_grad():
             outputs = self._module(*merged)
         outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
@@ -103,9 +103,13 @@ class TritonPythonModel:
             return pb.InferenceResponse(
                 output_tensors=[], error=pb.TritonError(f"{type(result).__name__}: {result}")
             )
+        if len(result) != len(self._outputs):
+            return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
+                f"the module returned {len(result)} outputs, the model declares "
+                f"{len(self._outputs)}"))
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor(name, np.ascontiguousarray(value.numpy()))
-            for name, value in zip(self._outputs, result, strict=True)
+            for name, value in zip(self._outputs, result)
         ])
 
 

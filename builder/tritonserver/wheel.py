@@ -112,32 +112,70 @@ def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
     return distribution
 
 
-def _download_wheel() -> Path:
+@dataclass(frozen=True)
+class WheelStub:
+    """A python backend stub taken out of an ``nvidia-pytriton`` wheel, for a bridged image."""
+
+    path: Path
+    libraries: tuple[Path, ...]
+    """The wheel's vendored libraries the stub loads (``libcudart-<hash>.so``): its RPATH points
+    into the wheel, so they travel in the environment's ``lib/``."""
+    requirement: str
+
+
+def wheel_stub(requirement: str, python_version: str) -> WheelStub:
+    """The stub for ``python_version`` from the wheel ``requirement`` (``nvidia-pytriton==X``)."""
+    if requirement == PYTRITON_REQUIREMENT:
+        root = triton_distribution().root
+    else:
+        wheel = _download_wheel(requirement)
+        root = cache_dir("tritonserver") / f"stubs-{_sha256(wheel)[:16]}"
+        if not (root / ".complete").exists():
+            _unpack(wheel, root, ("pytriton/tritonserver/python_backend_stubs/",
+                                  "nvidia_pytriton.libs/"))
+    stub = root / "pytriton/tritonserver/python_backend_stubs" / python_version / (
+        "triton_python_backend_stub")
+    if not stub.is_file():
+        held = sorted(p.name for p in stub.parent.parent.iterdir())
+        raise DistributionError(f"{requirement} has no python backend stub for Python "
+                                f"{python_version} (it holds {', '.join(held)})")
+    binary = stub.read_bytes()
+    libraries = tuple(library for library in sorted((root / "nvidia_pytriton.libs").iterdir())
+                      if library.name.encode() + b"\0" in binary)
+    return WheelStub(path=stub, libraries=libraries, requirement=requirement)
+
+
+def _download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
     dest = cache_dir("wheels")
-    found = sorted(dest.glob("nvidia_pytriton-0.7.0-*.whl"))
+    pattern = f"nvidia_pytriton-{requirement.split('==')[1]}-*.whl"
+    found = sorted(dest.glob(pattern))
     if found:
         return found[-1]
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--platform", "manylinux_2_35_x86_64", "--python-version", "3.11",
-        "--dest", str(dest), PYTRITON_REQUIREMENT,
+        *(argument for platform in ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64")
+          for argument in ("--platform", platform)),
+        "--python-version", "3.11", "--dest", str(dest), requirement,
     ]
     result = subprocess.run(command, capture_output=True, text=True)
-    found = sorted(dest.glob("nvidia_pytriton-0.7.0-*.whl"))
+    found = sorted(dest.glob(pattern))
     if result.returncode != 0 or not found:
         raise DistributionError(
-            f"could not download {PYTRITON_REQUIREMENT} (the Triton server we run on CPUs):\n"
-            f"{result.stderr.strip()}\nSet TRITON_BUILDER_PYTRITON_WHEEL to a local copy."
+            f"could not download {requirement} (Triton and its python backend stubs):\n"
+            f"{result.stderr.strip()}\nSet TRITON_BUILDER_PYTRITON_WHEEL to a local copy of "
+            f"{PYTRITON_REQUIREMENT}, or put the wheel in {dest}."
         )
     return found[-1]
 
 
-def _unpack(wheel: Path, root: Path) -> None:
+def _unpack(wheel: Path, root: Path,
+            prefixes: tuple[str, ...] = ("pytriton/tritonserver/",
+                                         "nvidia_pytriton.libs/")) -> None:
     staging = root.with_name(root.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
-            if info.filename.startswith(("pytriton/tritonserver/", "nvidia_pytriton.libs/")):
+            if info.filename.startswith(prefixes):
                 path = Path(archive.extract(info, staging))
                 mode = info.external_attr >> 16
                 if mode:

@@ -15,10 +15,11 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Dict  # noqa: UP035 - runs on the Python 3.8 stubs too
 
 import numpy as np
 
-Feeds = dict[str, np.ndarray]
+Feeds = Dict[str, np.ndarray]  # noqa: UP006 - a runtime alias: dict[...] needs 3.9
 
 
 @dataclass

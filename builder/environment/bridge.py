@@ -1,0 +1,75 @@
+"""What a bridged image needs before its environment is packed: stub, interpreter, packer.
+
+:func:`builder.base.python_bridge.plan_python` decides *that* an image is bridged and by which
+routes; this turns the plan into parts: the stub for the builder's Python (from the
+``nvidia-pytriton`` wheel bundling the release's Triton), the image the interpreter is copied from
+(:func:`builder.environment.target.interpreter_target`) and the packer that carries it
+(:class:`builder.environment.carried.CarriedInterpreterPacker`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+import docker
+
+from builder.base.cpu import REQUIREMENTS as CPU_BASE_REQUIREMENTS
+from builder.base.cpu import requirements_for
+from builder.base.python_bridge import (
+    PythonBridgeError,
+    PythonPlan,
+    alternatives,
+    interpreter_image_for,
+)
+from builder.environment.carried import CarriedInterpreterPacker
+from builder.environment.packers import Packer
+from builder.environment.target import EnvironmentTarget, interpreter_target
+from builder.tritonserver.wheel import wheel_stub
+
+
+@dataclass(frozen=True)
+class BridgeParts:
+    """What a bridged build needs before the environment is packed."""
+
+    target: EnvironmentTarget
+    """Where the environment's interpreter comes from (and packages are installed)."""
+    packer: Packer
+    stub: Path
+    """The python backend stub for the builder's Python, placed in the model directories."""
+    backends: tuple[str, ...] = ("python",)
+    """The backends whose models run on the stub: on the CPU base also its Python-based
+    onnxruntime backend, whose packages then come from the environment (:attr:`requirements`)."""
+    requirements: tuple[str, ...] = ()
+    unpacked: bool = False
+    """Whether the environment goes in as a directory (see
+    :func:`builder.environment.attach.attach_environment`): on the CPU base, whose two backends
+    would extract it at the same time."""
+
+
+def bridge_environment(client: docker.DockerClient, plan: PythonPlan) -> BridgeParts:
+    """The interpreter target, packer and stub of a bridged ``plan``."""
+    if plan.interpreter.kind != "interpreter-image" or plan.interpreter.image is None:
+        raise PythonBridgeError(
+            f"{plan.describe()}: this version builds bridged environments from an interpreter "
+            f"image only, not with conda-pack; pass packer='venv' (the interpreter then comes "
+            f"from {interpreter_image_for(plan.release, plan.python_version)})")
+    if plan.stub.kind == "pytriton-wheel" and plan.stub.requirement:
+        stub = wheel_stub(plan.stub.requirement, plan.python_version)
+        path, libraries = stub.path, stub.libraries
+    else:
+        raise PythonBridgeError(
+            f"{plan.describe()}: compiling the stub from python_backend {plan.stub.branch} is "
+            f"not built by this version; releases whose stub comes from a wheel: "
+            f"{alternatives(plan.python_version)}")
+    target = interpreter_target(client, plan.interpreter.image, python_version=plan.python_version,
+                                triton_version=plan.release.triton_version)
+    parts = BridgeParts(target=target, packer=CarriedInterpreterPacker(libraries), stub=path)
+    if plan.release.gpu:
+        return parts
+    backend_packages = requirements_for(
+        (resources.files("builder.envs") / CPU_BASE_REQUIREMENTS).read_text(),
+        plan.python_version)
+    return replace(parts, backends=("python", "onnxruntime"),
+                   requirements=tuple(backend_packages.split()), unpacked=True)
