@@ -58,11 +58,13 @@ def _log_line(line: str) -> None:
 
 @base_app.command("os")
 def base_os(
-    tag: str = typer.Option("triton-builder/debian-bookworm:python3.11", help="Image to make."),
-    suite: str = typer.Option("bookworm", help="Debian suite."),
+    tag: str = typer.Option(None, help="Image to make "
+                            "[default: triton-builder/debian-SUITE:pythonX.Y]"),
+    suite: str = typer.Option("bookworm", help="Debian suite: bookworm (Python 3.11) or "
+                              "trixie (3.13)."),
     rebuild: bool = typer.Option(False, help="Make it again even if it exists."),
 ) -> None:
-    """Make a Debian OS image with Python 3.11 from Debian's packages (no registry needed).
+    """Make a Debian OS image with its Python from Debian's packages (no registry needed).
 
     Example: triton-builder base os && triton-builder base cpu --os-image
     triton-builder/debian-bookworm:python3.11

@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builder.environment.attach import attach_environment
-from builder.environment.errors import EnvironmentBuildError, PackError, SpecError
+from builder.environment.attach import STUB_FILE, attach_environment
+from builder.environment.check import check_archive
+from builder.environment.errors import (
+    ArchiveCheckError,
+    EnvironmentBuildError,
+    PackError,
+    SpecError,
+)
 from builder.environment.index import PackageIndex
 from builder.environment.packers import CondaPacker, VenvPacker, choose_packer
 from builder.environment.spec import (
@@ -26,7 +34,7 @@ from builder.environment.spec import (
     requires,
 )
 from builder.environment.tarball import EnvironmentTarball
-from builder.environment.target import host_target
+from builder.environment.target import EnvironmentTarget, host_target
 
 ENVS = Path(__file__).parents[1] / "envs"
 
@@ -167,3 +175,80 @@ def test_attach_puts_one_file_in_the_repository_and_links_it(tmp_path):
     assert attach_environment(repository, tarball) == ["post", "pre"], "attach is repeatable"
     with pytest.raises(EnvironmentBuildError, match="not python-backend models.*linear"):
         attach_environment(repository, tarball, models=["linear"])
+
+
+def test_a_bridged_repository_shares_one_stub_and_one_unpacked_environment(tmp_path):
+    """The CPU base bridged: python and (Python-based) onnxruntime models, one stub, one
+    directory environment (two backends must not extract archives at the same time)."""
+    prefix = tmp_path / "env"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "activate").write_text("export PATH\n")
+    (prefix / "bin" / "python3").symlink_to("python3.11")
+    archive = tmp_path / "env.tar.gz"
+    with tarfile.open(archive, "w:gz") as packed:
+        for path in sorted(prefix.rglob("*")):
+            packed.add(path, arcname=str(path.relative_to(prefix)), recursive=False)
+    stub = tmp_path / "stub"
+    stub.write_bytes(b"\x7fELF stub for libpython3.11.so")
+    tarball = EnvironmentTarball(path=archive, lock=None, key="k", packer="interpreter",
+                                 python_version="3.11", numpy_version="1.26.4", reused=False)
+    repository = _repository(tmp_path / "models")
+    attached = attach_environment(repository, tarball, stub=stub, unpacked=True,
+                                  backends=("python", "onnxruntime"))
+    assert attached == ["linear", "post", "pre"]
+    holder = repository / "linear"
+    assert (holder / "environment" / "bin" / "activate").read_text() == "export PATH\n"
+    assert (holder / "environment" / "bin" / "python3").readlink() == Path("python3.11")
+    assert (holder / STUB_FILE).read_bytes() == stub.read_bytes()
+    assert (holder / STUB_FILE).stat().st_mode & 0o111
+    for name in ("pre", "post"):
+        assert (repository / name / "environment").readlink() == Path("../linear/environment")
+        assert (repository / name / STUB_FILE).readlink() == Path(f"../linear/{STUB_FILE}")
+        config = mc.ModelConfig()
+        text_format.Parse((repository / name / "config.pbtxt").read_text(), config)
+        assert config.parameters["EXECUTION_ENV_PATH"].string_value == (
+            "$$TRITON_MODEL_DIRECTORY/environment")
+
+
+def test_onnx_platform_models_count_as_onnxruntime_ones(tmp_path):
+    root = tmp_path / "models"
+    (root / "encoder" / "1").mkdir(parents=True)
+    config = mc.ModelConfig(name="encoder", platform="onnxruntime_onnx", max_batch_size=4)
+    (root / "encoder" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"\x1f\x8b not checked here")
+    tarball = EnvironmentTarball(path=archive, lock=None, key="k", packer="interpreter",
+                                 python_version="3.11", numpy_version="1.26.4", reused=False)
+    assert attach_environment(root, tarball) == []
+    assert attach_environment(root, tarball, backends=("python", "onnxruntime")) == ["encoder"]
+
+
+def _carried_archive(tmp_path: Path, *, libpython: bool) -> Path:
+    prefix = tmp_path / "carried"
+    files = {"bin/activate": 'export PYTHONHOME="$_prefix"\n', "bin/python3.11": "ELF",
+             "lib/python3.11/os.py": "", "lib/python3.11/site-packages/numpy/__init__.py": "",
+             "lib/python3.11/site-packages/numpy-1.26.4.dist-info/METADATA": ""}
+    if libpython:
+        files["lib/libpython3.11.so.1.0"] = "ELF"
+    for name, text in files.items():
+        (prefix / name).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / name).write_text(text)
+    archive = tmp_path / f"carried-{libpython}.tar.gz"
+    with tarfile.open(archive, "w:gz") as packed:
+        for path in sorted(prefix.rglob("*")):
+            packed.add(path, arcname=str(path.relative_to(prefix)), recursive=False)
+    shutil.rmtree(prefix)
+    return archive
+
+
+def test_an_environment_that_carries_its_interpreter_is_checked_as_such(tmp_path):
+    target = EnvironmentTarget(
+        python_version="3.11", full_python_version="3.11.2",
+        python_executable="/usr/bin/python3.11", interpreter_dirs=("/usr/bin",),
+        stub_python_version="3.11", machine="x86_64", glibc_version="2.36",
+        triton_version="2.51.0")
+    report = check_archive(_carried_archive(tmp_path, libpython=True), target)
+    assert (report.layout, report.python_version, report.numpy_version) == (
+        "interpreter", "3.11", "1.26.4")
+    with pytest.raises(ArchiveCheckError, match="without lib/libpython3.11.so.1.0"):
+        check_archive(_carried_archive(tmp_path, libpython=False), target)

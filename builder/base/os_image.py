@@ -16,18 +16,34 @@ import docker.errors
 
 from builder.errors import TritonBuilderError
 from builder.host_packages import ensure_program
+from builder.image.releases import DEBIAN_SUITES
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
-DEBIAN_PACKAGES = ("python3", "libpython3.11", "ca-certificates")
+DEBIAN_OS_IMAGE_TAG = "triton-builder/debian-{suite}:python{python}"
+
+
+def debian_packages(suite: str) -> tuple[str, ...]:
+    """Python, its shared ``libpython`` (the python backend stub links it) and CA certificates."""
+    python = DEBIAN_SUITES[suite][0]
+    return ("python3", f"libpython{python}", "ca-certificates")
+
+
+def debian_os_image_tag(suite: str) -> str:
+    return DEBIAN_OS_IMAGE_TAG.format(suite=suite, python=DEBIAN_SUITES[suite][0])
 
 
 class RootfsError(TritonBuilderError, RuntimeError):
     """mmdebstrap or the import failed."""
 
 
-def debian_os_image(client: docker.DockerClient, tag: str = DEBIAN_OS_IMAGE,
+def debian_os_image(client: docker.DockerClient, tag: str | None = None,
                     suite: str = "bookworm", rebuild: bool = False) -> str:
-    """Return ``tag``, making it with mmdebstrap first unless it already exists."""
+    """Return ``tag`` (default :func:`debian_os_image_tag`), made with mmdebstrap unless it
+    exists. ``trixie`` (Python 3.13) is the OS of the CPU base that stands in for a release
+    whose Python is not the builder's."""
+    if suite not in DEBIAN_SUITES:
+        raise RootfsError(f"unknown Debian suite {suite!r}: one of {', '.join(DEBIAN_SUITES)}")
+    tag = tag or debian_os_image_tag(suite)
     if not rebuild:
         try:
             client.images.get(tag)
@@ -37,7 +53,7 @@ def debian_os_image(client: docker.DockerClient, tag: str = DEBIAN_OS_IMAGE,
     mmdebstrap = ensure_program("mmdebstrap", "mmdebstrap")
     with tempfile.TemporaryDirectory(prefix="rootfs-") as workdir:
         tarball = Path(workdir) / "rootfs.tar"
-        command = [mmdebstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
+        command = [mmdebstrap, "--variant=minbase", f"--include={','.join(debian_packages(suite))}",
                    suite, str(tarball)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
