@@ -26,7 +26,7 @@ import docker
 from docker.models.images import Image
 
 from builder.base import Release, ensure_base_image, resolve
-from builder.base.python_bridge import plan_python
+from builder.base.python_bridge import plan_python, require_buildable
 from builder.client import Client
 from builder.engine.reference import tag_references
 from builder.environment import (
@@ -48,8 +48,7 @@ from builder.image.build import build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
-from builder.repository.writer import build_pipeline_model
-from builder.runtime.torch_model import MODULE_FILE
+from builder.repository.writer import BuiltModel, build_pipeline_model
 from builder.verify.check import Check, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
@@ -136,21 +135,22 @@ def build_docker_image(
     plan = plan_python(release, bridge=bridge,
                        conda={"conda": True, "venv": False}.get(str(packer)),
                        interpreter_image=interpreter_image)
+    require_buildable(plan)
     client = client or _docker_client()
     with timed_step(f"base image {release.image}", on_log):
         base = ensure_base_image(client, release, on_log=on_log)
-        bridged = bridge_environment(client, plan) if plan.bridged else None
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, target=release, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
+            bridged = bridge_environment(client, plan) if plan.bridged else None
             target = bridged.target if bridged else image_target(client, base.id)
             spec = merge_specs(
                 load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
                 requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
-                requirements_spec(_python_model_requirements(built.model_root),
+                requirements_spec(_python_model_requirements(built.models),
                                   "python-format model operators"),
                 requirements_spec(bridged.requirements if bridged else [],
                                   "the CPU base's onnxruntime backend, bridged"),
@@ -293,9 +293,9 @@ def _release_key(release: str) -> tuple[int, int]:
     return int(year), int(month)
 
 
-def _python_model_requirements(model_root: Path) -> list[str]:
+def _python_model_requirements(models: Sequence[BuiltModel]) -> list[str]:
     """``python``-format model operators load their module with torch: the builder's torch."""
-    if not any(model_root.glob(f"*/*/{MODULE_FILE}")):
+    if not any(model.format == "python" for model in models):
         return []
     import torch
 

@@ -71,8 +71,8 @@ def triton_server() -> Iterator[Callable[..., TritonServer]]:
 @pytest.fixture(scope="session")
 def trixie_base_image(docker_client) -> str:
     """The CPU base on Debian trixie (Python 3.13): a release whose Python is not the builder's."""
-    from builder.image.cpu_base import build_cpu_base
-    from builder.image.os_image import debian_os_image
+    from builder.base.cpu import build_cpu_base
+    from builder.base.os_image import debian_os_image
 
     os_image = debian_os_image(docker_client, suite="trixie")
     return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]

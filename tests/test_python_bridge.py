@@ -9,6 +9,7 @@ from builder.base.python_bridge import (
     alternatives,
     interpreter_image_for,
     plan_python,
+    require_buildable,
 )
 from builder.base.releases import RELEASES, resolve, stub_route
 
@@ -128,3 +129,14 @@ def test_the_trixie_cpu_base_stands_in_for_a_release_whose_python_is_not_ours():
 def test_an_unknown_cpu_base_python_is_refused():
     with pytest.raises(ValueError, match="no CPU base with Python 3.9"):
         resolve(None, base_python="3.9")
+
+
+def test_routes_this_version_cannot_build_are_refused_before_any_pull():
+    compiled = plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False)
+    with pytest.raises(PythonBridgeError, match="compiling the stub from python_backend r22.12"):
+        require_buildable(compiled)
+    conda = plan_python(resolve("12.4", python_version="3.11"), "3.11", conda=True)
+    with pytest.raises(PythonBridgeError, match="pass packer='venv'"):
+        require_buildable(conda)
+    require_buildable(plan_python(resolve("12.4", python_version="3.11"), "3.11", conda=False))
+    require_buildable(plan_python(resolve("12.6", python_version="3.10"), "3.10", bridge=False))

@@ -20,7 +20,7 @@ import docker.errors
 import pytest
 
 from builder import build_docker_image
-from builder.image.python_bridge import PythonBridgeError
+from builder.base.python_bridge import PythonBridgeError
 from tests.example_inputs import EXAMPLES
 from tests.test_custom_operator_e2e import HELPERS, OPERATORS, TEXTS
 

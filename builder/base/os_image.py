@@ -14,9 +14,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.base.releases import DEBIAN_SUITES
 from builder.errors import TritonBuilderError
 from builder.host_packages import ensure_program
-from builder.image.releases import DEBIAN_SUITES
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
 DEBIAN_OS_IMAGE_TAG = "triton-builder/debian-{suite}:python{python}"

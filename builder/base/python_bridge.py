@@ -37,6 +37,8 @@ INTERPRETER_IMAGE = "python:{python}-slim-{suite}"
 INTERPRETER_IMAGE_VARIABLE = "TRITON_BUILDER_INTERPRETER_IMAGE"
 """Overrides the interpreter image (a mirror, or an image made without a registry)."""
 CONDA_TOOLS = ("mamba", "micromamba", "conda")
+BUILT_STUB_ROUTES = ("release", "pytriton-wheel")
+"""The stub routes this version can build (the compile route is decided but not built yet)."""
 
 
 class PythonBridgeError(TritonBuilderError, ValueError):
@@ -115,6 +117,22 @@ def plan_python(
             "interpreter-image", f"Python {python_version} taken from {image} (glibc no newer "
                                  f"than the release's {release.glibc})", image=image)
     return PythonPlan(release, python_version, route, interpreter)
+
+
+def require_buildable(plan: PythonPlan) -> None:
+    """Refuse, before anything is pulled, a bridged plan whose routes this version cannot build."""
+    if not plan.bridged:
+        return
+    if plan.interpreter.kind != "interpreter-image":
+        raise PythonBridgeError(
+            f"{plan.describe()}: this version builds bridged environments from an interpreter "
+            f"image only, not with conda-pack; pass packer='venv' (the interpreter then comes "
+            f"from {interpreter_image_for(plan.release, plan.python_version)})")
+    if plan.stub.kind not in BUILT_STUB_ROUTES:
+        raise PythonBridgeError(
+            f"{plan.describe()}: compiling the stub from python_backend {plan.stub.branch} is "
+            f"not built by this version. {alternatives(plan.python_version)} (the bridged "
+            f"releases 23.07–24.10 take their stub from a wheel)")
 
 
 def interpreter_image_for(release: Release, python_version: str) -> str:

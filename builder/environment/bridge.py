@@ -17,12 +17,7 @@ import docker
 
 from builder.base.cpu import REQUIREMENTS as CPU_BASE_REQUIREMENTS
 from builder.base.cpu import requirements_for
-from builder.base.python_bridge import (
-    PythonBridgeError,
-    PythonPlan,
-    alternatives,
-    interpreter_image_for,
-)
+from builder.base.python_bridge import PythonPlan, require_buildable
 from builder.environment.carried import CarriedInterpreterPacker
 from builder.environment.packers import Packer
 from builder.environment.target import EnvironmentTarget, interpreter_target
@@ -50,19 +45,10 @@ class BridgeParts:
 
 def bridge_environment(client: docker.DockerClient, plan: PythonPlan) -> BridgeParts:
     """The interpreter target, packer and stub of a bridged ``plan``."""
-    if plan.interpreter.kind != "interpreter-image" or plan.interpreter.image is None:
-        raise PythonBridgeError(
-            f"{plan.describe()}: this version builds bridged environments from an interpreter "
-            f"image only, not with conda-pack; pass packer='venv' (the interpreter then comes "
-            f"from {interpreter_image_for(plan.release, plan.python_version)})")
-    if plan.stub.kind == "pytriton-wheel" and plan.stub.requirement:
-        stub = wheel_stub(plan.stub.requirement, plan.python_version)
-        path, libraries = stub.path, stub.libraries
-    else:
-        raise PythonBridgeError(
-            f"{plan.describe()}: compiling the stub from python_backend {plan.stub.branch} is "
-            f"not built by this version; releases whose stub comes from a wheel: "
-            f"{alternatives(plan.python_version)}")
+    require_buildable(plan)
+    assert plan.interpreter.image is not None and plan.stub.requirement is not None
+    stub = wheel_stub(plan.stub.requirement, plan.python_version)
+    path, libraries = stub.path, stub.libraries
     target = interpreter_target(client, plan.interpreter.image, python_version=plan.python_version,
                                 triton_version=plan.release.triton_version)
     parts = BridgeParts(target=target, packer=CarriedInterpreterPacker(libraries), stub=path)
