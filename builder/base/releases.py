@@ -127,10 +127,6 @@ RELEASES_TABLE: tuple[tuple[str, str, str, str, str, int, str, str], ...] = (
 )
 
 
-UBUNTU_GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
-"""glibc of each Ubuntu an NGC release is built on: an interpreter or stub from elsewhere must
-not need a newer one."""
-
 DEBIAN_SUITES: dict[str, tuple[str, str]] = {
     "bullseye": ("3.9", "2.31"), "bookworm": ("3.11", "2.36"), "trixie": ("3.13", "2.41"),
 }
