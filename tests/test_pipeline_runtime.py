@@ -198,19 +198,12 @@ def test_the_python_format_runtime_batches_and_isolates_bad_requests(tmp_path, m
 
 
 def test_before_23_04_bls_asks_for_no_memory_and_reads_gpu_outputs_through_dlpack(
-        built, monkeypatch):
+        served, monkeypatch):
     """Releases before 23.04 have no ``pb_utils.PreferredMemory``: a GPU model's outputs reach
     the pipeline model in GPU memory. No GPU here: the stand-in marks them as device memory
     that only dlpack may read (``as_numpy`` raises, as Triton's does)."""
-    pipeline, root = built
-    pb.Models.reset()
-    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
-    pb.Models.registry["affine"] = lambda inputs: dict(
-        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    pipeline, model = served
     monkeypatch.delattr(pb, "PreferredMemory")
-    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
-    model = pipeline_model.TritonPythonModel()
-    model.initialize(_args(root / "pipeline"))
     pb.Models.outputs_on_gpu = True
     (response,) = model.execute([_request([1, 2, 3, 4])])
     _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
