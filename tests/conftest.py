@@ -6,6 +6,8 @@
 * ``triton_server`` — a factory of host-process ``tritonserver``\\ s (no image needed).
 * ``os_image`` / ``cpu_base_image`` — the base OS image (Debian via mmdebstrap unless
   ``TRITON_BUILDER_OS_IMAGE`` names one) and the CPU Triton base, built once per session.
+* ``text_embedding_image`` — the example text-embedding pipeline's serving image, once per
+  session (the reliability and deployment tests share it).
 """
 
 from __future__ import annotations
@@ -76,3 +78,14 @@ def trixie_base_image(docker_client) -> str:
 
     os_image = debian_os_image(docker_client, suite="trixie")
     return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]
+
+
+@pytest.fixture(scope="session")
+def text_embedding_image(docker_client, cpu_base_image) -> str:
+    """The example text-embedding pipeline's serving image (built and verified once)."""
+    from builder import build_docker_image
+    from pipelines.text_embedding import pipeline
+
+    reference = "triton-builder-test/text-embedding-serving:1"
+    build_docker_image(pipeline, reference, client=docker_client)
+    return reference

@@ -21,7 +21,7 @@ ROOT = Path(builder.__file__).parent
 LAYERS = [
     "errors", "cache", "progress", "host_packages", "engine", "tritonserver",
     "pipeline", "client",
-    "base", "repository", "environment", "image", "verify", "push",
+    "base", "repository", "environment", "image", "verify", "push", "deploy",
     "job", "doctor", "cli", "builder",
 ]
 STAGES = ["pipeline", "base", "repository", "environment", "image", "verify", "push"]

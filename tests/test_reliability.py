@@ -62,16 +62,6 @@ def test_interrupted_build_leaves_no_tag_and_no_image(docker_client, cpu_base_im
 HEALTH_INTERVAL_S, HEALTH_RETRIES = 2, 3
 
 
-@pytest.fixture(scope="module")
-def served_image(docker_client, cpu_base_image) -> str:
-    from builder import build_docker_image
-    from pipelines.text_embedding import pipeline
-
-    reference = "triton-builder-test/tb-i14-reliability:1"
-    build_docker_image(pipeline, reference, client=docker_client)
-    return reference
-
-
 def _fast_healthcheck(client, image: str) -> dict:
     """The image's own health check command, run every HEALTH_INTERVAL_S instead of 15 s."""
     test = client.images.get(image).attrs["Config"]["Healthcheck"]["Test"]
@@ -93,7 +83,7 @@ KILL_PIPELINE_STUB = (
 )
 
 
-def test_a_dead_stub_turns_the_container_unhealthy(docker_client, served_image):
+def test_a_dead_stub_turns_the_container_unhealthy(docker_client, text_embedding_image):
     """Kill the pipeline model's stub inside a running container: requests fail, Triton still
     says ready, and the health check turns the container unhealthy within interval x retries
     (Docker's schedule: the bound is the acceptance criterion, the measured time is printed)."""
@@ -103,8 +93,8 @@ def test_a_dead_stub_turns_the_container_unhealthy(docker_client, served_image):
     from builder.client.pipeline import Client
     from builder.verify.container import ServingContainer
 
-    with ServingContainer(docker_client, served_image,
-                          healthcheck=_fast_healthcheck(docker_client, served_image)) as endpoint:
+    fast = _fast_healthcheck(docker_client, text_embedding_image)
+    with ServingContainer(docker_client, text_embedding_image, healthcheck=fast) as endpoint:
         container = docker_client.containers.get(endpoint.container_id)
         deadline = time.monotonic() + 60
         while _health(container) != "healthy" and time.monotonic() < deadline:
@@ -200,8 +190,8 @@ class GoodTraffic:
 
 
 @pytest.mark.parametrize("scheme", ["grpc", "http"])
-def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client, served_image,
-                                                                  scheme):
+def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client,
+                                                                  text_embedding_image, scheme):
     import numpy as np
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -212,7 +202,7 @@ def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client,
     from tests.example_inputs import TEXTS
 
     module = grpcclient if scheme == "grpc" else httpclient
-    with ServingContainer(docker_client, served_image) as endpoint:
+    with ServingContainer(docker_client, text_embedding_image) as endpoint:
         address = endpoint.grpc_url if scheme == "grpc" else endpoint.http_url
         with GoodTraffic(f"{scheme}://{address}/pipeline", list(TEXTS[:8])) as good, \
                 module.InferenceServerClient(address) as client:
@@ -239,7 +229,7 @@ LOAD_REQUESTS = int(os.environ.get("TRITON_BUILDER_LOAD_REQUESTS", 2000))
 LOAD_CONCURRENCY = 32
 
 
-def test_load_every_answer_equals_the_in_process_one(docker_client, served_image):
+def test_load_every_answer_equals_the_in_process_one(docker_client, text_embedding_image):
     import asyncio
 
     from builder.client.aio import AsyncClient
@@ -255,7 +245,7 @@ def test_load_every_answer_equals_the_in_process_one(docker_client, served_image
         async with AsyncClient(url, max_in_flight=LOAD_CONCURRENCY) as client:
             return await client.batch(texts, return_exceptions=True)
 
-    with ServingContainer(docker_client, served_image) as endpoint:
+    with ServingContainer(docker_client, text_embedding_image) as endpoint:
         started = time.monotonic()
         answers = asyncio.run(load(f"grpc://{endpoint.grpc_url}/pipeline"))
         seconds = time.monotonic() - started
@@ -268,8 +258,8 @@ def test_load_every_answer_equals_the_in_process_one(docker_client, served_image
 
 
 # -- a registry that goes away during a push ---------------------------------------------------
-def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client, served_image,
-                                                           tmp_path):
+def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client,
+                                                           text_embedding_image, tmp_path):
     import threading
     import urllib.error
     import urllib.request
@@ -280,7 +270,7 @@ def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client, served
 
     registry = LocalRegistry(tmp_path).start()
     reference = f"{registry.host}/tb-i14/interrupted-push:1"
-    docker_client.images.get(served_image).tag(reference.rsplit(":", 1)[0], "1")
+    docker_client.images.get(text_embedding_image).tag(reference.rsplit(":", 1)[0], "1")
     uploads = tmp_path / "data/docker/registry/v2/repositories/tb-i14/interrupted-push/_uploads"
     stopped = threading.Event()
 

@@ -1,0 +1,236 @@
+"""Kubernetes and KServe: manifests for a serving image, checked against the API schemas.
+
+:func:`manifests` writes what a cluster needs to run the image and keep it honest:
+
+* a ``Deployment`` whose pods mount ``/dev/shm`` as a memory ``emptyDir`` (the python backend's
+  shared memory; the container runtime's 64 MB default is too small), ask for
+  ``nvidia.com/gpu`` when the image is a CUDA one, and carry three probes: a ``startupProbe`` and
+  a ``readinessProbe`` on Triton's ``/v2/health/ready`` (traffic only to pods whose models are
+  loaded), and a ``livenessProbe`` that runs the image's health check
+  (:mod:`builder.runtime.health` with ``--live``: the server answers and no python backend stub
+  has died — Triton itself keeps saying ready with a dead stub, so without it a broken pod
+  would never be restarted). The pod template is annotated for Prometheus on the metrics port;
+* a ``Service`` with the http, grpc and metrics ports;
+* a ``HorizontalPodAutoscaler`` (``autoscaling/v2``) on CPU utilisation;
+* and, as an alternative to those three, a KServe ``InferenceService`` (``serving.kserve.io/
+  v1beta1``) with the same container, probes and shared memory as a custom predictor.
+
+:func:`validate` checks the Kubernetes objects with ``kubernetes-validate`` (the API's JSON
+schemas, bundled, offline) for every version in :data:`SUPPORTED_KUBERNETES`. No schema of
+KServe's CRD is bundled: of an ``InferenceService`` the predictor's pod spec is validated as a
+Kubernetes ``PodSpec`` (what KServe embeds), its other fields are checked here by name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from builder.deploy.serving import (
+    METRICS_PATH,
+    READY_PATH,
+    DeployError,
+    ServingImage,
+    size_bytes,
+)
+
+SUPPORTED_KUBERNETES = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
+"""Kubernetes versions the manifests are validated against (kubernetes-validate's schemas)."""
+KSERVE_API = "serving.kserve.io/v1beta1"
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """The workload's knobs; defaults suit one model server per pod."""
+
+    name: str = "triton"
+    namespace: str | None = None
+    replicas: int = 2
+    min_replicas: int = 2
+    max_replicas: int = 8
+    target_cpu_percent: int = 70
+    cpu_request: str = "2"
+    memory_request: str = "4Gi"
+    memory_limit: str | None = None
+    gpus: int = 1
+    """``nvidia.com/gpu`` per pod, for CUDA images."""
+    shm_size: str = "1Gi"
+    startup_seconds: int = 600
+    """How long a pod may take to load its models before Kubernetes gives up on it."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name) or len(self.name) > 53:
+            raise DeployError(f"name must be a DNS label (lowercase, digits, '-'; at most 53 "
+                              f"characters): {self.name!r}")
+        if self.namespace is not None and not _NAME.fullmatch(self.namespace):
+            raise DeployError(f"namespace must be a DNS label: {self.namespace!r}")
+        if not 1 <= self.min_replicas <= self.max_replicas or self.replicas < 1:
+            raise DeployError(f"replicas must satisfy 1 <= min_replicas ({self.min_replicas}) "
+                              f"<= max_replicas ({self.max_replicas}), replicas >= 1")
+        size_bytes(self.shm_size.replace("i", ""))
+
+
+def manifests(image: ServingImage, options: KubernetesOptions = KubernetesOptions(),
+              ) -> dict[str, dict[str, Any]]:
+    """``{"deployment", "service", "hpa", "inferenceservice"}`` → the manifest, as data."""
+    labels = {"app.kubernetes.io/name": options.name,
+              "app.kubernetes.io/component": "triton-inference-server",
+              "app.kubernetes.io/managed-by": "triton-builder"}
+    container = _container(image, options)
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}]
+    prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(image.metrics_port),
+                  "prometheus.io/path": METRICS_PATH}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _metadata(options, labels),
+        "spec": {
+            "replicas": options.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": options.name}},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": prometheus},
+                "spec": {"containers": [container], "volumes": volumes,
+                         "terminationGracePeriodSeconds": 40},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(options, labels),
+        "spec": {"selector": {"app.kubernetes.io/name": options.name}, "ports": [
+            {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+            for name, port in _ports(image)]},
+    }
+    hpa = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(options, labels),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": options.name},
+            "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                "type": "Utilization", "averageUtilization": options.target_cpu_percent}}}],
+        },
+    }
+    predictor_container = dict(container, name="kserve-container")
+    # KServe routes one port per predictor: HTTP (KServe v2 protocol, which Triton speaks).
+    predictor_container["ports"] = [{"name": "http1",
+                                     "containerPort": image.http_port, "protocol": "TCP"}]
+    inference_service = {
+        "apiVersion": KSERVE_API, "kind": "InferenceService",
+        "metadata": dict(_metadata(options, labels),
+                         annotations={"serving.kserve.io/enable-prometheus-scraping": "true",
+                                      **prometheus}),
+        "spec": {"predictor": {
+            "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
+            "scaleMetric": "cpu", "scaleTarget": options.target_cpu_percent,
+            "containers": [predictor_container], "volumes": volumes,
+        }},
+    }
+    return {"deployment": deployment, "service": service, "hpa": hpa,
+            "inferenceservice": inference_service}
+
+
+def _ports(image: ServingImage) -> list[tuple[str, int]]:
+    return [("http", image.http_port), ("grpc", image.grpc_port),
+            ("metrics", image.metrics_port)]
+
+
+def _container(image: ServingImage, options: KubernetesOptions) -> dict[str, Any]:
+    requests = {"cpu": options.cpu_request, "memory": options.memory_request}
+    limits: dict[str, Any] = {}
+    if options.memory_limit:
+        limits["memory"] = options.memory_limit
+    if image.gpu:
+        limits["nvidia.com/gpu"] = options.gpus
+        requests["nvidia.com/gpu"] = options.gpus
+    period = 10
+    return {
+        "name": "triton",
+        "image": image.reference,
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"}
+                  for name, port in _ports(image)],
+        "startupProbe": {"httpGet": {"path": READY_PATH, "port": "http"},
+                         "periodSeconds": period,
+                         "failureThreshold": max(1, options.startup_seconds // period)},
+        "readinessProbe": {"httpGet": {"path": READY_PATH, "port": "http"},
+                           "periodSeconds": 5, "timeoutSeconds": 4, "failureThreshold": 2},
+        "livenessProbe": {"exec": {"command": image.liveness_command},
+                          "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 3},
+        "resources": {"requests": requests, **({"limits": limits} if limits else {})},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _metadata(options: KubernetesOptions, labels: dict[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": options.name, "labels": dict(labels)}
+    if options.namespace:
+        metadata["namespace"] = options.namespace
+    return metadata
+
+
+def to_yaml(documents: Iterable[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(list(documents), sort_keys=False)
+
+
+class ManifestInvalidError(DeployError):
+    """A manifest does not validate against a supported Kubernetes version's schema."""
+
+
+def validate(documents: dict[str, dict[str, Any]],
+             versions: Iterable[str] = SUPPORTED_KUBERNETES) -> list[str]:
+    """Validate every manifest for every version; return what was checked, one line each.
+
+    Needs ``kubernetes-validate`` (``pip install kubernetes-validate``)."""
+    try:
+        import kubernetes_validate
+    except ImportError as error:
+        raise DeployError("validating manifests needs kubernetes-validate "
+                          "(pip install kubernetes-validate)") from error
+    checked = []
+    for version in versions:
+        for key, document in documents.items():
+            targets = [document]
+            if document.get("apiVersion") == KSERVE_API:
+                _check_inference_service(document)
+                predictor = document["spec"]["predictor"]
+                targets = [{"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": document["metadata"]["name"]},
+                            "spec": {"containers": predictor["containers"],
+                                     "volumes": predictor.get("volumes", [])}}]
+            for target in targets:
+                try:
+                    kubernetes_validate.validate(target, version, strict=True)
+                except kubernetes_validate.ValidationError as error:
+                    where = ".".join(str(p) for p in error.path)
+                    raise ManifestInvalidError(
+                        f"{key} ({document['kind']}) is not valid for Kubernetes {version}: "
+                        f"{where}: {error.message}") from None
+            checked.append(f"{key} ({document['kind']}) valid for Kubernetes {version}"
+                           + (" (predictor pod spec)" if key == "inferenceservice" else ""))
+    return checked
+
+
+_PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "containers",
+                     "volumes", "serviceAccountName", "nodeSelector", "tolerations"}
+
+
+def _check_inference_service(document: dict[str, Any]) -> None:
+    """The fields of an InferenceService that no bundled schema covers, by KServe's v1beta1
+    API: a predictor with exactly one container, known scaling fields."""
+    predictor = document.get("spec", {}).get("predictor")
+    if not isinstance(predictor, dict):
+        raise ManifestInvalidError("InferenceService: spec.predictor is missing")
+    unknown = set(predictor) - _PREDICTOR_FIELDS
+    if unknown:
+        raise ManifestInvalidError(f"InferenceService: unknown predictor fields {sorted(unknown)}")
+    if len(predictor.get("containers", [])) != 1:
+        raise ManifestInvalidError("InferenceService: a custom predictor has one container")
+    if predictor.get("scaleMetric") not in (None, "cpu", "memory", "concurrency", "rps"):
+        raise ManifestInvalidError(f"InferenceService: scaleMetric {predictor['scaleMetric']!r}")

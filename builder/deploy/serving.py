@@ -1,0 +1,97 @@
+"""What every orchestrator needs to know about a serving image, read from the image itself.
+
+Swarm stacks and Kubernetes manifests describe the same container: Triton's three ports, the
+health signals (``/v2/health/ready`` for readiness; :mod:`builder.runtime.health` for a dead
+python backend stub), the shared memory the stub needs, and whether the image wants GPUs (its
+``ai.triton-builder.cuda`` label). One description, two renderings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from builder.errors import TritonBuilderError
+from builder.image.labels import PREFIX
+from builder.image.serving_dockerfile import (
+    GRPC_PORT,
+    HEALTH_SCRIPT,
+    HTTP_PORT,
+    METRICS_PORT,
+    healthcheck_command,
+)
+
+READY_PATH = "/v2/health/ready"
+LIVE_PATH = "/v2/health/live"
+METRICS_PATH = "/metrics"
+_SIZE = re.compile(r"(\d+)([kmgKMG]?)(i?[bB]?)?")
+
+
+class DeployError(TritonBuilderError, ValueError):
+    """A deployment cannot be described: bad option, or an image that is not a serving image."""
+
+
+class DeployRuntimeError(TritonBuilderError, RuntimeError):
+    """Deploying failed: the engine refused the stack, or it did not converge in time."""
+
+
+@dataclass(frozen=True)
+class ServingImage:
+    """A serving image as orchestrators see it."""
+
+    reference: str
+    gpu: bool
+    """The image was built on an NGC (CUDA) release: ask for GPUs."""
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
+
+    @property
+    def health_command(self) -> list[str]:
+        """Ready, and no dead stub: Docker's HEALTHCHECK, a Swarm health check."""
+        return healthcheck_command(self.http_port)
+
+    @property
+    def liveness_command(self) -> list[str]:
+        """Alive (not "ready": a server still loading is not restarted), and no dead stub."""
+        return healthcheck_command(self.http_port, live=True)
+
+
+def serving_image(reference: str, *, gpu: bool | None = None,
+                  client: docker.DockerClient | None = None) -> ServingImage:
+    """Describe ``reference``; ``gpu`` from its labels when the engine has it, else as given
+    (default: CPU). Refuses an image that lacks our health check script when it can look."""
+    from builder.engine.reference import ImageReference
+
+    ImageReference.parse(reference)
+    labels: dict[str, str] | None = None
+    if client is not None:
+        try:
+            image = client.images.get(reference)
+        except docker.errors.ImageNotFound:
+            image = None
+        if image is not None:
+            labels = image.labels or {}
+            test = ((image.attrs.get("Config") or {}).get("Healthcheck") or {}).get("Test") or []
+            if HEALTH_SCRIPT not in test:
+                raise DeployError(
+                    f"{reference} has no triton-builder health check ({HEALTH_SCRIPT}): "
+                    "deploy images built by triton-builder (rebuild older ones)")
+    if gpu is None:
+        gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
+    return ServingImage(reference=reference, gpu=gpu)
+
+
+def size_bytes(size: str) -> int:
+    """``"1g"``, ``"512m"``, ``"2Gi"`` → bytes (powers of 1024, as ``docker run --shm-size``)."""
+    found = _SIZE.fullmatch(str(size).strip())
+    if not found:
+        raise DeployError(f"not a size like 1g or 512m: {size!r}")
+    number, unit = int(found.group(1)), found.group(2).lower()
+    value = number * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[unit]
+    if value <= 0:
+        raise DeployError(f"size must be positive: {size!r}")
+    return value
