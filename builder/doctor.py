@@ -175,7 +175,6 @@ def _engine():
 
 def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
     """The torch a build for ``release`` would put in the environment, against the drivers."""
-    from builder.base.releases import UBUNTU_GLIBC
     from builder.environment.cuda_packages import resolve_cuda_packages
     from builder.environment.spec import requirements_spec
     from builder.environment.target import platform_tags
@@ -185,7 +184,7 @@ def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
         resolution = resolve_cuda_packages(
             requirements_spec(["torch"], "doctor"), release,
             python_version=release.python_version,
-            platforms=platform_tags(UBUNTU_GLIBC.get(release.ubuntu or "", "2.35"), "x86_64"))
+            platforms=platform_tags(release.glibc, "x86_64"))
     except TritonBuilderError as error:
         return Check("environment cuda", "warn", f"could not tell which torch a build would "
                      f"choose: {error}")

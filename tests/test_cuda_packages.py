@@ -17,7 +17,7 @@ import zipfile
 import pytest
 from packaging.requirements import Requirement
 
-from builder.base.releases import UBUNTU_GLIBC, resolve
+from builder.base.releases import resolve
 from builder.environment.check import archive_cuda_runtime
 from builder.environment.cuda_packages import (
     PICKLE_SOURCE,
@@ -39,7 +39,7 @@ def _platforms(glibc: str) -> list[str]:
 
 def _resolve(cuda, triton, requirement="torch==2.13.0", source=PICKLE_SOURCE, **options):
     release = resolve(cuda, triton)
-    glibc = UBUNTU_GLIBC.get(release.ubuntu or "", "2.36")  # 2.36: the CPU base's Debian 12
+    glibc = release.glibc
     logged: list[str] = []
     resolution = resolve_cuda_packages(
         requirements_spec([requirement], source), release, python_version=release.python_version,
