@@ -300,3 +300,32 @@ def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client,
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(urllib.request.Request(url, method="HEAD"))
         assert missing.value.code == 404
+
+
+def test_a_build_interrupted_mid_step_removes_the_layers_it_made(docker_client, os_image,
+                                                                tmp_path):
+    """Ctrl-C while ``docker build`` runs a step: the layers committed before it go too."""
+    import docker.errors
+
+    from builder.engine.build import build_image
+
+    (tmp_path / "payload").write_text(uuid.uuid4().hex)  # a layer no cache holds
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {os_image}\nCOPY payload /payload\nRUN sleep 60\n")
+    layers: list[str] = []
+
+    def interrupt_at_the_slow_step(line: str) -> None:
+        if line.startswith(" ---> ") and "Running in" not in line:
+            layers.append(line.split()[-1])
+        if line.startswith("Step 3/3"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_image(docker_client, tmp_path, ["triton-builder-test/tb-i14-interrupted:1"],
+                    on_log=interrupt_at_the_slow_step)
+    base, copied = layers  # FROM's image, then the COPY layer this build committed
+    assert docker_client.images.get(base)  # not ours to remove
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(copied)
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get("triton-builder-test/tb-i14-interrupted:1")
