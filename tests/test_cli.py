@@ -151,3 +151,40 @@ def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry)
     pinned = cli("push", reference).stdout.strip()
     assert pinned.startswith(f"{registry.host}/cli/text-embedding@sha256:")
     docker_client.images.remove(reference, force=True)
+
+
+def test_deploy_k8s_writes_validated_manifests(tmp_path):
+    import yaml
+
+    target = tmp_path / "triton.yaml"
+    result = cli("deploy", "k8s", "registry.example:5000/embed:2", "--cpu", "-o", str(target))
+    assert "validated 3 manifest(s) against Kubernetes 1.29" in result.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(target.read_text())]
+    assert kinds == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+    kserve = cli("deploy", "k8s", "registry.example:5000/embed:2", "--gpu", "--kserve")
+    (service,) = list(yaml.safe_load_all(kserve.stdout))
+    predictor = service["spec"]["predictor"]["containers"][0]
+    assert service["kind"] == "InferenceService"
+    assert predictor["resources"]["limits"]["nvidia.com/gpu"] == 1
+    bad = cli("deploy", "k8s", "registry.example:5000/embed:2", "--name", "Bad_Name",
+              check=False)
+    assert bad.returncode == 2 and "DNS label" in bad.stderr
+
+
+def test_deploy_swarm_dry_run_prints_the_stack_and_refuses_bad_options():
+    import yaml
+
+    result = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "3",
+                 "--dry-run")
+    stack = yaml.safe_load(result.stdout)
+    assert stack["services"]["triton"]["deploy"]["replicas"] == 3
+    bad = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "0",
+              "--dry-run", check=False)
+    assert bad.returncode == 2 and "replicas must be a positive integer" in bad.stderr
+
+
+def test_deploy_swarm_on_an_engine_outside_a_swarm_says_what_to_run(docker_client):
+    if (docker_client.info().get("Swarm") or {}).get("LocalNodeState") == "active":
+        pytest.skip("this engine is in a swarm now")
+    result = cli("deploy", "swarm", "registry.example:5000/embed:2", check=False)
+    assert result.returncode == 1 and "docker swarm init" in result.stderr
