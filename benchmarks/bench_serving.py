@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import multiprocessing
 import os
 import platform
@@ -31,6 +32,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +46,6 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import BENCHMARKS, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
-from builder.client import AsyncClient  # noqa: E402
-from builder.client.aio import AsyncTritonRemoteModel  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
 from pipelines import image_classification, text_embedding  # noqa: E402
@@ -224,8 +224,7 @@ def _statistics(metrics_url: str, models: Sequence[str]) -> dict[str, tuple[floa
 
     names = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_queue_duration_us",
              "nv_inference_request_success")
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = _metrics_text(metrics_url)
     found = {model: [0.0] * len(names) for model in models}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -236,13 +235,26 @@ def _statistics(metrics_url: str, models: Sequence[str]) -> dict[str, tuple[floa
     return {model: tuple(values) for model, values in found.items()}
 
 
-async def _served_once(make_client: Callable[[], Any], call: Callable[[Any, Any], Any],
-                       items: Sequence[Any], concurrency: int) -> tuple[float, list[float], list]:
+def _metrics_text(metrics_url: str, wait: float = 15.0) -> str:
+    """Triton's metrics page; a container is ready a moment before its metrics port answers."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
+                return response.read().decode()
+        except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+async def _served_once(make_client: Callable[[], LoadClient], items: Sequence[Any],
+                       concurrency: int) -> tuple[float, list[float], list]:
     async with make_client() as client:
-        return await _drive(lambda item: call(client, item), items, concurrency)
+        return await _drive(client, items, concurrency)
 
 
-def measure_served(make_client: Callable[[], Any], call: Callable[[Any, Any], Any],
+def measure_served(make_client: Callable[[], LoadClient],
                    to_result: Callable[[Any], Any], workload: Workload, items: Sequence[Any],
                    expected: Sequence[Any], concurrency: int, runs: int, metrics_url: str,
                    models: Sequence[str], processes: Processes | None) -> Measure:
@@ -252,7 +264,7 @@ def measure_served(make_client: Callable[[], Any], call: Callable[[Any, Any], An
         stats_before = _statistics(metrics_url, models)
         cpu_before = processes.snapshot() if processes else {}
         seconds, latencies, results = asyncio.run(
-            _served_once(make_client, call, items, concurrency))
+            _served_once(make_client, items, concurrency))
         cpu_after = processes.snapshot() if processes else {}
         stats_after = _statistics(metrics_url, models)
         for item, got, want in zip(items, results, expected):
@@ -309,17 +321,57 @@ def measure_ort(workload: Workload, onnx_path: Path, batch: int, items: Sequence
     return _median_measure(measures)
 
 
-# -- clients for the served rows ------------------------------------------------------------
-def _pipeline_client(url: str, concurrency: int) -> Callable[[], Any]:
-    return lambda: AsyncClient(url, max_in_flight=concurrency)
+# -- the load generator ---------------------------------------------------------------------
+class LoadClient:
+    """tritonclient's asyncio gRPC client sending one request per item: the load generator.
+
+    The same for every served row. Not the builder's ``AsyncClient``: its codec and checks cost
+    about 0.04 ms more CPU per request (measured here), which on one machine is taken from the
+    server being measured.
+    """
+
+    def __init__(self, grpc_url: str, model: str,
+                 inputs: Callable[[Any], list[tuple[str, np.ndarray]]],
+                 outputs: Sequence[str]) -> None:
+        self.grpc_url, self.model, self.inputs, self.outputs = grpc_url, model, inputs, outputs
+
+    async def __aenter__(self) -> LoadClient:
+        import tritonclient.grpc.aio as aio
+
+        self.aio = aio
+        self.client = aio.InferenceServerClient(self.grpc_url)
+        self.requested = [aio.InferRequestedOutput(name) for name in self.outputs]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.client.close()
+
+    async def __call__(self, item: Any) -> dict[str, np.ndarray]:
+        """One request of batch size one; each output without its batch dimension."""
+        from tritonclient.utils import np_to_triton_dtype
+
+        tensors = []
+        for name, array in self.inputs(item):
+            tensor = self.aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        result = await self.client.infer(self.model, tensors, outputs=self.requested)
+        return {name: result.as_numpy(name)[0] for name in self.outputs}
 
 
-async def _call_pipeline(client: Any, item: Any) -> Any:
-    return await client(item)
+def _pipeline_client(workload: Workload, grpc_url: str,
+                     model: str = "pipeline") -> Callable[[], LoadClient]:
+    """Requests as the pipeline model (or PyTriton's model) takes them: one value, ``[1, 1]``."""
+
+    def inputs(item: Any) -> list[tuple[str, np.ndarray]]:
+        value = item.encode() if isinstance(item, str) else item
+        return [(workload.input_name, np.array([[value]], dtype=np.object_))]
+
+    return lambda: LoadClient(grpc_url, model, inputs, list(workload.pipeline.outputs))
 
 
 def _model_result(outputs: dict[str, np.ndarray], names: Sequence[str]) -> Any:
-    """A PyTriton answer in the pipeline's result structure (strings decoded)."""
+    """An answer in the pipeline's result structure (strings decoded)."""
     values = []
     for name in names:
         array = outputs[name]
@@ -421,33 +473,39 @@ class Results:
 def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str,
                  models: Sequence[str],
                  processes: Processes, args: argparse.Namespace, results: Results) -> None:
-    url = f"grpc://{grpc_url}/pipeline"
     row = results.rows.setdefault(label, {})
+    outputs = list(workload.pipeline.outputs)
     for concurrency in CONCURRENCY:
         row[concurrency] = measure_served(
-            _pipeline_client(url, concurrency), _call_pipeline, lambda got: got, workload,
-            workload.items, workload.expected, concurrency, args.runs, metrics_url, models,
-            processes)
+            _pipeline_client(workload, grpc_url), lambda got: _model_result(got, outputs),
+            workload, workload.items, workload.expected, concurrency, args.runs, metrics_url,
+            models, processes)
         print(f"{workload.key} {label} c={concurrency}: {row[concurrency].rate:.0f} req/s",
               flush=True)
 
 
-def _direct_model_p50(workload: Workload, grpc_url: str, args: argparse.Namespace) -> float:
+def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path,
+                      args: argparse.Namespace) -> float:
     """p50 of the pipeline's ONNX model called directly, concurrency 1, inputs ready."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
     items = workload.items[:max(200, len(workload.items) // 4)]
     encoded = [workload.encode(item) for item in items]
-    url = f"grpc://{grpc_url}/{workload.model}"
 
-    async def call(client: Any, arrays: tuple[np.ndarray, ...]) -> Any:
-        return await client(*arrays)
+    def client() -> LoadClient:
+        return LoadClient(grpc_url, workload.model,
+                          lambda arrays: [(n, a[None]) for n, a in zip(names, arrays)], outputs)
 
     p50s = []
     for _ in range(args.runs):
         async def once() -> list[float]:
-            async with AsyncTritonRemoteModel(url, max_in_flight=1) as client:
-                _, latencies, answers = await _drive(lambda a: call(client, a), encoded, 1)
+            async with client() as model:
+                _, latencies, answers = await _drive(model, encoded, 1)
             for arrays, answer, want in zip(encoded, answers, workload.expected):
-                got = workload.finish(tuple(answer.values()), arrays)
+                got = workload.finish(tuple(answer[n] for n in outputs), arrays)
                 check_same(got, want, TOLERANCE, where=f"{workload.model} directly")
             return latencies
 
@@ -492,7 +550,7 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
         _served_rows(workload, server.grpc_url, f"127.0.0.1:{server.metrics_port}",
                      "served: host tritonserver", models,
                      processes, args, results)
-        results.direct_p50_ms = _direct_model_p50(workload, server.grpc_url, args)
+        results.direct_p50_ms = _direct_model_p50(workload, server.grpc_url, onnx_path, args)
     results.overhead_ms = (results.rows["served: host tritonserver"][1].p50_ms
                            - results.direct_p50_ms)
     results.prepost_p50_ms = _prepost_p50(workload, onnx_path)
@@ -512,20 +570,14 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
             client.images.remove(tag, force=True)
     with PyTritonServer(workload.key, onnx_path) as pytriton:
         name = f"pytriton_{workload.key}"
-        url = f"grpc://{pytriton.grpc_url}/{name}"
         outputs = list(workload.pipeline.outputs)
         row = results.rows.setdefault("PyTriton, one @batch callable", {})
-
-        async def call(model: Any, item: Any) -> Any:
-            value = item.encode() if isinstance(item, str) else item
-            return await model(np.array([value], dtype=np.object_))
-
         for concurrency in CONCURRENCY:
             row[concurrency] = measure_served(
-                lambda c=concurrency: AsyncTritonRemoteModel(url, max_in_flight=c), call,
+                _pipeline_client(workload, pytriton.grpc_url, name),
                 lambda got: _model_result(got, outputs), workload, workload.items,
-                workload.expected, concurrency, args.runs, f"127.0.0.1:{pytriton.ports[2]}", [name],
-                Processes([pytriton.process.pid], "pytriton "))
+                workload.expected, concurrency, args.runs, f"127.0.0.1:{pytriton.ports[2]}",
+                [name], Processes([pytriton.process.pid], "pytriton "))
             print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
                   flush=True)
     return results
@@ -676,11 +728,12 @@ def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) ->
                                          dynamic_batching=setting)
             cells = []
             with TritonServer(built.model_root) as server:
-                url = f"grpc://{server.grpc_url}/pipeline"
+                outputs = list(workload.pipeline.outputs)
                 for concurrency in CONCURRENCY:
                     m = measure_served(
-                        _pipeline_client(url, concurrency), _call_pipeline, lambda got: got,
-                        workload, workload.items, workload.expected, concurrency, args.runs,
+                        _pipeline_client(workload, server.grpc_url),
+                        lambda got, names=outputs: _model_result(got, names), workload,
+                        workload.items, workload.expected, concurrency, args.runs,
                         f"127.0.0.1:{server.metrics_port}", [built.pipeline_model], None)
                     cells.append(f"{m.rate:.0f} | {m.p50_ms:.2f}")
             described = ", ".join(f"{k} {v}" for k, v in setting.items()) or (

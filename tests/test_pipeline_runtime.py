@@ -57,14 +57,19 @@ def built(tmp_path_factory):
 def served(built, monkeypatch):
     """The pipeline model initialised as Triton would, BLS wired to the exported ONNX model."""
     pipeline, root = built
-    pb.Models.reset()
-    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
-    pb.Models.registry["affine"] = lambda inputs: dict(
-        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    _wire_bls(root)
     monkeypatch.setattr(pipeline_model, "pb_utils", pb)
     model = pipeline_model.TritonPythonModel()
     model.initialize(_args(root / "pipeline"))
     return pipeline, model
+
+
+def _wire_bls(root) -> None:
+    """BLS requests to ``affine`` reach its exported ONNX model, run by onnxruntime."""
+    pb.Models.reset()
+    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
+    pb.Models.registry["affine"] = lambda inputs: dict(
+        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
 
 
 def _args(model_dir) -> dict:
@@ -334,10 +339,7 @@ def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
 def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
         built_in_process, monkeypatch):
     pipeline, root = built_in_process
-    pb.Models.reset()
-    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
-    pb.Models.registry["affine"] = lambda inputs: dict(
-        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+    _wire_bls(root)
     monkeypatch.setattr(pipeline_model, "pb_utils", pb)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when not installed
     monkeypatch.setattr(pipeline_model, "check_versions", lambda record: [])
