@@ -24,6 +24,7 @@ from typing import Any
 
 import docker
 from docker.models.images import Image
+from packaging.requirements import Requirement
 
 from builder.base import Release, ensure_base_image, resolve
 from builder.base.python_bridge import plan_python, require_buildable
@@ -36,7 +37,7 @@ from builder.environment import (
     load_spec,
     pack_environment,
 )
-from builder.environment.bridge import bridge_environment
+from builder.environment.bridge import bridge_environment, cpu_backend_requirements
 from builder.environment.cuda_packages import (
     PICKLE_SOURCE,
     PYTORCH_INDEX,
@@ -152,6 +153,8 @@ def build_docker_image(
                 requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
                 requirements_spec(_python_model_requirements(built.models),
                                   "python-format model operators"),
+                requirements_spec(_in_process_requirements(built.models, target.python_version),
+                                  "ONNX model operators run in the pipeline model"),
                 requirements_spec(bridged.requirements if bridged else [],
                                   "the CPU base's onnxruntime backend, bridged"),
                 _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
@@ -300,6 +303,15 @@ def _python_model_requirements(models: Sequence[BuiltModel]) -> list[str]:
     import torch
 
     return [f"torch=={torch.__version__.split('+')[0]}"]
+
+
+def _in_process_requirements(models: Sequence[BuiltModel], python_version: str) -> list[str]:
+    """ONNX Runtime where the pipeline model runs model operators itself: the version the CPU
+    base's onnxruntime backend runs (the same numerics, one pin when that backend is bridged)."""
+    if not any(model.in_process for model in models):
+        return []
+    return [line for line in cpu_backend_requirements(python_version)
+            if Requirement(line).name == "onnxruntime"]
 
 
 def _pickle_requirements(pipeline_dir: Path) -> list[str]:

@@ -114,3 +114,20 @@ def test_before_23_04_gpu_models_bring_torch_into_the_environment_for_dlpack():
     assert _dlpack_requirements(TARGETS["22.12"], []).requirements == ()
     assert _dlpack_requirements(TARGETS["24.05"], ["text_encoder"]).requirements == ()
     assert _dlpack_requirements(TARGETS["cpu"], []).requirements == ()
+
+
+def test_model_operators_run_in_the_pipeline_model_only_on_the_cpu_base(tmp_path):
+    """The CPU base runs ONNX model operators in the pipeline model (its environment gets the
+    CPU base's onnxruntime pin); GPU releases keep BLS to the native backends."""
+    from builder.environment.bridge import cpu_backend_requirements
+    from builder.job import _in_process_requirements
+
+    found = {}
+    for name in ("cpu", "24.05"):
+        result = build_pipeline_model(EXAMPLES["text_embedding"][0], tmp_path / name,
+                                      target=TARGETS[name])
+        found[name] = [(m.name, m.in_process) for m in result.models]
+        requirements = _in_process_requirements(result.models, "3.11")
+        assert requirements == ([r for r in cpu_backend_requirements("3.11")
+                                 if r.startswith("onnxruntime==")] if name == "cpu" else [])
+    assert found == {"cpu": [("text_encoder", True)], "24.05": [("text_encoder", False)]}

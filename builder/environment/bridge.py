@@ -54,8 +54,12 @@ def bridge_environment(client: docker.DockerClient, plan: PythonPlan) -> BridgeP
     parts = BridgeParts(target=target, packer=CarriedInterpreterPacker(libraries), stub=path)
     if plan.release.gpu:
         return parts
-    backend_packages = requirements_for(
-        (resources.files("builder.envs") / CPU_BASE_REQUIREMENTS).read_text(),
-        plan.python_version)
     return replace(parts, backends=("python", "onnxruntime"),
-                   requirements=tuple(backend_packages.split()), unpacked=True)
+                   requirements=cpu_backend_requirements(plan.python_version), unpacked=True)
+
+
+def cpu_backend_requirements(python_version: str) -> tuple[str, ...]:
+    """The pinned packages of the CPU base's onnxruntime backend, for ``python_version``."""
+    return tuple(requirements_for(
+        (resources.files("builder.envs") / CPU_BASE_REQUIREMENTS).read_text(),
+        python_version).split())

@@ -69,6 +69,8 @@ class BuiltModel:
     attempts: list[ExportAttempt] = field(default_factory=list)
     gpu: bool = False
     """Whether its instances are ``KIND_GPU``."""
+    in_process: bool = False
+    """Whether the pipeline model runs it itself (ONNX Runtime) rather than through BLS."""
 
 
 @dataclass
@@ -185,6 +187,8 @@ def build_pipeline_model(
             op.name: f"{op.name}/1/{ONNX_FILE}" for op in model_ops
             if targets[op.name].format == "onnx" and not placements[op.name][0]
         } if _in_process(in_process, target) else {}
+        for model in built:
+            model.in_process = model.name in own
         _write_pipeline_model(staging / name, pipe, signature, targets, own, ModelConfigSpec(
             name=name,
             inputs=_tensors(signature.inputs),
@@ -253,8 +257,6 @@ def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSi
     served.examples = ()  # examples may be large and are not needed to serve
     served._signature = signature
     payload, referenced = dumps(served, targets)
-    if in_process:  # the pipeline model opens those sessions itself: its environment needs ORT
-        referenced = {*referenced, "onnxruntime"}
     (version / PIPELINE_FILE).write_bytes(payload)
     (version / VERSIONS_FILE).write_text(
         json.dumps(_versions_record(referenced), indent=2, sort_keys=True) + "\n"
