@@ -660,7 +660,9 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
              f"machine; {args.requests} requests per run, median of {args.runs} runs; every "
              "served answer equal to the in-process one. a = served (host tritonserver), "
              "b = eager `pipeline(x)`, c = raw ONNX Runtime on batches of 64, d = PyTriton at "
-             "the same concurrency. Achieved batch and queue time from Triton's statistics.", "",
+             "the same concurrency. Load: tritonclient's asyncio gRPC client in the benchmark "
+             "process, one request of batch size one per item, for every served row; PyTriton "
+             "in its own process. Achieved batch and queue time from Triton's metrics.", "",
              f"![throughput by requests in flight]({chart.relative_to(BENCHMARKS.parent)})"
              if chart.is_relative_to(BENCHMARKS.parent) else f"Chart: {chart}", ""]
     for results in all_results:

@@ -216,6 +216,8 @@ class TensorSpec:
         Calls whose values differ in shape (variable dims, ragged row counts) cannot share one
         tensor; send them in separate requests.
         """
+        if len(values) == 1:  # one call per request, the usual case: nothing to stack
+            return np.ascontiguousarray(self.encode_call(values[0])[None])
         encoded = [self.encode_call(v) for v in values]
         _check_same_shapes([e.shape for e in encoded], "the calls of one request")
         if not encoded:
