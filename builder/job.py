@@ -95,6 +95,8 @@ def build_docker_image(
     bridge: bool = True,
     base_python: str | None = None,
     interpreter_image: str | None = None,
+    compile_stub: bool = False,
+    triton_sources: str | os.PathLike | None = None,
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
@@ -114,7 +116,10 @@ def build_docker_image(
     (:mod:`builder.base.python_bridge`): a stub for this Python from the release's branch and
     an environment that carries this interpreter (taken from ``interpreter_image``, by default
     the official Python image on a glibc no newer than the release's). ``bridge=False``, or a
-    release no bridge reaches, fails before anything is pulled or built.
+    release no bridge reaches, fails before anything is pulled or built. Stubs that no wheel
+    bundles are compiled from the release's python_backend branch on the release image
+    (``compile_stub=True`` forces that route); ``triton_sources`` is a directory of source
+    tarballs for builders that reach no source host (default: fetched by the build).
     The environment holds what the pickled pipeline imports (pinned to the versions used here),
     ``env_specs`` (files in ``envs/``), ``requirements`` and the operators' own requirements;
     torch is resolved for the release's CUDA (a CPU build for the CPU base) from
@@ -135,7 +140,7 @@ def build_docker_image(
     release = resolve(cuda, triton_version, base_image, base_python=base_python)
     plan = plan_python(release, bridge=bridge,
                        conda={"conda": True, "venv": False}.get(str(packer)),
-                       interpreter_image=interpreter_image)
+                       interpreter_image=interpreter_image, compile_stub=compile_stub)
     require_buildable(plan)
     client = client or _docker_client()
     with timed_step(f"base image {release.image}", on_log):
@@ -146,7 +151,8 @@ def build_docker_image(
                                          parallelism, target=release, **pipeline_options)
         pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
-            bridged = bridge_environment(client, plan) if plan.bridged else None
+            bridged = bridge_environment(client, plan, triton_sources=triton_sources,
+                                         on_log=on_log) if plan.own_stub else None
             target = bridged.target if bridged else image_target(client, base.id)
             spec = merge_specs(
                 load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
@@ -163,7 +169,8 @@ def build_docker_image(
                 platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
                 on_log=on_log or stderr_line)
             tarball = pack_environment(resolution.spec, target,
-                                       packer=bridged.packer if bridged else packer,
+                                       packer=bridged.packer if bridged and bridged.packer
+                                       else packer,
                                        index=resolution.index, on_log=on_log)
             attach_environment(built.model_root, tarball,
                                stub=bridged.stub if bridged else None,
@@ -174,6 +181,7 @@ def build_docker_image(
             return _image_verify_push(
                 built.model_root, references, release, base, client=client, user=user,
                 environment_python=plan.python_version,
+                python_models=plan.describe() if plan.own_stub else None,
                 checks=checks if verify else None, push=push, started=started, on_log=on_log)
 
 

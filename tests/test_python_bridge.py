@@ -131,12 +131,19 @@ def test_an_unknown_cpu_base_python_is_refused():
         resolve(None, base_python="3.9")
 
 
-def test_routes_this_version_cannot_build_are_refused_before_any_pull():
-    compiled = plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False)
-    with pytest.raises(PythonBridgeError, match="compiling the stub from python_backend r22.12"):
-        require_buildable(compiled)
+def test_the_conda_route_is_refused_before_any_pull():
     conda = plan_python(resolve("12.4", python_version="3.11"), "3.11", conda=True)
     with pytest.raises(PythonBridgeError, match="pass packer='venv'"):
         require_buildable(conda)
-    require_buildable(plan_python(resolve("12.4", python_version="3.11"), "3.11", conda=False))
+    require_buildable(plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False))
     require_buildable(plan_python(resolve("12.6", python_version="3.10"), "3.10", bridge=False))
+
+
+def test_the_compile_route_can_be_forced_where_pybind11_allows():
+    native = plan_python(resolve(None), "3.11", compile_stub=True)
+    assert not native.bridged and native.own_stub
+    assert (native.stub.kind, native.stub.branch) == ("compile", "r24.10")
+    assert plan_python(resolve("11.8", python_version="3.11"), "3.11",
+                       compile_stub=True, conda=False).stub.branch == "r22.12"
+    with pytest.raises(PythonBridgeError, match="pybind11 2.10, which supports Python up to 3.11"):
+        plan_python(resolve("12.4", python_version="3.12"), "3.12", compile_stub=True)

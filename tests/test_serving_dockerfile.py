@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.base.python_bridge import plan_python
 from builder.base.releases import resolve
 from builder.engine.dockerfile import DockerfileError
+from builder.environment.stub_build import render_stub_dockerfile
 from builder.image.labels import LabelError, serving_labels
 from builder.image.serving_dockerfile import ServingOptions, render_serving_dockerfile
 
@@ -146,3 +148,22 @@ def test_labels_never_enter_the_dockerfile_and_keys_are_checked():
         with pytest.raises(LabelError):
             serving_labels(release=resolve(None), image_name="embed:1", base_digest="x",
                            environment_hash="e", signature={}, extra={key: "v"})
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "12.4", "12.6", "13.0"])
+def test_golden_dockerfile_with_the_bridge(cuda):
+    """A Python 3.11 pipeline on each release: the header says how its python models run;
+    where the stub is compiled, the stub's build stage is golden too."""
+    release = resolve(cuda, python_version="3.11")
+    plan = plan_python(release, "3.11", conda=False)
+    assert plan.bridged
+    text = render_serving_dockerfile(release, options=ServingOptions(
+        python_models=plan.describe()))
+    assert "# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver" in text
+    _golden(f"serving-{cuda}-bridged-py3.11.Dockerfile", text)
+    if plan.stub.kind == "compile":
+        stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.11",
+                                      build_image_name=release.image, local_sources=False,
+                                      gpu=release.gpu)
+        assert f"FROM {release.image}" in stub and "-DTRITON_ENABLE_GPU=ON" in stub
+        _golden(f"stub-{plan.stub.branch}-py3.11.Dockerfile", stub)

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 from builder.base.releases import (
     DEBIAN_SUITES,
+    PYBIND11_NEWEST_PYTHON,
     RELEASES,
     Release,
     StubRoute,
     builder_python,
+    compiled_stub,
     no_stub_reason,
     stub_route,
     supported_cuda_versions,
@@ -37,8 +39,6 @@ INTERPRETER_IMAGE = "python:{python}-slim-{suite}"
 INTERPRETER_IMAGE_VARIABLE = "TRITON_BUILDER_INTERPRETER_IMAGE"
 """Overrides the interpreter image (a mirror, or an image made without a registry)."""
 CONDA_TOOLS = ("mamba", "micromamba", "conda")
-BUILT_STUB_ROUTES = ("release", "pytriton-wheel")
-"""The stub routes this version can build (the compile route is decided but not built yet)."""
 
 
 class PythonBridgeError(TritonBuilderError, ValueError):
@@ -67,11 +67,18 @@ class PythonPlan:
 
     @property
     def bridged(self) -> bool:
+        """The release's Python is not the pipeline's: the environment carries an interpreter."""
+        return self.python_version != self.release.python_version
+
+    @property
+    def own_stub(self) -> bool:
+        """The python models get a stub of their own (bridged, or compiled on request)."""
         return self.stub.kind != "release"
 
     def describe(self) -> str:
         if not self.bridged:
-            return f"native: {self.release.describe()} runs Python {self.python_version}"
+            stub = f"; stub {self.stub.description}" if self.own_stub else ""
+            return f"native: {self.release.describe()} runs Python {self.python_version}{stub}"
         return (f"bridged: Python {self.python_version} on {self.release.describe()}; stub "
                 f"{self.stub.description}; interpreter {self.interpreter.description}")
 
@@ -83,8 +90,12 @@ def plan_python(
     bridge: bool = True,
     conda: bool | None = None,
     interpreter_image: str | None = None,
+    compile_stub: bool = False,
 ) -> PythonPlan:
     """Decide how ``python_version`` (default: the builder's) runs on ``release``.
+
+    ``compile_stub`` compiles the stub from the release's python_backend branch even where the
+    release's own stub or a wheel's would do (a custom build of Triton, or a check of the route).
 
     ``conda`` says whether conda is installed (default: looked up on ``PATH``);
     ``interpreter_image`` overrides the image the interpreter is taken from (default
@@ -93,7 +104,9 @@ def plan_python(
     """
     python_version = python_version or builder_python()
     route = stub_route(release, python_version)
-    if route is not None and route.kind == "release":
+    if compile_stub:
+        route = compiled_stub_route(release, python_version)
+    if release.python_version == python_version and route is not None:
         return PythonPlan(release, python_version, route,
                           InterpreterRoute("release", f"the release's python3 "
                                                       f"({release.python_version})"))
@@ -119,20 +132,24 @@ def plan_python(
     return PythonPlan(release, python_version, route, interpreter)
 
 
+def compiled_stub_route(release: Release, python_version: str) -> StubRoute:
+    """The compile route for ``release``, refused where its pybind11 cannot build the Python."""
+    route = compiled_stub(release, python_version)
+    if route is None:
+        raise PythonBridgeError(
+            f"python_backend {release.branch} builds with pybind11 {release.pybind11}, which "
+            f"supports Python up to {PYBIND11_NEWEST_PYTHON[release.pybind11]}: no stub for "
+            f"Python {python_version} compiles")
+    return route
+
+
 def require_buildable(plan: PythonPlan) -> None:
     """Refuse, before anything is pulled, a bridged plan whose routes this version cannot build."""
-    if not plan.bridged:
-        return
-    if plan.interpreter.kind != "interpreter-image":
+    if plan.bridged and plan.interpreter.kind != "interpreter-image":
         raise PythonBridgeError(
             f"{plan.describe()}: this version builds bridged environments from an interpreter "
             f"image only, not with conda-pack; pass packer='venv' (the interpreter then comes "
             f"from {interpreter_image_for(plan.release, plan.python_version)})")
-    if plan.stub.kind not in BUILT_STUB_ROUTES:
-        raise PythonBridgeError(
-            f"{plan.describe()}: compiling the stub from python_backend {plan.stub.branch} is "
-            f"not built by this version. {alternatives(plan.python_version)} (the bridged "
-            f"releases 23.07–24.10 take their stub from a wheel)")
 
 
 def interpreter_image_for(release: Release, python_version: str) -> str:

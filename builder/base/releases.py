@@ -309,13 +309,18 @@ def stub_route(release: Release, python_version: str) -> StubRoute | None:
                          f"nvidia-pytriton=={release.pytriton_wheel} (Triton "
                          f"{release.triton_version}, stub for Python {python_version})",
                          requirement=f"nvidia-pytriton=={release.pytriton_wheel}")
+    return compiled_stub(release, python_version)
+
+
+def compiled_stub(release: Release, python_version: str) -> StubRoute | None:
+    """The stub compiled from the release's python_backend branch; None where its pybind11
+    cannot build ``python_version``."""
     newest = PYBIND11_NEWEST_PYTHON[release.pybind11]
-    if _version_key(python_version) <= _version_key(newest):
-        return StubRoute("compile",
-                         f"compiled from python_backend {release.branch} for Python "
-                         f"{python_version} (pybind11 {release.pybind11})",
-                         branch=release.branch)
-    return None
+    if _version_key(python_version) > _version_key(newest):
+        return None
+    return StubRoute("compile", f"compiled from python_backend {release.branch} for Python "
+                                f"{python_version} (pybind11 {release.pybind11})",
+                     branch=release.branch)
 
 
 def no_stub_reason(release: Release, python_version: str) -> str:

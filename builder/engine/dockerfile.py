@@ -9,7 +9,8 @@ Dockerfile line passes a filter that refuses what could start another instructio
   the Dockerfile parser unescapes them (Docker expands ``$`` there), anything else kept as is;
 * ``label_key`` — a label key: letters, digits, ``.``, ``_``, ``/``, ``-``;
 * ``word`` — an image reference, path or user name that must be one plain token;
-* ``path`` — an absolute path inside the image, one plain token.
+* ``path`` — an absolute path inside the image, one plain token;
+* ``comment`` — free text for a ``#`` comment line (one line).
 
 A newline in any value is rejected outright: it is the one way to inject a build step.
 """
@@ -56,7 +57,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
         autoescape=False,
     )
     environment.filters.update(sh=_shell_quote, json=_json_string, value=_value, word=_word,
-                               path=_path, label_key=_label_key)
+                               path=_path, label_key=_label_key, comment=_single_line)
     return environment
 
 

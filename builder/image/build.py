@@ -88,6 +88,7 @@ def build_serving_image(
     release: Release,
     base: Image,
     environment_python: str | None = None,
+    python_models: str | None = None,
     environment: str | os.PathLike | None = None,
     labels: Mapping[str, str] | None = None,
     signature: Mapping[str, Any] | str | None = None,
@@ -105,10 +106,12 @@ def build_serving_image(
     found and layered on their own. ``signature`` (the pipeline's inputs and outputs) goes to the
     ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
     ``environment_python`` is the Python of the environments (default: the release's; the
-    builder's for a bridged image, whose python models carry their own stub).
+    builder's for a bridged image, whose python models carry their own stub); ``python_models``
+    says how they run, in the Dockerfile's header.
     An image already tagged ``image_name`` with the same content hash is returned as it is.
     """
-    options = ServingOptions(user=user, server_args=tuple(server_args))
+    options = ServingOptions(user=user, server_args=tuple(server_args),
+                             python_models=python_models)
     environments = [Path(environment)] if environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=options.model_repository)

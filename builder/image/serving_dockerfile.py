@@ -51,6 +51,9 @@ class ServingOptions:
     uid: int = 1000
     server_args: tuple[str, ...] = field(default_factory=tuple)
     """Extra ``tritonserver`` flags, e.g. ``--log-verbose=1``."""
+    python_models: str | None = None
+    """How the python models run when not on the release's own stub (the bridge), for the
+    header: the stub and environment themselves are files of the model repository."""
 
     def __post_init__(self) -> None:
         if not _PATH.fullmatch(self.model_repository) or ".." in self.model_repository.split("/"):
@@ -143,5 +146,6 @@ def render_serving_dockerfile(
         health_script=HEALTH_SCRIPT,
         health_script_context=HEALTH_SCRIPT_CONTEXT,
         command=options.command,
+        python_models=options.python_models,
         labels=dict(labels or {}),
     )

@@ -1,0 +1,163 @@
+"""Compile a python backend stub for another Python from the release's python_backend branch.
+
+The stub and the server's python backend talk through shared memory whose layout changes between
+branches, so a stub for the builder's Python must come from exactly the release's branch
+(``r<YY.MM>``). Where no ``nvidia-pytriton`` wheel bundles one, :func:`compile_stub` builds it in a
+Docker build stage on ``build_image`` (the release image itself: the stub links its glibc), with
+that distribution's compiler, CMake, Boost headers and ``pythonX.Y-dev``
+(``dockerfiles/python-backend-stub.Dockerfile.j2``).
+
+Sources are fetched by the build (``git clone`` of the branch; CMake's FetchContent fetches
+common, core, backend, pybind11 and dlpack) unless ``sources`` names a directory of ``git
+archive`` tarballs — ``python_backend-r24.10.tar.gz``, ``common-r24.10.tar.gz``, …,
+``pybind11-<tag>.tar.gz``, ``dlpack-<tag>.tar.gz`` — for builders that reach no source host.
+Boost comes from the distribution in both cases (the branch's own Boost download is patched out;
+the stub uses Boost's headers only). The result is cached by everything that went into it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder.cache import cache_dir, content_hash
+from builder.engine.build import build_image
+from builder.engine.dockerfile import render, template_source
+from builder.environment.errors import EnvironmentBuildError
+
+TEMPLATE = "python-backend-stub.Dockerfile.j2"
+STUB_PATH = "/triton_python_backend_stub"
+SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
+"""A directory of source tarballs used instead of fetching (as ``sources=``)."""
+
+PATCH_BOOST = (
+    "import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.read_text(); "
+    "s = re.sub(r'ExternalProject_Add\\(\\s*boostorg.*?\\n\\)\\n', "
+    "'add_custom_target(boostorg)\\n', s, flags=re.S); "
+    "s = s.replace('set(boostorg_INCLUDE_DIRS \"${CMAKE_BINARY_DIR}/boost/\")', "
+    "'set(boostorg_INCLUDE_DIRS \"/usr/include\")'); p.write_text(s)"
+)
+"""Drop the branch's Boost download (unreachable offline) for the distribution's headers."""
+
+Log = Callable[[str], None]
+
+
+class StubBuildError(EnvironmentBuildError):
+    """The stub cannot be compiled from these sources on this image."""
+
+
+def compile_stub(
+    client: docker.DockerClient,
+    *,
+    branch: str,
+    python_version: str,
+    build_image_name: str,
+    sources: str | os.PathLike | None = None,
+    gpu: bool = False,
+    jobs: int = 2,
+    on_log: Log | None = None,
+) -> Path:
+    """Build ``triton_python_backend_stub`` of ``branch`` for ``python_version``; return its path.
+
+    ``sources`` (default ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs;
+    without it the build fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC
+    releases: the CUDA toolkit is in their image).
+    """
+    log = on_log or (lambda line: None)
+    sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
+    archives = source_archives(Path(sources), branch) if sources else []
+    dockerfile = render_stub_dockerfile(branch=branch, python_version=python_version,
+                                        build_image_name=build_image_name,
+                                        local_sources=bool(archives), gpu=gpu, jobs=jobs)
+    try:
+        base_id = client.images.get(build_image_name).id
+    except docker.errors.ImageNotFound as error:
+        raise StubBuildError(f"the image to build the stub on, {build_image_name}, is not on "
+                             f"this engine") from error
+    key = content_hash(dockerfile, template_source(TEMPLATE), base_id,
+                       *(archive.name for archive in archives))
+    entry = cache_dir("stubs") / key[:32]
+    stub = entry / "triton_python_backend_stub"
+    if stub.is_file():
+        log(f"python_backend {branch} stub for Python {python_version} is cached: {stub}")
+        return stub
+    with tempfile.TemporaryDirectory(prefix="stub-build-") as workdir:
+        context = Path(workdir)
+        (context / "Dockerfile").write_text(dockerfile)
+        (context / "sources").mkdir()
+        for archive in archives:
+            shutil.copyfile(archive, context / "sources" / archive.name)
+        log(f"compiling the python_backend {branch} stub for Python {python_version} on "
+            f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
+        built = build_image(client, context, [], network_mode="host", on_log=log)
+        try:
+            _copy_out(client, built.id, entry)
+        finally:
+            client.images.remove(built.id, force=True)
+    return stub
+
+
+def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
+                           local_sources: bool, gpu: bool, jobs: int = 2) -> str:
+    """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
+    return render(TEMPLATE, branch=branch, python_version=python_version,
+                  build_image=build_image_name, local_sources=local_sources,
+                  patch_boost=PATCH_BOOST, gpu="ON" if gpu else "OFF", jobs=jobs)
+
+
+def source_archives(directory: Path, branch: str) -> list[Path]:
+    """The tarballs of ``branch`` and the pybind11 and dlpack its ``CMakeLists.txt`` pins."""
+    if not directory.is_dir():
+        raise StubBuildError(f"the source directory {directory} does not exist")
+    own = [directory / f"{name}-{branch}.tar.gz"
+           for name in ("python_backend", "common", "core", "backend")]
+    missing = [path.name for path in own if not path.is_file()]
+    if missing:
+        raise StubBuildError(f"{directory} lacks {', '.join(missing)} (python_backend {branch} "
+                             f"and the common, core and backend repositories of that branch)")
+    with tarfile.open(own[0]) as archive:
+        member = archive.extractfile("python_backend/CMakeLists.txt")
+        cmake = io.TextIOWrapper(member).read() if member else ""
+    pinned = []
+    for name in ("pybind11", "dlpack"):
+        found = re.search(rf'FetchContent_Declare\(\s*{name}.*?GIT_TAG\s+"?([^"\s)]+)', cmake,
+                          re.S)
+        tag = found.group(1) if found else ""
+        matches = sorted(directory.glob(f"{name}-{tag[:7]}*.tar.gz")) if tag else []
+        if not matches:
+            raise StubBuildError(f"{directory} has no {name}-{tag[:7]}*.tar.gz ({name} {tag!r} "
+                                 f"is what python_backend {branch} pins)")
+        pinned.append(matches[-1])
+    return own + pinned
+
+
+def stub_python(stub: Path) -> str | None:
+    """The ``X.Y`` of the ``libpythonX.Y`` a stub links."""
+    found = re.search(rb"libpython(3\.\d+)\.so", stub.read_bytes())
+    return found.group(1).decode() if found else None
+
+
+def _copy_out(client: docker.DockerClient, image_id: str, entry: Path) -> None:
+    container = client.containers.create(image_id, command=["true"])
+    try:
+        stream, _ = container.get_archive(STUB_PATH)
+        data = io.BytesIO(b"".join(stream))
+    finally:
+        container.remove(force=True)
+    staging = entry.with_name(entry.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(fileobj=data) as archive:
+        archive.extractall(staging, filter="tar")
+    (staging / "triton_python_backend_stub").chmod(0o755)
+    shutil.rmtree(entry, ignore_errors=True)
+    staging.rename(entry)

@@ -1,0 +1,76 @@
+"""The compile route: a python backend stub built from python_backend sources in a Docker stage.
+
+This machine reaches no source host, so the sources come from ``../shared/triton-sources`` beside
+the repository checkout (``git archive`` tarballs of python_backend, common, core, backend,
+pybind11 and dlpack for r24.10 and r22.12); the tests skip, saying so, where it is absent.
+Stubs are built with ``TRITON_ENABLE_GPU=OFF`` (no CUDA toolkit here) and cached by content.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder import build_docker_image
+from builder.environment.stub_build import (
+    StubBuildError,
+    compile_stub,
+    source_archives,
+    stub_python,
+)
+from tests.example_inputs import EXAMPLES
+
+SOURCES = Path(__file__).resolve().parents[1].parent / "shared" / "triton-sources"
+needs_sources = pytest.mark.skipif(
+    not (SOURCES / "python_backend-r24.10.tar.gz").is_file(),
+    reason=f"no Triton source tarballs at {SOURCES} (../shared/triton-sources beside the "
+           f"checkout): the compile route cannot be built offline without them")
+
+
+@needs_sources
+def test_the_sources_of_a_branch_are_found_with_the_pybind11_and_dlpack_it_pins():
+    names = [path.name for path in source_archives(SOURCES, "r24.10")]
+    assert names == ["python_backend-r24.10.tar.gz", "common-r24.10.tar.gz",
+                     "core-r24.10.tar.gz", "backend-r24.10.tar.gz",
+                     "pybind11-aa304c9.tar.gz", "dlpack-v0.8.tar.gz"]
+    assert [path.name for path in source_archives(SOURCES, "r22.12")][-2:] == [
+        "pybind11-v2.10.4.tar.gz", "dlpack-v0.7.tar.gz"]
+    with pytest.raises(StubBuildError, match="lacks python_backend-r23.07.tar.gz"):
+        source_archives(SOURCES, "r23.07")
+
+
+@pytest.mark.slow
+@needs_sources
+def test_a_pipeline_serves_with_a_stub_compiled_from_r24_10(docker_client, cpu_base_image):
+    """The CPU base is Triton 2.51 (r24.10) with Python 3.11: the compiled stub replaces the
+    wheel's in the model directory, and the image is verified over gRPC and HTTP."""
+    pipeline, inputs = EXAMPLES["text_embedding"]
+    reference = "triton-builder-test/compiled-stub:1"
+    built = build_docker_image(pipeline, reference, compile_stub=True, triton_sources=SOURCES,
+                               verify_calls=[(text,) for text in inputs[:3]],
+                               client=docker_client)
+    try:
+        assert "pipeline" in built.verification.models
+        output = docker_client.containers.run(
+            reference, ["python3", "-c", "import hashlib; print(hashlib.sha256(open("
+                        "'/models/pipeline/triton_python_backend_stub', 'rb').read())"
+                        ".hexdigest())"], remove=True)
+        compiled = compile_stub(docker_client, branch="r24.10", python_version="3.11",
+                                build_image_name=cpu_base_image, sources=SOURCES)
+        import hashlib
+
+        assert output.decode().strip() == hashlib.sha256(compiled.read_bytes()).hexdigest()
+    finally:
+        docker_client.images.remove(reference, force=True)
+
+
+@pytest.mark.slow
+@needs_sources
+def test_the_r22_12_stub_compiles_for_python_3_11(docker_client, os_image):
+    """22.12 (CUDA 11.8) runs Python 3.8; its stub for 3.11 links libpython3.11. It cannot be
+    served here (no 22.12 server), so the test stops at the binary."""
+    stub = compile_stub(docker_client, branch="r22.12", python_version="3.11",
+                        build_image_name=os_image, sources=SOURCES)
+    assert stub_python(stub) == "3.11"
+    assert b"libpython3.11.so.1.0" in stub.read_bytes()
