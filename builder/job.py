@@ -43,7 +43,12 @@ from builder.environment.cuda_packages import (
     PYTORCH_INDEX,
     resolve_cuda_packages,
 )
-from builder.environment.spec import EnvironmentSpec, merge_specs, requirements_spec
+from builder.environment.spec import (
+    EnvironmentSpec,
+    merge_specs,
+    missing_requirements,
+    requirements_spec,
+)
 from builder.errors import BuildError
 from builder.image.build import build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
@@ -161,9 +166,11 @@ def build_docker_image(
                                   "python-format model operators"),
                 requirements_spec(_in_process_requirements(built.models, target.python_version),
                                   "ONNX model operators run in the pipeline model"),
-                requirements_spec(bridged.requirements if bridged else [],
-                                  "the CPU base's onnxruntime backend, bridged"),
                 _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
+            if bridged and bridged.requirements:
+                spec = merge_specs(spec, requirements_spec(
+                    missing_requirements(spec, bridged.requirements),
+                    "the CPU base's onnxruntime backend, bridged"))
             resolution = resolve_cuda_packages(
                 spec, release, python_version=target.python_version,
                 platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,

@@ -28,6 +28,7 @@ from builder.environment.packers import CondaPacker, VenvPacker, choose_packer
 from builder.environment.spec import (
     load_spec,
     merge_specs,
+    missing_requirements,
     operator_requirements,
     read_spec,
     requirements_spec,
@@ -252,3 +253,9 @@ def test_an_environment_that_carries_its_interpreter_is_checked_as_such(tmp_path
         "interpreter", "3.11", "1.26.4")
     with pytest.raises(ArchiveCheckError, match="without lib/libpython3.11.so.1.0"):
         check_archive(_carried_archive(tmp_path, libpython=False), target)
+
+
+def test_requirements_the_spec_already_names_keep_the_specs_pin():
+    spec = requirements_spec(["onnxruntime==1.32.0", "numpy==1.26.4"], "pipe.pickle")
+    assert missing_requirements(spec, ["ONNXRuntime==1.31.1", "tabulate==0.9.0"]) == [
+        "tabulate==0.9.0"]

@@ -163,6 +163,13 @@ def merge_specs(*specs: EnvironmentSpec) -> EnvironmentSpec:
     )
 
 
+def missing_requirements(spec: EnvironmentSpec, requirements: Iterable[str]) -> list[str]:
+    """Those of ``requirements`` whose package ``spec`` does not name yet (its pin wins)."""
+    named = {canonicalize_name(Requirement(line).name) for line in spec.requirements}
+    return [line for line in requirements
+            if canonicalize_name(Requirement(line).name) not in named]
+
+
 def load_spec(
     paths: Iterable[str | Path] = (),
     requirements: Iterable[str] = (),
