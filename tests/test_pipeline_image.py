@@ -13,6 +13,7 @@ import textwrap
 
 import docker.errors
 import pytest
+import tritonclient.grpc as grpcclient
 
 from builder import build_docker_image
 from builder.client.pipeline import Client
@@ -39,6 +40,16 @@ def _served_equals_in_process(endpoint, pipeline, calls) -> None:
                 check_same(served(call), pipeline(call), where=f"{scheme} {call!r:.40}")
 
 
+def _model_operators_ran_in_the_pipeline_model(endpoint, pipeline) -> None:
+    """On the CPU base the pipeline model runs its ONNX models itself (onnxruntime from its
+    environment): their Triton models, still loaded for clients, got no BLS request."""
+    with grpcclient.InferenceServerClient(endpoint.grpc_url) as triton:
+        for op in pipeline.model_ops():
+            (stats,) = triton.get_inference_statistics(op.name).model_stats
+            assert stats.inference_count == 0, f"{op.name} was reached through BLS"
+            assert triton.is_model_ready(op.name)
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_image_serves_pushes_and_pulls_by_digest(name, client, registry):
     pipeline, inputs = EXAMPLES[name]
@@ -50,6 +61,7 @@ def test_example_image_serves_pushes_and_pulls_by_digest(name, client, registry)
     assert "--gpus" not in built.run_command, "a CPU image is run without GPUs"
     with ServingContainer(client, reference) as endpoint:
         _served_equals_in_process(endpoint, pipeline, calls)
+        _model_operators_ran_in_the_pipeline_model(endpoint, pipeline)
 
     digest = built.pushed[reference].digest
     client.images.remove(reference, force=True)
