@@ -9,14 +9,18 @@ For the text-embedding and image-classification pipelines, at 1, 8 and 32 reques
 * (c) raw ONNX Runtime (default session) on batches of 32 and 64, with the same pre- and
   post-processing written out by hand: what the hardware does without any server;
 * (d) NVIDIA PyTriton (same Triton 2.51) serving the same work as one ``@batch`` callable
-  (pre-processing, one ONNX Runtime run on the batch, post-processing), in its own process.
+  (pre-processing, one ONNX Runtime run on the batch with the session options of our pipeline
+  model, post-processing), in its own process.
 
 Every served answer is compared with the in-process result. Achieved batch sizes and queue time
-come from Triton's statistics; CPU per request from ``/proc`` for each process involved
-(client, server, stubs). The pipeline model's overhead is its p50 at concurrency 1 minus the
-p50 of calling its ONNX model directly (inputs prepared beforehand) on the same server.
+come from Triton's metrics; CPU per request from ``/proc`` for each process involved (client,
+server, stubs). The pipeline model's overhead is its p50 at concurrency 1 minus the p50 of
+calling its ONNX model directly (inputs prepared beforehand) on the same server. A sweep of the
+pipeline model's dynamic batching settings follows (``--no-sweep`` skips it). The table, a PNG
+chart and the sweep go into ``BENCHMARKS.md``.
 
-    python benchmarks/bench_serving.py [--requests 2000] [--runs 3] [--quick] [--no-write]
+    python benchmarks/bench_serving.py [--requests 2000] [--runs 3] [--quick] [--no-image]
+                                       [--no-sweep] [--no-write]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import BENCHMARKS, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
+from builder.runtime.pipeline_model import cpu_session_options  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
 from pipelines import image_classification, text_embedding  # noqa: E402
@@ -392,7 +397,9 @@ def _pytriton_serve(key: str, onnx_path: str, ports: tuple[int, int, int], ready
     from pytriton.triton import Triton, TritonConfig
 
     workload = (_text_workload if key == "text" else _image_workload)(0)
-    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    # the session options of our pipeline model: the comparison is of the serving, not of ORT's
+    session = ort.InferenceSession(onnx_path, sess_options=cpu_session_options(ort, 1),
+                                   providers=["CPUExecutionProvider"])
     outputs = list(workload.pipeline.outputs)
     signature = workload.pipeline.signature()
 
@@ -401,9 +408,9 @@ def _pytriton_serve(key: str, onnx_path: str, ports: tuple[int, int, int], ready
         raw = inputs[workload.input_name][:, 0]
         items = [v.decode() if key == "text" else bytes(v) for v in raw]
         results = run_batch(session, workload, items)
-        columns = [[r] for r in results] if len(outputs) == 1 else list(zip(*results))
+        columns = [results] if len(outputs) == 1 else list(zip(*results))
         answer = {}
-        for name, column in zip(outputs, columns if len(outputs) > 1 else [results]):
+        for name, column in zip(outputs, columns):
             if signature.outputs[name].dtype == "TYPE_STRING":
                 answer[name] = np.array([[s.encode() for s in row] for row in column],
                                         dtype=np.bytes_)
