@@ -151,6 +151,17 @@ def image(
         "https://download.pytorch.org/whl",
         help="PyTorch's wheel indexes (<url>/cu124, <url>/cpu); 'none' to use only the "
              "package index, choosing torch by each wheel's CUDA runtime."),
+    bridge: bool = typer.Option(True, help="Serve this Python on a release whose Python "
+                                "differs (a stub and an environment carrying the interpreter)."),
+    base_python: str = typer.Option(None, help="Python of the CPU base: 3.11 (bookworm, "
+                                    "default) or 3.13 (trixie)."),
+    interpreter_image: str = typer.Option(None, help="Image the bridged interpreter is taken "
+                                          "from [default: python:X.Y-slim-<debian>]."),
+    compile_stub: bool = typer.Option(False, help="Compile the stub from the release's "
+                                      "python_backend branch even where a wheel has one."),
+    triton_sources: Path = typer.Option(None, exists=True, file_okay=False,
+                                        help="Directory of python_backend source tarballs "
+                                             "(instead of fetching them)."),
 ) -> None:
     """Build (and verify, and push) the serving image of a pipeline.
 
@@ -165,7 +176,9 @@ def image(
         pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
         push=push, user=user, client=ensure_engine(),
-        pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index))
+        pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
+        bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
+        compile_stub=compile_stub, triton_sources=triton_sources))
     console.print(("built " if built.built else "up to date ") + ", ".join(built.tags))
     for pushed in built.pushed.values():
         console.print(f"pushed {pushed.pinned}")

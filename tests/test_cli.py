@@ -188,3 +188,13 @@ def test_deploy_swarm_on_an_engine_outside_a_swarm_says_what_to_run(docker_clien
         pytest.skip("this engine is in a swarm now")
     result = cli("deploy", "swarm", "registry.example:5000/embed:2", check=False)
     assert result.returncode == 1 and "docker swarm init" in result.stderr
+
+
+def test_no_bridge_is_refused_before_any_step_with_the_alternatives(docker_client):
+    result = cli("image", PIPELINE, "-t", "tb-i11/no-bridge:1", "--cuda", "11.8", "--no-bridge",
+                 check=False)
+    assert result.returncode == 2, result.stderr
+    assert "the bridge is turned off" in result.stderr
+    assert "through the bridge on" in result.stderr.replace("\n", " ")
+    for step in ("> base image", "> model repository", "> python environment"):
+        assert step not in result.stderr

@@ -8,10 +8,13 @@ the served pipeline must still load and answer exactly like the in-process run d
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shutil
 import sys
 import textwrap
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,26 +100,33 @@ TEXTS = ["buy now", "hello friend", "spam spam spam", "meeting at noon", "free m
          "bacon", "click here", "invoice 42", "weekend plans", "unsubscribe", "re: re: re:"]
 
 
-@pytest.fixture
-def user_repository(tmp_path):
-    """Build from user modules in a temporary directory, then make that code disappear."""
+@contextlib.contextmanager
+def user_pipeline(tmp_path, prefix: str = "user") -> Iterator[Any]:
+    """The pipeline of two user modules written outside the project; after the block the
+    directory is gone from ``sys.path`` and from disk, and its modules from ``sys.modules``."""
     directory = tmp_path / "elsewhere"
     directory.mkdir()
     suffix = tmp_path.name.replace("-", "_")
-    helpers, operators = f"user_helpers_{suffix}", f"user_operators_{suffix}"
+    helpers, operators = f"{prefix}_helpers_{suffix}", f"{prefix}_operators_{suffix}"
     (directory / f"{helpers}.py").write_text(textwrap.dedent(HELPERS))
     (directory / f"{operators}.py").write_text(OPERATORS.format(helpers=helpers))
     sys.path.insert(0, str(directory))
     try:
-        pipeline = importlib.import_module(operators).build()
-        expected = [pipeline(text) for text in TEXTS]
-        root = tmp_path / "models"
-        build_pipeline_model(pipeline, root)
+        yield importlib.import_module(operators).build()
     finally:
         sys.path.remove(str(directory))
         for name in (helpers, operators):
             sys.modules.pop(name, None)
-    shutil.rmtree(directory)
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def user_repository(tmp_path):
+    """Build from user modules in a temporary directory, then make that code disappear."""
+    root = tmp_path / "models"
+    with user_pipeline(tmp_path) as pipeline:
+        expected = [pipeline(text) for text in TEXTS]
+        build_pipeline_model(pipeline, root)
     return root, pipeline.signature(), expected
 
 

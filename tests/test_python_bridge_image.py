@@ -10,11 +10,8 @@ which stands in for ``python:3.11-slim-trixie`` from Docker Hub.
 
 from __future__ import annotations
 
-import importlib
-import shutil
 import sys
 import tempfile
-import textwrap
 
 import docker.errors
 import pytest
@@ -22,7 +19,7 @@ import pytest
 from builder import build_docker_image
 from builder.base.python_bridge import PythonBridgeError
 from tests.example_inputs import EXAMPLES
-from tests.test_custom_operator_e2e import HELPERS, OPERATORS, TEXTS
+from tests.test_custom_operator_e2e import TEXTS, user_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -55,20 +52,8 @@ def test_examples_serve_through_the_bridge(name, bridged):
 def custom_pipeline(tmp_path):
     """The custom operators of ``test_custom_operator_e2e`` (an ONNX model, a python-format one),
     from a module outside the project."""
-    directory = tmp_path / "elsewhere"
-    directory.mkdir()
-    suffix = tmp_path.name.replace("-", "_")
-    helpers, operators = f"bridge_helpers_{suffix}", f"bridge_operators_{suffix}"
-    (directory / f"{helpers}.py").write_text(textwrap.dedent(HELPERS))
-    (directory / f"{operators}.py").write_text(OPERATORS.format(helpers=helpers))
-    sys.path.insert(0, str(directory))
-    try:
-        yield importlib.import_module(operators).build()
-    finally:
-        sys.path.remove(str(directory))
-        for name in (helpers, operators):
-            sys.modules.pop(name, None)
-        shutil.rmtree(directory)
+    with user_pipeline(tmp_path, "bridge") as pipeline:
+        yield pipeline
 
 
 @pytest.mark.parametrize("base", ["bookworm-native", "trixie-bridged"])

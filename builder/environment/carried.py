@@ -19,10 +19,9 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from builder.environment.check import numpy_constraint
 from builder.environment.errors import PackError, TargetError
 from builder.environment.index import PackageIndex
-from builder.environment.packers import ARCHIVE_NAME, Log, PackResult, download_wheels, pip_wheel
+from builder.environment.packers import ARCHIVE_NAME, Log, PackResult, fetch_wheels, pip_wheel
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 
@@ -52,13 +51,8 @@ class CarriedInterpreterPacker:
              index: PackageIndex, on_log: Log) -> PackResult:
         workdir = workdir.resolve()
         version = target.python_version
-        requirements, constraints = workdir / "requirements.txt", workdir / "constraints.txt"
-        wheels, prefix, lock = workdir / "wheels", workdir / "env", workdir / "lock.txt"
-        requirements.write_text(spec.requirements_text())
-        constraints.write_text(f"{numpy_constraint(target) or ''}\n")
-        on_log(f"downloading wheels for Python {target.full_python_version} "
-               f"({target.machine}, glibc {target.glibc_version})")
-        download_wheels(requirements, constraints, target, wheels, index)
+        requirements, constraints, wheels = fetch_wheels(spec, target, workdir, index, on_log)
+        prefix, lock = workdir / "env", workdir / "lock.txt"
         shutil.copyfile(COPY_SCRIPT, workdir / COPY_SCRIPT.name)
         python = str(prefix / "bin" / f"python{version}")
         site = str(prefix / "lib" / f"python{version}" / "site-packages")

@@ -104,14 +104,8 @@ class VenvPacker:
     def pack(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path, *,
              index: PackageIndex, on_log: Log) -> PackResult:
         workdir = workdir.resolve()
-        requirements = workdir / "requirements.txt"
-        constraints = workdir / "constraints.txt"
-        wheels, venv, lock = workdir / "wheels", workdir / "venv", workdir / "lock.txt"
-        requirements.write_text(spec.requirements_text())
-        constraints.write_text(f"{numpy_constraint(target) or ''}\n")
-        on_log(f"downloading wheels for Python {target.full_python_version} "
-               f"({target.machine}, glibc {target.glibc_version})")
-        download_wheels(requirements, constraints, target, wheels, index)
+        requirements, constraints, wheels = fetch_wheels(spec, target, workdir, index, on_log)
+        venv, lock = workdir / "venv", workdir / "lock.txt"
         pip = pip_wheel(wheels) / "pip"
         python = str(venv / "bin" / "python")
         install = [python, str(pip), "install", "--no-index", "--find-links", str(wheels),
@@ -218,6 +212,19 @@ class CondaPacker:
             raise PackError(f"{Path(tool).name} could not create the environment (exit "
                             f"{result.returncode}):\n{(result.stdout + result.stderr)[-6000:]}")
         return prefix
+
+
+def fetch_wheels(spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path,
+                 index: PackageIndex, on_log: Log) -> tuple[Path, Path, Path]:
+    """Write the spec's requirements and the stub's constraints into ``workdir`` and download
+    their wheels for the target; return (requirements, constraints, wheel directory)."""
+    requirements, constraints = workdir / "requirements.txt", workdir / "constraints.txt"
+    requirements.write_text(spec.requirements_text())
+    constraints.write_text(f"{numpy_constraint(target) or ''}\n")
+    on_log(f"downloading wheels for Python {target.full_python_version} "
+           f"({target.machine}, glibc {target.glibc_version})")
+    download_wheels(requirements, constraints, target, workdir / "wheels", index)
+    return requirements, constraints, workdir / "wheels"
 
 
 def download_wheels(requirements: Path, constraints: Path, target: EnvironmentTarget,

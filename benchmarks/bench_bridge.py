@@ -1,0 +1,104 @@
+"""Bridged against native: image size and cold build time of one pipeline on the two CPU bases.
+
+The text-embedding example is built from this Python (3.11) on the bookworm CPU base (Python 3.11:
+native) and on the trixie CPU base (Python 3.13: bridged — a stub for 3.11 from the
+``nvidia-pytriton`` wheel, an environment that carries the 3.11 interpreter from the bookworm OS
+image). "Cold" is a fresh ``TRITON_BUILDER_CACHE`` (environment packed from scratch, stub
+extracted again; the downloaded Triton wheel is copied in, so PyPI's speed is not measured) and a
+payload image built anew; the base images themselves are reused, and the build is not verified.
+
+    python benchmarks/bench_bridge.py [--no-write]
+
+prints the numbers and replaces the "Bridged vs native image" section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import publish  # noqa: E402
+from builder import build_docker_image  # noqa: E402
+from builder.base.cpu import build_cpu_base  # noqa: E402
+from builder.base.os_image import debian_os_image  # noqa: E402
+from builder.cache import cache_dir  # noqa: E402
+from builder.engine import ensure_engine  # noqa: E402
+from builder.image.build import payload_reference  # noqa: E402
+from pipelines.text_embedding import pipeline  # noqa: E402
+
+SECTION = "## Bridged vs native image"
+COMMAND = "python benchmarks/bench_bridge.py"
+IMAGE = "triton-builder-bench/bridge"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+
+    client = ensure_engine()
+    bookworm = os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(client)
+    build_cpu_base(client, os_image=bookworm)
+    build_cpu_base(client, os_image=debian_os_image(client, suite="trixie"), python_version="3.13")
+    wheels = cache_dir("wheels")
+    rows = []
+    for name, options in (
+            ("native (bookworm base, Python 3.11)", {}),
+            ("bridged (trixie base, Python 3.13 → 3.11)",
+             {"base_python": "3.13", "interpreter_image": bookworm})):
+        with tempfile.TemporaryDirectory(prefix="bench-bridge-") as cache:
+            shutil.copytree(wheels, Path(cache) / "wheels")
+            previous = os.environ.get("TRITON_BUILDER_CACHE")
+            os.environ["TRITON_BUILDER_CACHE"] = cache
+            reference = f"{IMAGE}:{'bridged' if options else 'native'}"
+            built = None
+            try:
+                started = time.monotonic()
+                built = build_docker_image(pipeline, reference, cuda="cpu", verify=False,
+                                           client=client, on_log=lambda line: None, **options)
+                seconds = time.monotonic() - started
+                size = client.images.get(built.id).attrs["Size"]
+                base_size = client.images.get(built.release.image).attrs["Size"]
+                rows.append((name, size, size - base_size, seconds))
+            finally:
+                _restore(previous)
+                if built is not None:
+                    client.images.remove(reference, force=True)
+                    payload = built.labels.get("ai.triton-builder.payload-hash")
+                    if payload:
+                        client.images.remove(payload_reference(payload), force=True)
+    section = "\n".join([
+        SECTION, "",
+        f"`{COMMAND}` on {platform.machine()}, {os.cpu_count()} cores: the text-embedding "
+        f"example, cold (fresh cache, new payload), not verified.", "",
+        "| image | size | added to its base | cold build |",
+        "|---|---|---|---|",
+        *(f"| {name} | {size / 1e6:.0f} MB | {added / 1e6:.0f} MB | {seconds:.1f} s |"
+          for name, size, added, seconds in rows),
+        "",
+        f"The bridged image carries the 3.11 interpreter (standard library, libpython, the shared "
+        f"libraries they load) and the onnxruntime backend's packages in its environment, "
+        f"unpacked. Load average at the end: {os.getloadavg()[0]:.1f} (other jobs share the "
+        f"machine).",
+    ])
+    publish(SECTION, section, write=not args.no_write)
+
+
+def _restore(previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop("TRITON_BUILDER_CACHE", None)
+    else:
+        os.environ["TRITON_BUILDER_CACHE"] = previous
+
+
+if __name__ == "__main__":
+    main()
