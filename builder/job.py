@@ -201,6 +201,7 @@ def build_image_from_repository(
     triton_version: str | None = None,
     base_image: str | None = None,
     environment: str | os.PathLike | None = None,
+    environment_python: str | None = None,
     labels: Mapping[str, str] | None = None,
     signature: Mapping[str, Any] | str | None = None,
     version: str | None = None,
@@ -219,7 +220,8 @@ def build_image_from_repository(
 
     ``tags`` are full references or bare tags of ``image_name``'s repository. ``cuda``,
     ``triton_version`` and ``base_image`` choose the base (:func:`builder.base.resolve`;
-    ``cuda=None`` is the CPU base). ``environment``, ``labels``, ``signature``, ``version``,
+    ``cuda=None`` is the CPU base). ``environment_python`` is the Python of a bridged repository's
+    environment (default: the release's). ``environment``, ``labels``, ``signature``, ``version``,
     ``revision``, ``user`` and ``server_args`` go to
     :func:`builder.image.build.build_serving_image`.
     ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
@@ -239,6 +241,7 @@ def build_image_from_repository(
         base = ensure_base_image(client, release, on_log=log)
     return _image_verify_push(
         repository_dir, references, release, base, client=client, environment=environment,
+        environment_python=environment_python,
         labels=labels, signature=signature, version=version, revision=revision, user=user,
         server_args=server_args, checks=checks if verify else None, gpus=gpus,
         verify_timeout=verify_timeout, push=push, started=started, on_log=on_log)
