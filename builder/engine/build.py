@@ -9,6 +9,7 @@ with the step and its output.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,14 +65,15 @@ def build_image(
     tags = list(tags)
     log: list[str] = []
     made: list[str] = []
+    running: list[str] = []
     try:
         stream = client.api.build(
             path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
             network_mode=network_mode, nocache=nocache, rm=True, forcerm=True, decode=True,
         )
-        image_id = _follow(stream, made, log, on_log)
+        image_id = _follow(stream, made, running, log, on_log)
     except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
-        remove_images(client, reversed(made))
+        discard_build(client, made, running)
         raise
     image = client.images.get(image_id)
     for tag in tags:
@@ -81,12 +83,14 @@ def build_image(
 
 
 _LAYER = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+_RUNNING = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 
 
-def _follow(stream: Iterable[dict], made: list[str], log: list[str],
+def _follow(stream: Iterable[dict], made: list[str], running: list[str], log: list[str],
             on_log: Callable[[str], None] | None) -> str:
     """Read the build stream; collect in ``made`` the images this build created (not those
-    taken from the layer cache, not the FROM image), so an interrupted build can remove them."""
+    taken from the layer cache, not the FROM image) and in ``running`` the containers of its
+    ``RUN`` steps, so an interrupted build can remove them."""
     step, step_output = "", []
     image_id = None
     cached = False
@@ -109,12 +113,61 @@ def _follow(stream: Iterable[dict], made: list[str], log: list[str],
             layer = _LAYER.match(text.rstrip("\n"))
             if layer and not cached and " : FROM " not in step:
                 made.append(layer.group(1))
+            container = _RUNNING.match(text.rstrip("\n"))
+            if container:
+                running.append(container.group(1))
         if on_log:
             on_log(text.rstrip("\n"))
     if image_id is None:
         raise ImageBuildError("docker build ended without an image id", step,
                               "".join(step_output[-200:]))
     return image_id
+
+
+def discard_build(client: docker.DockerClient, made: list[str], running: list[str],
+                  wait: float = 15.0) -> None:
+    """Remove what a failed or interrupted build made.
+
+    The engine does not stop a build whose stream the client left (the SDK keeps the response
+    open): it goes on with the next step, whose container holds the last layer. So the step
+    containers are removed first — which fails the step and ends the build — and the layers
+    after them, again until none is left or ``wait`` seconds have passed.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        for container_id in running + _step_containers(client, made):
+            try:
+                client.api.remove_container(container_id, force=True)
+            except docker.errors.APIError:
+                pass
+        remove_images(client, reversed(made))
+        if not _existing(client, made) or time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
+
+
+def _step_containers(client: docker.DockerClient, layers: list[str]) -> list[str]:
+    found = []
+    for layer in layers[-1:]:
+        try:
+            found += [c["Id"] for c in client.api.containers(all=True,
+                                                              filters={"ancestor": layer})]
+        except docker.errors.APIError:
+            pass
+    return found
+
+
+def _existing(client: docker.DockerClient, image_ids: list[str]) -> list[str]:
+    existing = []
+    for image_id in image_ids:
+        try:
+            if not client.images.get(image_id).tags:
+                existing.append(image_id)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError:
+            existing.append(image_id)
+    return existing
 
 
 def remove_images(client: docker.DockerClient, image_ids: Iterable[str]) -> None:
