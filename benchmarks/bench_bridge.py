@@ -7,7 +7,9 @@ image). "Cold" is a fresh ``TRITON_BUILDER_CACHE`` (environment packed from scra
 extracted again; the downloaded Triton wheel is copied in, so PyPI's speed is not measured) and a
 payload image built anew; the base images themselves are reused, and the build is not verified.
 
-    python benchmarks/bench_bridge.py [--no-write]
+    python benchmarks/bench_bridge.py [--runs 3] [--no-write]
+
+The two builds alternate, run after run; the table holds the medians.
 
 prints the numbers and replaces the "Bridged vs native image" section of BENCHMARKS.md.
 """
@@ -18,6 +20,7 @@ import argparse
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +46,7 @@ IMAGE = "triton-builder-bench/bridge"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--runs", type=int, default=3, help="cold builds of each (median)")
     args = parser.parse_args()
 
     client = ensure_engine()
@@ -50,36 +54,20 @@ def main() -> None:
     build_cpu_base(client, os_image=bookworm)
     build_cpu_base(client, os_image=debian_os_image(client, suite="trixie"), python_version="3.13")
     wheels = cache_dir("wheels")
-    rows = []
-    for name, options in (
-            ("native (bookworm base, Python 3.11)", {}),
-            ("bridged (trixie base, Python 3.13 → 3.11)",
-             {"base_python": "3.13", "interpreter_image": bookworm})):
-        with tempfile.TemporaryDirectory(prefix="bench-bridge-") as cache:
-            shutil.copytree(wheels, Path(cache) / "wheels")
-            previous = os.environ.get("TRITON_BUILDER_CACHE")
-            os.environ["TRITON_BUILDER_CACHE"] = cache
-            reference = f"{IMAGE}:{'bridged' if options else 'native'}"
-            built = None
-            try:
-                started = time.monotonic()
-                built = build_docker_image(pipeline, reference, cuda="cpu", verify=False,
-                                           client=client, on_log=lambda line: None, **options)
-                seconds = time.monotonic() - started
-                size = client.images.get(built.id).attrs["Size"]
-                base_size = client.images.get(built.release.image).attrs["Size"]
-                rows.append((name, size, size - base_size, seconds))
-            finally:
-                _restore(previous)
-                if built is not None:
-                    client.images.remove(reference, force=True)
-                    payload = built.labels.get("ai.triton-builder.payload-hash")
-                    if payload:
-                        client.images.remove(payload_reference(payload), force=True)
+    kinds = (("native (bookworm base, Python 3.11)", {}),
+             ("bridged (trixie base, Python 3.13 → 3.11)",
+              {"base_python": "3.13", "interpreter_image": bookworm}))
+    measured: dict[str, list[tuple[int, int, float]]] = {name: [] for name, _ in kinds}
+    for _ in range(args.runs):
+        for name, options in kinds:
+            measured[name].append(_cold_build(client, wheels, options))
+    rows = [(name, *(statistics.median(run[i] for run in runs) for i in range(3)))
+            for name, runs in measured.items()]
     section = "\n".join([
         SECTION, "",
-        f"`{COMMAND}` on {platform.machine()}, {os.cpu_count()} cores: the text-embedding "
-        f"example, cold (fresh cache, new payload), not verified.", "",
+        f"`{COMMAND} --runs {args.runs}` on {platform.machine()}, {os.cpu_count()} cores: the "
+        f"text-embedding example, cold (fresh cache, new payload), not verified; the two builds "
+        f"alternate, medians of {args.runs}.", "",
         "| image | size | added to its base | cold build |",
         "|---|---|---|---|",
         *(f"| {name} | {size / 1e6:.0f} MB | {added / 1e6:.0f} MB | {seconds:.1f} s |"
@@ -87,10 +75,34 @@ def main() -> None:
         "",
         f"The bridged image carries the 3.11 interpreter (standard library, libpython, the shared "
         f"libraries they load) and the onnxruntime backend's packages in its environment, "
-        f"unpacked. Load average at the end: {os.getloadavg()[0]:.1f} (other jobs share the "
-        f"machine).",
+        f"unpacked. Load average at the end: {os.getloadavg()[0]:.1f}.",
     ])
     publish(SECTION, section, write=not args.no_write)
+
+
+def _cold_build(client, wheels: Path, options: dict) -> tuple[int, int, float]:
+    """One build from an empty cache: (image size, size added to its base, seconds)."""
+    with tempfile.TemporaryDirectory(prefix="bench-bridge-") as cache:
+        shutil.copytree(wheels, Path(cache) / "wheels")
+        previous = os.environ.get("TRITON_BUILDER_CACHE")
+        os.environ["TRITON_BUILDER_CACHE"] = cache
+        reference = f"{IMAGE}:{'bridged' if options else 'native'}"
+        built = None
+        try:
+            started = time.monotonic()
+            built = build_docker_image(pipeline, reference, cuda="cpu", verify=False,
+                                       client=client, on_log=lambda line: None, **options)
+            seconds = time.monotonic() - started
+            size = client.images.get(built.id).attrs["Size"]
+            base_size = client.images.get(built.release.image).attrs["Size"]
+            return size, size - base_size, seconds
+        finally:
+            _restore(previous)
+            if built is not None:
+                client.images.remove(reference, force=True)
+                payload = built.labels.get("ai.triton-builder.payload-hash")
+                if payload:
+                    client.images.remove(payload_reference(payload), force=True)
 
 
 def _restore(previous: str | None) -> None:
