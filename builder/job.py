@@ -50,7 +50,7 @@ from builder.environment.spec import (
     requirements_spec,
 )
 from builder.errors import BuildError
-from builder.image.build import build_serving_image, discard_image
+from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
@@ -65,18 +65,12 @@ VERSIONS_FILE = "pipe.versions.json"
 
 
 @dataclass
-class ImageBuild:
-    """What :func:`build_docker_image` made (or found, ``built=False``), tagged and pushed."""
+class ImageBuild(ServingImage):
+    """What :func:`build_docker_image` made (or found, ``built=False``), verified, tagged and
+    pushed: the :class:`~builder.image.build.ServingImage` and what the later stages added."""
 
-    id: str
-    tags: list[str]
-    built: bool
-    """False when an image with the same content hash was reused."""
-    release: Release
-    content_hash: str
-    labels: dict[str, str]
-    run_command: str
-    payload_id: str | None = None
+    tags: list[str] = field(default_factory=list)
+    run_command: str = ""
     verification: Verification | None = None
     pushed: dict[str, PushResult] = field(default_factory=dict)
     seconds: float = 0.0
@@ -277,9 +271,7 @@ def _image_verify_push(
     except BaseException:
         discard_image(client, image)
         raise
-    result = ImageBuild(id=image.id, tags=references, built=image.built, release=release,
-                        content_hash=image.content_hash, labels=image.labels,
-                        run_command=run_command, payload_id=image.payload_id,
+    result = ImageBuild(**vars(image), tags=references, run_command=run_command,
                         verification=verification)
     if push:
         with step_log(f"pushing {', '.join(references)}", on_log) as log:
