@@ -29,6 +29,7 @@ from packaging.requirements import Requirement
 from builder.base import Release, ensure_base_image, resolve
 from builder.base.python_bridge import plan_python, require_buildable
 from builder.client import Client
+from builder.engine import docker_client
 from builder.engine.reference import tag_references
 from builder.environment import (
     PackageIndex,
@@ -141,7 +142,7 @@ def build_docker_image(
                        conda={"conda": True, "venv": False}.get(str(packer)),
                        interpreter_image=interpreter_image, compile_stub=compile_stub)
     require_buildable(plan)
-    client = client or _docker_client()
+    client = client or docker_client()
     with timed_step(f"base image {release.image}", on_log):
         base = ensure_base_image(client, release, on_log=on_log)
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
@@ -230,7 +231,7 @@ def build_image_from_repository(
     started = time.monotonic()
     references = tag_references(image_name, tags)
     release = resolve(cuda, triton_version, base_image)
-    client = client or _docker_client()
+    client = client or docker_client()
     with step_log(f"base image {release.image}", on_log) as log:
         base = ensure_base_image(client, release, on_log=log)
     return _image_verify_push(
@@ -280,12 +281,6 @@ def _image_verify_push(
     result.seconds = time.monotonic() - started
     (on_log or stderr_line)(f"run it: {result.run_command}")
     return result
-
-
-def _docker_client() -> docker.DockerClient:
-    from builder.engine import docker_client
-
-    return docker_client()
 
 
 def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:

@@ -140,44 +140,36 @@ def discard_build(client: docker.DockerClient, made: list[str], running: list[st
                 client.api.remove_container(container_id, force=True)
             except docker.errors.APIError:
                 pass
-        remove_images(client, reversed(made))
-        if not _existing(client, made) or time.monotonic() > deadline:
+        if not remove_images(client, reversed(made)) or time.monotonic() > deadline:
             return
         time.sleep(0.5)
 
 
 def _step_containers(client: docker.DockerClient, layers: list[str]) -> list[str]:
-    found = []
-    for layer in layers[-1:]:
-        try:
-            found += [c["Id"] for c in client.api.containers(all=True,
-                                                              filters={"ancestor": layer})]
-        except docker.errors.APIError:
-            pass
-    return found
+    """The containers running on the newest layer: the step the engine went on with."""
+    if not layers:
+        return []
+    try:
+        return [c["Id"] for c in client.api.containers(all=True, filters={"ancestor": layers[-1]})]
+    except docker.errors.APIError:
+        return []
 
 
-def _existing(client: docker.DockerClient, image_ids: list[str]) -> list[str]:
-    existing = []
-    for image_id in image_ids:
-        try:
-            if not client.images.get(image_id).tags:
-                existing.append(image_id)
-        except docker.errors.ImageNotFound:
-            pass
-        except docker.errors.APIError:
-            existing.append(image_id)
-    return existing
+def remove_images(client: docker.DockerClient, image_ids: Iterable[str]) -> list[str]:
+    """Remove untagged images (children first); what is tagged or in use stays.
 
-
-def remove_images(client: docker.DockerClient, image_ids: Iterable[str]) -> None:
-    """Remove untagged images (children first); what is tagged or in use stays."""
+    Returns the untagged ones still there (in use, or the engine refused).
+    """
+    left = []
     for image_id in image_ids:
         try:
             if not client.images.get(image_id).tags:
                 client.images.remove(image_id, noprune=True)
+        except docker.errors.ImageNotFound:
+            continue
         except docker.errors.APIError:
-            pass
+            left.append(image_id)
+    return left
 
 
 def find_built(client: docker.DockerClient, tag: str, content_hash: str) -> BuiltImage | None:

@@ -18,6 +18,7 @@ but ``created``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tarfile
@@ -37,6 +38,7 @@ from builder.engine.build import (
     CONTENT_HASH_LABEL,
     build_image,
     find_built,
+    remove_images,
 )
 from builder.environment.check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
@@ -248,16 +250,9 @@ def discard_image(client: docker.DockerClient, image: ServingImage) -> None:
     else already names it. A found (not built) image is never dropped."""
     if not image.built:
         return
-    keep = image.payload_id
     try:
-        image = client.images.get(image.id)
-        if image.tags:
-            return
-        chain = [entry["Id"] for entry in image.history()
-                 if entry.get("Id", "<missing>") != "<missing>"]
-        for layer_id in chain:
-            if layer_id == keep:
-                break
-            client.images.remove(layer_id, noprune=True)
+        history = client.images.get(image.id).history()
     except docker.errors.APIError:
-        pass
+        return
+    chain = [entry["Id"] for entry in history if entry.get("Id", "<missing>") != "<missing>"]
+    remove_images(client, itertools.takewhile(lambda layer: layer != image.payload_id, chain))
