@@ -8,6 +8,10 @@
   ``TRITON_BUILDER_OS_IMAGE`` names one) and the CPU Triton base, built once per session.
 * ``text_embedding_image`` — the example text-embedding pipeline's serving image, once per
   session (the reliability and deployment tests share it).
+* ``python_source_image`` / ``glibc_2_31_release_image`` — stand-ins for what only Docker Hub and
+  NGC hold (``tests/images/``): Python 3.11 built from Debian's source on bullseye, as
+  ``python:3.11-slim-bullseye`` is; an image with Ubuntu 20.04's glibc 2.31 and no Python 3.11
+  packages, as the 22.12 release image is when a stub is compiled on it.
 """
 
 from __future__ import annotations
@@ -78,6 +82,44 @@ def trixie_base_image(docker_client) -> str:
 
     os_image = debian_os_image(docker_client, suite="trixie")
     return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]
+
+
+IMAGES = Path(__file__).with_name("images")
+
+
+def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> str:
+    """Build ``tests/images/<dockerfile>`` as ``tag`` unless the engine has it."""
+    import docker.errors
+
+    from builder.engine.build import build_image
+
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        build_image(client, IMAGES, [tag], dockerfile=dockerfile, buildargs=buildargs,
+                    network_mode="host")
+    return tag
+
+
+@pytest.fixture(scope="session")
+def bullseye_image(docker_client) -> str:
+    from builder.base.os_image import debian_os_image
+
+    return debian_os_image(docker_client, suite="bullseye")
+
+
+@pytest.fixture(scope="session")
+def python_source_image(docker_client, bullseye_image) -> str:
+    """Python 3.11 on glibc 2.31 with headers and a shared libpython in /usr/local (2 minutes)."""
+    return _stand_in(docker_client, "python-from-source.Dockerfile",
+                     "triton-builder-test/python-source:3.11-bullseye",
+                     {"BASE": bullseye_image, "PYTHON": "3.11", "SOURCE_SUITE": "bookworm"})
+
+
+@pytest.fixture(scope="session")
+def glibc_2_31_release_image(docker_client, bullseye_image) -> str:
+    return _stand_in(docker_client, "glibc-2.31-release.Dockerfile",
+                     "triton-builder-test/glibc-2.31-release:1", {"BASE": bullseye_image})
 
 
 @pytest.fixture(scope="session")

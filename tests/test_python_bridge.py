@@ -131,10 +131,16 @@ def test_an_unknown_cpu_base_python_is_refused():
         resolve(None, base_python="3.9")
 
 
-def test_the_conda_route_is_refused_before_any_pull():
+def test_the_conda_route_is_refused_before_any_pull(monkeypatch, tmp_path):
     conda = plan_python(resolve("12.4", python_version="3.11"), "3.11", conda=True)
     with pytest.raises(PythonBridgeError, match="pass packer='venv'"):
         require_buildable(conda)
+    (tmp_path / "conda").write_text("#!/bin/sh\n")
+    (tmp_path / "conda").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    unasked = plan_python(resolve("12.4", python_version="3.11"), "3.11")
+    assert unasked.interpreter.kind == "interpreter-image", "conda on PATH is not a request"
+    require_buildable(unasked)
     require_buildable(plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False))
     require_buildable(plan_python(resolve("12.6", python_version="3.10"), "3.10", bridge=False))
 
@@ -147,3 +153,4 @@ def test_the_compile_route_can_be_forced_where_pybind11_allows():
                        compile_stub=True, conda=False).stub.branch == "r22.12"
     with pytest.raises(PythonBridgeError, match="pybind11 2.10, which supports Python up to 3.11"):
         plan_python(resolve("12.4", python_version="3.12"), "3.12", compile_stub=True)
+

@@ -10,6 +10,7 @@ which stands in for ``python:3.11-slim-trixie`` from Docker Hub.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 
@@ -18,8 +19,10 @@ import pytest
 
 from builder import build_docker_image
 from builder.base.python_bridge import PythonBridgeError
+from builder.environment.stub_build import compile_stub
 from tests.example_inputs import EXAMPLES
 from tests.test_custom_operator_e2e import TEXTS, user_pipeline
+from tests.test_stub_build import SOURCES, needs_sources
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +72,42 @@ def test_custom_operators_and_a_python_format_model_serve_on_both_cpu_bases(
         assert {"pipeline", "scorer", "sharpen"} <= set(built.verification.models)
     finally:
         bridged["client"].images.remove(reference, force=True)
+
+
+@needs_sources
+def test_a_stub_compiled_against_the_interpreter_image_serves_through_the_bridge(
+        bridged, python_source_image, trixie_base_image):
+    """The compile route of a bridged image end to end. The trixie base packages no Python
+    3.11, so the r24.10 stub is compiled on it against the headers and ``libpython`` of the
+    interpreter image — Python 3.11 built from source on glibc 2.31, standing in for
+    ``python:3.11-slim-bullseye`` as a 22.12 bridge uses it — whose interpreter the environment
+    then carries. Verified over gRPC and HTTP by the build itself."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the interpreter stand-in is Python 3.11")
+    pipeline, inputs = EXAMPLES["text_embedding"]
+    reference = "triton-builder-test/bridged-compiled-stub:1"
+    options = {**bridged, "interpreter_image": python_source_image}
+    built = build_docker_image(pipeline, reference, compile_stub=True, triton_sources=SOURCES,
+                               verify_calls=[(x,) for x in inputs[:3]], **options)
+    client = bridged["client"]
+    try:
+        assert "pipeline" in built.verification.models
+        assert _stub_python(client, reference) == "3.11"
+        compiled = compile_stub(client, branch="r24.10", python_version="3.11",
+                                build_image_name=trixie_base_image,
+                                python_image=python_source_image, sources=SOURCES)
+        served = client.containers.run(
+            reference, ["python3", "-c", "import hashlib; print(hashlib.sha256(open("
+                        "'/models/pipeline/triton_python_backend_stub', 'rb').read())"
+                        ".hexdigest())"], remove=True)
+        assert served.decode().strip() == hashlib.sha256(compiled.read_bytes()).hexdigest()
+        version = client.containers.run(
+            reference, ["/models/pipeline/environment/bin/python3.11", "-c",
+                        "import sys; print(sys.version.split()[0])"],
+            environment={"LD_LIBRARY_PATH": "/models/pipeline/environment/lib"}, remove=True)
+        assert version.decode().strip() == "3.11.2", "the carried interpreter is the image's"
+    finally:
+        client.images.remove(reference, force=True)
 
 
 def test_bridge_off_fails_before_anything_is_built(bridged, tmp_path, monkeypatch):

@@ -164,6 +164,8 @@ def test_golden_dockerfile_with_the_bridge(cuda):
     if plan.stub.kind == "compile":
         stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.11",
                                       build_image_name=release.image, local_sources=False,
-                                      gpu=release.gpu)
+                                      gpu=release.gpu, python_image=plan.interpreter.image)
         assert f"FROM {release.image}" in stub and "-DTRITON_ENABLE_GPU=ON" in stub
+        assert f"FROM {plan.interpreter.image} AS python" in stub
+        assert "python3.11-dev" not in stub, "the release's distribution may not package 3.11"
         _golden(f"stub-{plan.stub.branch}-py3.11.Dockerfile", stub)

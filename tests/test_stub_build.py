@@ -8,6 +8,7 @@ Stubs are built with ``TRITON_ENABLE_GPU=OFF`` (no CUDA toolkit here) and cached
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,10 +68,21 @@ def test_a_pipeline_serves_with_a_stub_compiled_from_r24_10(docker_client, cpu_b
 
 @pytest.mark.slow
 @needs_sources
-def test_the_r22_12_stub_compiles_for_python_3_11(docker_client, os_image):
-    """22.12 (CUDA 11.8) runs Python 3.8; its stub for 3.11 links libpython3.11. It cannot be
-    served here (no 22.12 server), so the test stops at the binary."""
+def test_the_r22_12_stub_for_python_3_11_compiles_on_glibc_2_31_without_python_3_11_packages(
+        docker_client, glibc_2_31_release_image, python_source_image):
+    """22.12 (CUDA 11.8) is Ubuntu 20.04: glibc 2.31, Python 3.8, no python3.11-dev, CMake 3.16.
+    Stand-ins: Debian bullseye (glibc 2.31, no Python 3.11 package) for the release image and
+    Python 3.11 built from source on bullseye for ``python:3.11-slim-bullseye``, whose headers
+    and libpython the stub is compiled against (as a bridged 22.12 image is; CMake from PyPI).
+    The stub cannot be served here (no 22.12 server), so the test stops at the binary: it links
+    ``libpython3.11``, needs no glibc newer than 2.31 and has no run path baked in."""
     stub = compile_stub(docker_client, branch="r22.12", python_version="3.11",
-                        build_image_name=os_image, sources=SOURCES)
+                        build_image_name=glibc_2_31_release_image,
+                        python_image=python_source_image, sources=SOURCES)
+    binary = stub.read_bytes()
     assert stub_python(stub) == "3.11"
-    assert b"libpython3.11.so.1.0" in stub.read_bytes()
+    assert b"libpython3.11.so.1.0" in binary
+    newest = max(tuple(int(part) for part in version.split(b"."))
+                 for version in re.findall(rb"GLIBC_(\d+\.\d+(?:\.\d+)?)", binary))
+    assert newest <= (2, 31), f"the stub needs glibc {newest}, newer than Ubuntu 20.04's 2.31"
+    assert b"/opt/python" not in binary, "the build's Python path leaked into the stub"

@@ -5,8 +5,9 @@ every NGC release runs its python backend on its own Python (3.8, 3.10 or 3.12; 
 So an image either matches (*native*: the release's stub, an environment made by its python3)
 or is *bridged*: a stub built for the builder's Python from the release's own python_backend
 branch (:func:`builder.base.releases.stub_route`) and an environment that carries the
-builder's interpreter — conda-pack of ``python=X.Y`` where conda is installed, else the
-interpreter of an image that holds that Python on a glibc no newer than the release's.
+builder's interpreter — the interpreter of an image that holds that Python on a glibc no newer
+than the release's (the route this version builds), or conda-pack of ``python=X.Y`` when asked
+for with ``packer="conda"`` (in the table, refused at build time).
 
 :func:`plan_python` makes that decision from the tables in :mod:`builder.base.releases` alone,
 and refuses — naming the reason and the CUDA versions that would work — when no bridge exists or
@@ -17,7 +18,6 @@ the bridge is turned off. What a bridged build then needs (stub, interpreter, pa
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 
 from builder.base.releases import (
@@ -38,7 +38,6 @@ INTERPRETER_IMAGE = "python:{python}-slim-{suite}"
 """Docker Hub's official Python images (Debian based, ``libpython`` shared, in /usr/local)."""
 INTERPRETER_IMAGE_VARIABLE = "TRITON_BUILDER_INTERPRETER_IMAGE"
 """Overrides the interpreter image (a mirror, or an image made without a registry)."""
-CONDA_TOOLS = ("mamba", "micromamba", "conda")
 
 
 class PythonBridgeError(TritonBuilderError, ValueError):
@@ -97,9 +96,11 @@ def plan_python(
     ``compile_stub`` compiles the stub from the release's python_backend branch even where the
     release's own stub or a wheel's would do (a custom build of Triton, or a check of the route).
 
-    ``conda`` says whether conda is installed (default: looked up on ``PATH``);
-    ``interpreter_image`` overrides the image the interpreter is taken from (default
-    ``$TRITON_BUILDER_INTERPRETER_IMAGE``, else :func:`interpreter_image_for`). Raises
+    ``conda`` asks for the interpreter from conda (``packer="conda"``); by default it comes from
+    an interpreter image, conda on ``PATH`` or not, since that route is the one this version
+    builds (:func:`require_buildable`). ``interpreter_image`` overrides the image the
+    interpreter is taken from (default ``$TRITON_BUILDER_INTERPRETER_IMAGE``, else
+    :func:`interpreter_image_for`). Raises
     :class:`PythonBridgeError` when the Pythons differ and no bridge exists or ``bridge`` is off.
     """
     python_version = python_version or builder_python()
@@ -120,7 +121,7 @@ def plan_python(
         raise PythonBridgeError(
             f"no bridge to Python {python_version} exists on {release.release}: "
             f"{no_stub_reason(release, python_version)}. {alternatives(python_version)}")
-    if conda if conda is not None else any(shutil.which(tool) for tool in CONDA_TOOLS):
+    if conda:
         interpreter = InterpreterRoute(
             "conda-pack", f"conda-pack of a conda environment with python={python_version}")
     else:
@@ -148,8 +149,9 @@ def require_buildable(plan: PythonPlan) -> None:
     if plan.bridged and plan.interpreter.kind != "interpreter-image":
         raise PythonBridgeError(
             f"{plan.describe()}: this version builds bridged environments from an interpreter "
-            f"image only, not with conda-pack; pass packer='venv' (the interpreter then comes "
-            f"from {interpreter_image_for(plan.release, plan.python_version)})")
+            f"image only, not with conda-pack; leave packer unset or pass packer='venv' (the "
+            f"interpreter then comes from "
+            f"{interpreter_image_for(plan.release, plan.python_version)})")
 
 
 def interpreter_image_for(release: Release, python_version: str) -> str:

@@ -9,7 +9,14 @@ included), ``libpythonX.Y.so`` and the shared libraries those need (glibc's own 
 
 The stub finds the prefix the way ``python3`` does: ``PYTHONHOME`` from ``bin/activate`` (which
 Triton sources up to 25.07), else ``python3`` on ``PATH`` (``DEST/bin`` first) whose parent
-holds ``lib/pythonX.Y/os.py``. Standard library only: it runs in an image without this project.
+holds ``lib/pythonX.Y/os.py``.
+
+``--development`` adds what compiling a stub against this very Python takes (the bridged stub
+then links the ``libpython`` the environment carries, on a release image whose distribution may
+not package this Python at all): the headers in ``DEST/include/pythonX.Y`` — Debian's
+multiarch ``pyconfig.h`` resolved — the ``libpythonX.Y.so`` link, and ``bin/pythonX.Y-build``,
+a launcher that finds ``lib/`` itself, for build tools that run the interpreter (pybind11's
+CMake queries it). Standard library only: it runs in an image without this project.
 """
 
 import json
@@ -46,6 +53,14 @@ unset _prefix
 """
 
 
+LAUNCHER = """#!/bin/sh
+# Written by triton-builder: runs the copied Python {version} with its own shared libraries.
+here="$(cd "$(dirname "$0")" && pwd)"
+LD_LIBRARY_PATH="$here/../lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" \\
+  exec "$here/python{version}" "$@"
+"""
+
+
 def copy_interpreter(dest: Path) -> dict:
     """Copy this interpreter into ``dest``; return what was copied (for the lock file)."""
     version = "{}.{}".format(*sys.version_info[:2])
@@ -75,9 +90,36 @@ def copy_interpreter(dest: Path) -> dict:
                  if not soname.startswith("libpython")}
     for soname, path in sorted(libraries.items()):
         shutil.copy2(path, lib / soname)
-    return {"python": sys.version.split()[0], "executable": str(executable),
+    copied = {"python": sys.version.split()[0], "executable": str(executable),
             "stdlib": str(stdlib), "libpython": str(libpython),
             "libraries": {soname: str(path) for soname, path in sorted(libraries.items())}}
+    return copied
+
+
+def copy_development_files(dest: Path) -> dict:
+    """Add headers, the ``libpythonX.Y.so`` link and the build launcher to the copy in ``dest``."""
+    version = "{}.{}".format(*sys.version_info[:2])
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").is_file():
+        raise SystemExit(f"this Python has no development headers ({include}/Python.h is "
+                         f"missing): a stub cannot be compiled against it; use an image that "
+                         f"has them (python:{version}-slim, or one with python{version}-dev)")
+    target = dest / "include" / f"python{version}"
+    shutil.copytree(include, target, dirs_exist_ok=True)
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    platform_config = include.parent / str(multiarch) / f"python{version}" / "pyconfig.h"
+    if multiarch and platform_config.is_file():
+        shutil.copy2(platform_config, target / "pyconfig.h")
+    libpython = _libpython()
+    link = dest / "lib" / f"libpython{version}.so"
+    if not link.exists():
+        link.symlink_to(libpython.name)
+    launcher = dest / "bin" / f"python{version}-build"
+    launcher.write_text(LAUNCHER.format(version=version))
+    launcher.chmod(0o755)
+    return {"include": str(include), "pyconfig": str(platform_config if multiarch and
+                                                     platform_config.is_file() else
+                                                     include / "pyconfig.h")}
 
 
 def _libpython() -> Path:
@@ -105,5 +147,14 @@ def _dependencies(elves: list) -> dict:
     return found
 
 
+def main(argv: list) -> dict:
+    """``interpreter_copy.py DEST [--development]``."""
+    dest = Path(argv[0])
+    copied = copy_interpreter(dest)
+    if "--development" in argv[1:]:
+        copied["development"] = copy_development_files(dest)
+    return copied
+
+
 if __name__ == "__main__":
-    print(json.dumps(copy_interpreter(Path(sys.argv[1]))))
+    print(json.dumps(main(sys.argv[1:])))

@@ -4,8 +4,11 @@ The stub and the server's python backend talk through shared memory whose layout
 branches, so a stub for the builder's Python must come from exactly the release's branch
 (``r<YY.MM>``). Where no ``nvidia-pytriton`` wheel bundles one, :func:`compile_stub` builds it in a
 Docker build stage on ``build_image`` (the release image itself: the stub links its glibc), with
-that distribution's compiler, CMake, Boost headers and ``pythonX.Y-dev``
-(``dockerfiles/python-backend-stub.Dockerfile.j2``).
+that distribution's compiler and Boost headers, CMake from PyPI's wheel
+(:mod:`builder.environment.cmake_wheel`) and Python's development files from the release's
+``pythonX.Y-dev`` — or, for a bridged image, from the interpreter image whose Python the
+environment carries (``python_image``), which also serves releases whose distribution packages
+no such Python (``dockerfiles/python-backend-stub.Dockerfile.j2``).
 
 Sources are fetched by the build (``git clone`` of the branch; CMake's FetchContent fetches
 common, core, backend, pybind11 and dlpack) unless ``sources`` names a directory of ``git
@@ -32,10 +35,13 @@ import docker.errors
 from builder.cache import cache_dir, content_hash
 from builder.engine.build import build_image
 from builder.engine.dockerfile import render, template_source
+from builder.environment.carried import COPY_SCRIPT
+from builder.environment.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
 from builder.environment.errors import EnvironmentBuildError
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
 STUB_PATH = "/triton_python_backend_stub"
+
 SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
 """A directory of source tarballs used instead of fetching (as ``sources=``)."""
 
@@ -61,6 +67,7 @@ def compile_stub(
     branch: str,
     python_version: str,
     build_image_name: str,
+    python_image: str | None = None,
     sources: str | os.PathLike | None = None,
     gpu: bool = False,
     jobs: int = 2,
@@ -68,22 +75,24 @@ def compile_stub(
 ) -> Path:
     """Build ``triton_python_backend_stub`` of ``branch`` for ``python_version``; return its path.
 
-    ``sources`` (default ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs;
-    without it the build fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC
-    releases: the CUDA toolkit is in their image).
+    ``python_image`` holds the Python to build against (a bridged image's interpreter image);
+    without it, ``build_image_name``'s own ``pythonX.Y-dev``. ``sources`` (default
+    ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
+    fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
+    toolkit is in their image).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
     archives = source_archives(Path(sources), branch) if sources else []
     dockerfile = render_stub_dockerfile(branch=branch, python_version=python_version,
                                         build_image_name=build_image_name,
+                                        python_image=python_image,
                                         local_sources=bool(archives), gpu=gpu, jobs=jobs)
-    try:
-        base_id = client.images.get(build_image_name).id
-    except docker.errors.ImageNotFound as error:
-        raise StubBuildError(f"the image to build the stub on, {build_image_name}, is not on "
-                             f"this engine") from error
-    key = content_hash(dockerfile, template_source(TEMPLATE), base_id,
+    images = [_image(client, build_image_name, "the image to build the stub on")]
+    if python_image:
+        images.append(_image(client, python_image, f"the image holding Python {python_version}"))
+    key = content_hash(dockerfile, template_source(TEMPLATE), COPY_SCRIPT.read_bytes(),
+                       CMAKE_REQUIREMENT, *(image.id for image in images),
                        *(archive.name for archive in archives))
     entry = cache_dir("stubs") / key[:32]
     stub = entry / "triton_python_backend_stub"
@@ -94,6 +103,9 @@ def compile_stub(
         context = Path(workdir)
         (context / "Dockerfile").write_text(dockerfile)
         (context / "sources").mkdir()
+        shutil.copytree(cmake_directory(images[0].attrs.get("Architecture", "amd64")),
+                        context / "cmake", symlinks=True)
+        shutil.copyfile(COPY_SCRIPT, context / COPY_SCRIPT.name)
         for archive in archives:
             shutil.copyfile(archive, context / "sources" / archive.name)
         log(f"compiling the python_backend {branch} stub for Python {python_version} on "
@@ -107,11 +119,13 @@ def compile_stub(
 
 
 def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
-                           local_sources: bool, gpu: bool, jobs: int = 2) -> str:
+                           local_sources: bool, gpu: bool, python_image: str | None = None,
+                           jobs: int = 2) -> str:
     """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
     return render(TEMPLATE, branch=branch, python_version=python_version,
-                  build_image=build_image_name, local_sources=local_sources,
-                  patch_boost=PATCH_BOOST, gpu="ON" if gpu else "OFF", jobs=jobs)
+                  build_image=build_image_name, python_image=python_image,
+                  local_sources=local_sources, patch_boost=PATCH_BOOST,
+                  gpu="ON" if gpu else "OFF", jobs=jobs)
 
 
 def source_archives(directory: Path, branch: str) -> list[Path]:
@@ -144,6 +158,13 @@ def stub_python(stub: Path) -> str | None:
     """The ``X.Y`` of the ``libpythonX.Y`` a stub links."""
     found = re.search(rb"libpython(3\.\d+)\.so", stub.read_bytes())
     return found.group(1).decode() if found else None
+
+
+def _image(client: docker.DockerClient, name: str, what: str) -> docker.models.images.Image:
+    try:
+        return client.images.get(name)
+    except docker.errors.ImageNotFound as error:
+        raise StubBuildError(f"{what}, {name}, is not on this engine") from error
 
 
 def _copy_out(client: docker.DockerClient, image_id: str, entry: Path) -> None:

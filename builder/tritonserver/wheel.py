@@ -105,7 +105,7 @@ def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
     digest = _sha256(wheel)[:16]
     root = cache_dir("tritonserver") / f"{TRITON_VERSION}-{digest}"
     if not (root / ".complete").exists():
-        _unpack(wheel, root)
+        unpack_wheel(wheel, root)
     distribution = TritonDistribution(root=root, wheel=wheel)
     if not distribution.tritonserver.exists():
         raise DistributionError(f"{wheel} holds no pytriton/tritonserver/bin/tritonserver")
@@ -131,7 +131,7 @@ def wheel_stub(requirement: str, python_version: str) -> WheelStub:
         wheel = _download_wheel(requirement)
         root = cache_dir("tritonserver") / f"stubs-{_sha256(wheel)[:16]}"
         if not (root / ".complete").exists():
-            _unpack(wheel, root, ("pytriton/tritonserver/python_backend_stubs/",
+            unpack_wheel(wheel, root, ("pytriton/tritonserver/python_backend_stubs/",
                                   "nvidia_pytriton.libs/"))
     stub = root / "pytriton/tritonserver/python_backend_stubs" / python_version / (
         "triton_python_backend_stub")
@@ -168,9 +168,11 @@ def _download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
     return found[-1]
 
 
-def _unpack(wheel: Path, root: Path,
-            prefixes: tuple[str, ...] = ("pytriton/tritonserver/",
-                                         "nvidia_pytriton.libs/")) -> None:
+def unpack_wheel(wheel: Path, root: Path,
+                 prefixes: tuple[str, ...] = ("pytriton/tritonserver/",
+                                              "nvidia_pytriton.libs/")) -> None:
+    """Extract the members of ``wheel`` under ``prefixes`` to ``root`` with their modes (the
+    executables stay executable); ``root/.complete`` marks a finished extraction."""
     staging = root.with_name(root.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     with zipfile.ZipFile(wheel) as archive:

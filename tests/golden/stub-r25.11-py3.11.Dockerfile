@@ -1,22 +1,29 @@
 # python_backend r25.11 stub for Python 3.11, built on nvcr.io/nvidia/tritonserver:25.11-py3.
+FROM python:3.11-slim-bookworm AS python
+COPY interpreter_copy.py /interpreter_copy.py
+RUN python3.11 /interpreter_copy.py /opt/python --development > /dev/null
+
 FROM nvcr.io/nvidia/tritonserver:25.11-py3
 USER root
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      cmake make g++ git ca-certificates rapidjson-dev libarchive-dev zlib1g-dev googletest \
-      python3.11-dev \
+      make g++ git ca-certificates rapidjson-dev libarchive-dev zlib1g-dev googletest \
  && (DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost1.81-dev \
      || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost-dev) \
  && rm -rf /var/lib/apt/lists/*
+COPY cmake/ /opt/cmake/
+COPY --from=python /opt/python /opt/python
 RUN git clone --depth 1 --branch r25.11 https://github.com/triton-inference-server/python_backend /src/python_backend
 RUN python3 -c 'import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.read_text(); s = re.sub(r'"'"'ExternalProject_Add\(\s*boostorg.*?\n\)\n'"'"', '"'"'add_custom_target(boostorg)\n'"'"', s, flags=re.S); s = s.replace('"'"'set(boostorg_INCLUDE_DIRS "${CMAKE_BINARY_DIR}/boost/")'"'"', '"'"'set(boostorg_INCLUDE_DIRS "/usr/include")'"'"'); p.write_text(s)' /src/python_backend/CMakeLists.txt
 WORKDIR /src/python_backend/build
-RUN cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
+RUN /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
       '-DCMAKE_CXX_FLAGS=-include functional' \
       -DTRITON_BACKEND_REPO_TAG=r25.11 -DTRITON_COMMON_REPO_TAG=r25.11 \
       -DTRITON_CORE_REPO_TAG=r25.11 \
-      -DPYTHON_EXECUTABLE=/usr/bin/python3.11 \
-      -DPython_EXECUTABLE=/usr/bin/python3.11 \
-      -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest \
+      -DPYTHON_EXECUTABLE=/opt/python/bin/python3.11-build \
+      -DPython_EXECUTABLE=/opt/python/bin/python3.11-build \
+      -DPYTHON_INCLUDE_DIR=/opt/python/include/python3.11 \
+      -DPYTHON_LIBRARY=/opt/python/lib/libpython3.11.so \
+      -DCMAKE_SKIP_RPATH=ON -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest \
  && make -j2 triton-python-backend-stub \
  && cp triton_python_backend_stub /triton_python_backend_stub
