@@ -111,9 +111,19 @@ def bullseye_image(docker_client) -> str:
 @pytest.fixture(scope="session")
 def python_source_image(docker_client, bullseye_image) -> str:
     """Python 3.11 on glibc 2.31 with headers and a shared libpython in /usr/local (2 minutes)."""
-    return _stand_in(docker_client, "python-from-source.Dockerfile",
-                     "triton-builder-test/python-source:3.11-bullseye",
-                     {"BASE": bullseye_image, "PYTHON": "3.11", "SOURCE_SUITE": "bookworm"})
+    return _python_from_source(docker_client, bullseye_image, "3.11", "bookworm")
+
+
+@pytest.fixture(scope="session")
+def python_3_13_source_image(docker_client, bullseye_image) -> str:
+    """Python 3.13 (trixie's source) on glibc 2.31, for ``python:3.13-slim-bullseye``."""
+    return _python_from_source(docker_client, bullseye_image, "3.13", "trixie")
+
+
+def _python_from_source(client, base: str, python: str, source_suite: str) -> str:
+    return _stand_in(client, "python-from-source.Dockerfile",
+                     f"triton-builder-test/python-source:{python}-bullseye",
+                     {"BASE": base, "PYTHON": python, "SOURCE_SUITE": source_suite})
 
 
 @pytest.fixture(scope="session")

@@ -30,15 +30,15 @@ TABLE = {
     ("3.11", "12.6"): ("24.12", C, BOOKWORM),
     ("3.11", "12.8"): ("25.03", C, BOOKWORM),
     ("3.11", "13.0"): ("25.11", C, BOOKWORM),
-    ("3.12", "11.8"): ("22.12", None, None),
-    ("3.12", "12.1"): ("23.07", None, None),
+    ("3.12", "11.8"): ("22.12", C, BULLSEYE),
+    ("3.12", "12.1"): ("23.07", C, BULLSEYE),
     ("3.12", "12.4"): ("24.05", W, BULLSEYE),
     ("3.12", "12.6"): ("24.12", N, None),
     ("3.12", "12.8"): ("25.03", N, None),
     ("3.12", "13.0"): ("25.11", N, None),
-    ("3.13", "11.8"): ("22.12", None, None),
-    ("3.13", "12.1"): ("23.07", None, None),
-    ("3.13", "12.4"): ("24.05", None, None),
+    ("3.13", "11.8"): ("22.12", C, BULLSEYE),
+    ("3.13", "12.1"): ("23.07", C, BULLSEYE),
+    ("3.13", "12.4"): ("24.05", C, BULLSEYE),
     ("3.13", "12.6"): ("24.12", C, BOOKWORM),
     ("3.13", "12.8"): ("25.03", C, BOOKWORM),
     ("3.13", "13.0"): ("25.11", C, BOOKWORM),
@@ -151,6 +151,26 @@ def test_the_compile_route_can_be_forced_where_pybind11_allows():
     assert (native.stub.kind, native.stub.branch) == ("compile", "r24.10")
     assert plan_python(resolve("11.8", python_version="3.11"), "3.11",
                        compile_stub=True, conda=False).stub.branch == "r22.12"
-    with pytest.raises(PythonBridgeError, match="pybind11 2.10, which supports Python up to 3.11"):
-        plan_python(resolve("12.4", python_version="3.12"), "3.12", compile_stub=True)
+    substituted = plan_python(resolve("12.4", python_version="3.12"), "3.12", compile_stub=True)
+    assert (substituted.stub.branch, substituted.stub.pybind11) == ("r24.05", "2.13.6")
+    with pytest.raises(PythonBridgeError, match="pybind11 2.13.6 up to 3.13"):
+        plan_python(resolve("12.4"), "3.14", compile_stub=True)
+
+
+@pytest.mark.parametrize("python", ["3.12", "3.13"])
+def test_python_newer_than_the_branchs_pybind11_compiles_with_pypis(python):
+    """r22.12 pins pybind11 2.10 (Python up to 3.11): 3.12 and 3.13 get 2.13.6 instead."""
+    plan = plan_python(resolve("11.8", python_version=python), python, conda=False)
+    assert (plan.stub.kind, plan.stub.branch, plan.stub.pybind11) == (C, "r22.12", "2.13.6")
+    assert "pybind11 2.13.6 from PyPI" in plan.describe()
+    own = plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False)
+    assert own.stub.pybind11 is None
+
+
+def test_a_python_no_pybind11_supports_is_refused_with_the_alternatives():
+    with pytest.raises(PythonBridgeError) as refused:
+        plan_python(resolve("11.8"), "3.14", conda=False)
+    message = str(refused.value)
+    assert "no pybind11" in message and "supports Python 3.14" in message
+    assert "natively on none" in message
 

@@ -169,3 +169,17 @@ def test_golden_dockerfile_with_the_bridge(cuda):
         assert f"FROM {plan.interpreter.image} AS python" in stub
         assert "python3.11-dev" not in stub, "the release's distribution may not package 3.11"
         _golden(f"stub-{plan.stub.branch}-py3.11.Dockerfile", stub)
+
+
+def test_golden_stub_dockerfile_with_pybind11_from_pypi():
+    """Python 3.13 on CUDA 11.8: r22.12's own pybind11 (2.10) stops at 3.11."""
+    release = resolve("11.8", python_version="3.13")
+    plan = plan_python(release, "3.13", conda=False)
+    stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.13",
+                                  build_image_name=release.image, local_sources=False,
+                                  gpu=release.gpu, python_image=plan.interpreter.image,
+                                  pybind11=plan.stub.pybind11)
+    assert "COPY pybind11/ /opt/pybind11/" in stub
+    assert "-Dpybind11_DIR=/opt/pybind11/pybind11/share/cmake/pybind11" in stub
+    assert "FETCHCONTENT_SOURCE_DIR_PYBIND11" not in stub
+    _golden("stub-r22.12-py3.13.Dockerfile", stub)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from builder import build_docker_image
+from builder.base.python_bridge import plan_python
+from builder.base.releases import resolve
 from builder.environment.stub_build import (
     StubBuildError,
     compile_stub,
@@ -37,6 +39,10 @@ def test_the_sources_of_a_branch_are_found_with_the_pybind11_and_dlpack_it_pins(
                      "pybind11-aa304c9.tar.gz", "dlpack-v0.8.tar.gz"]
     assert [path.name for path in source_archives(SOURCES, "r22.12")][-2:] == [
         "pybind11-v2.10.4.tar.gz", "dlpack-v0.7.tar.gz"]
+    substituted = [path.name for path in source_archives(SOURCES, "r22.12",
+                                                          pinned_pybind11=False)]
+    assert substituted[-1] == "dlpack-v0.7.tar.gz" and not any(
+        name.startswith("pybind11") for name in substituted)
     with pytest.raises(StubBuildError, match="lacks python_backend-r23.07.tar.gz"):
         source_archives(SOURCES, "r23.07")
 
@@ -68,20 +74,26 @@ def test_a_pipeline_serves_with_a_stub_compiled_from_r24_10(docker_client, cpu_b
 
 @pytest.mark.slow
 @needs_sources
-def test_the_r22_12_stub_for_python_3_11_compiles_on_glibc_2_31_without_python_3_11_packages(
-        docker_client, glibc_2_31_release_image, python_source_image):
+@pytest.mark.parametrize("python, interpreter_image", [
+    ("3.11", "python_source_image"), ("3.13", "python_3_13_source_image")])
+def test_the_r22_12_stub_compiles_on_glibc_2_31_without_packages_of_its_python(
+        python, interpreter_image, docker_client, glibc_2_31_release_image, request):
     """22.12 (CUDA 11.8) is Ubuntu 20.04: glibc 2.31, Python 3.8, no python3.11-dev, CMake 3.16.
-    Stand-ins: Debian bullseye (glibc 2.31, no Python 3.11 package) for the release image and
-    Python 3.11 built from source on bullseye for ``python:3.11-slim-bullseye``, whose headers
-    and libpython the stub is compiled against (as a bridged 22.12 image is; CMake from PyPI).
-    The stub cannot be served here (no 22.12 server), so the test stops at the binary: it links
-    ``libpython3.11``, needs no glibc newer than 2.31 and has no run path baked in."""
-    stub = compile_stub(docker_client, branch="r22.12", python_version="3.11",
+    Stand-ins: Debian bullseye (glibc 2.31, no Python 3.11 or 3.13 package) for the release
+    image and Python built from Debian's source on bullseye for ``python:X.Y-slim-bullseye``,
+    whose headers and libpython the stub is compiled against (as a bridged 22.12 image is; CMake
+    from PyPI). r22.12 pins pybind11 2.10, which stops at 3.11: the plan gives 3.13 PyPI's
+    2.13.6. The stub cannot be served here (no 22.12 server), so the test stops at the binary:
+    it links ``libpythonX.Y``, needs no glibc newer than 2.31 and has no run path baked in."""
+    plan = plan_python(resolve("11.8", python_version=python), python, conda=False)
+    assert plan.stub.pybind11 == (None if python == "3.11" else "2.13.6")
+    stub = compile_stub(docker_client, branch="r22.12", python_version=python,
                         build_image_name=glibc_2_31_release_image,
-                        python_image=python_source_image, sources=SOURCES)
+                        python_image=request.getfixturevalue(interpreter_image),
+                        pybind11=plan.stub.pybind11, sources=SOURCES)
     binary = stub.read_bytes()
-    assert stub_python(stub) == "3.11"
-    assert b"libpython3.11.so.1.0" in binary
+    assert stub_python(stub) == python
+    assert f"libpython{python}.so.1.0".encode() in binary
     newest = max(tuple(int(part) for part in version.split(b"."))
                  for version in re.findall(rb"GLIBC_(\d+\.\d+(?:\.\d+)?)", binary))
     assert newest <= (2, 31), f"the stub needs glibc {newest}, newer than Ubuntu 20.04's 2.31"

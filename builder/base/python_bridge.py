@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from builder.base.releases import (
     DEBIAN_SUITES,
     PYBIND11_NEWEST_PYTHON,
+    PYBIND11_SUBSTITUTE,
     RELEASES,
     Release,
     StubRoute,
@@ -134,13 +135,15 @@ def plan_python(
 
 
 def compiled_stub_route(release: Release, python_version: str) -> StubRoute:
-    """The compile route for ``release``, refused where its pybind11 cannot build the Python."""
+    """The compile route for ``release``, refused where no pybind11 we build with supports the
+    Python."""
     route = compiled_stub(release, python_version)
     if route is None:
         raise PythonBridgeError(
-            f"python_backend {release.branch} builds with pybind11 {release.pybind11}, which "
-            f"supports Python up to {PYBIND11_NEWEST_PYTHON[release.pybind11]}: no stub for "
-            f"Python {python_version} compiles")
+            f"no stub for Python {python_version} compiles from python_backend "
+            f"{release.branch}: pybind11 {release.pybind11} (its own) supports Python up to "
+            f"{PYBIND11_NEWEST_PYTHON[release.pybind11]}, pybind11 {PYBIND11_SUBSTITUTE} up to "
+            f"{PYBIND11_NEWEST_PYTHON['.'.join(PYBIND11_SUBSTITUTE.split('.')[:2])]}")
     return route
 
 

@@ -33,7 +33,7 @@ Sources:
   r22.12 (branch v2.10) and r24.10 (v2.10.0) in ``../shared/triton-sources``; r24.11 moved to
   pybind11 2.12 (python_backend PR 384, numpy 2). Newest CPython each pybind11 supports
   (:data:`PYBIND11_NEWEST_PYTHON`): pybind11's changelog (2.10: 3.11; 2.11: 3.12; 2.12 and
-  later build 3.13 — not verified here, no 3.13 stub of r24.11+ was built on this machine).
+  2.13 build 3.13; 3.14 needs pybind11 3). Checked here: r22.12 with 2.13.6 compiles for 3.13.
 """
 
 from __future__ import annotations
@@ -156,7 +156,12 @@ PYTRITON_STUBS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 # First release of a pybind11 pin (python_backend CMakeLists.txt), newest CPython it builds for.
 PYBIND11_OF_BRANCH: tuple[tuple[str, str], ...] = (("21.02", "2.10"), ("24.11", "2.12"))
-PYBIND11_NEWEST_PYTHON = {"2.10": "3.11", "2.11": "3.12", "2.12": "3.13"}
+PYBIND11_NEWEST_PYTHON = {"2.10": "3.11", "2.11": "3.12", "2.12": "3.13", "2.13": "3.13"}
+PYBIND11_SUBSTITUTE = "2.13.6"
+"""The pybind11 (PyPI's sdist) a compiled stub is built with where its branch's pin cannot build
+the Python. pybind11 lives inside the stub only — the stub and the backend speak python_backend's
+own shared-memory protocol — and NVIDIA's nvidia-pytriton 0.7.0 ships r24.10 stubs for Python
+3.12 and 3.13, which r24.10's pin (2.10.0) cannot build."""
 
 
 class UnsupportedCudaError(TritonBuilderError, ValueError):
@@ -174,6 +179,9 @@ class StubRoute:
     """The wheel to take it from (``pytriton-wheel``)."""
     branch: str | None = None
     """The python_backend branch to compile (``compile``)."""
+    pybind11: str | None = None
+    """The pybind11 to build it with instead of the branch's pin (``compile``; see
+    :data:`PYBIND11_SUBSTITUTE`)."""
 
 
 @dataclass(frozen=True)
@@ -313,14 +321,24 @@ def stub_route(release: Release, python_version: str) -> StubRoute | None:
 
 
 def compiled_stub(release: Release, python_version: str) -> StubRoute | None:
-    """The stub compiled from the release's python_backend branch; None where its pybind11
-    cannot build ``python_version``."""
-    newest = PYBIND11_NEWEST_PYTHON[release.pybind11]
-    if _version_key(python_version) > _version_key(newest):
-        return None
-    return StubRoute("compile", f"compiled from python_backend {release.branch} for Python "
-                                f"{python_version} (pybind11 {release.pybind11})",
-                     branch=release.branch)
+    """The stub compiled from the release's python_backend branch, with its own pybind11 or,
+    where that cannot build ``python_version``, :data:`PYBIND11_SUBSTITUTE`; None where
+    neither can."""
+    described = f"compiled from python_backend {release.branch} for Python {python_version}"
+    if _builds(release.pybind11, python_version):
+        return StubRoute("compile", f"{described} (pybind11 {release.pybind11})",
+                         branch=release.branch)
+    if _builds(PYBIND11_SUBSTITUTE, python_version):
+        return StubRoute("compile", f"{described} (pybind11 {PYBIND11_SUBSTITUTE} from PyPI: "
+                                    f"the branch's {release.pybind11} builds Python up to "
+                                    f"{PYBIND11_NEWEST_PYTHON[release.pybind11]})",
+                         branch=release.branch, pybind11=PYBIND11_SUBSTITUTE)
+    return None
+
+
+def _builds(pybind11: str, python_version: str) -> bool:
+    series = ".".join(pybind11.split(".")[:2])
+    return _version_key(python_version) <= _version_key(PYBIND11_NEWEST_PYTHON[series])
 
 
 def no_stub_reason(release: Release, python_version: str) -> str:
@@ -328,9 +346,9 @@ def no_stub_reason(release: Release, python_version: str) -> str:
              f"{', '.join(release.wheel_stub_pythons)} only" if release.pytriton_wheel else
              f"no nvidia-pytriton wheel bundles Triton {release.triton_version}")
     return (f"{release.release} (Triton {release.triton_version}) runs Python "
-            f"{release.python_version}; {wheel}, and python_backend {release.branch} builds "
-            f"with pybind11 {release.pybind11}, which supports Python up to "
-            f"{PYBIND11_NEWEST_PYTHON[release.pybind11]}")
+            f"{release.python_version}; {wheel}, and no pybind11 a stub of python_backend "
+            f"{release.branch} is compiled with (its own {release.pybind11}, or "
+            f"{PYBIND11_SUBSTITUTE}) supports Python {python_version}")
 
 
 def resolve(

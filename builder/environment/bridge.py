@@ -87,7 +87,8 @@ def _compiled(client: docker.DockerClient, plan: PythonPlan, python_image: str |
     interpreter the environment carries) or the release's own."""
     return compile_stub(client, branch=str(plan.stub.branch), python_version=plan.python_version,
                         build_image_name=plan.release.image, python_image=python_image,
-                        sources=triton_sources, gpu=plan.release.gpu, on_log=on_log)
+                        pybind11=plan.stub.pybind11, sources=triton_sources,
+                        gpu=plan.release.gpu, on_log=on_log)
 
 
 def cpu_backend_requirements(python_version: str) -> tuple[str, ...]:

@@ -24,6 +24,8 @@ import io
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -68,6 +70,7 @@ def compile_stub(
     python_version: str,
     build_image_name: str,
     python_image: str | None = None,
+    pybind11: str | None = None,
     sources: str | os.PathLike | None = None,
     gpu: bool = False,
     jobs: int = 2,
@@ -76,17 +79,19 @@ def compile_stub(
     """Build ``triton_python_backend_stub`` of ``branch`` for ``python_version``; return its path.
 
     ``python_image`` holds the Python to build against (a bridged image's interpreter image);
-    without it, ``build_image_name``'s own ``pythonX.Y-dev``. ``sources`` (default
+    without it, ``build_image_name``'s own ``pythonX.Y-dev``. ``pybind11`` is a version whose
+    PyPI source replaces the branch's pin (which cannot build newer Pythons). ``sources`` (default
     ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
     fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
     toolkit is in their image).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
-    archives = source_archives(Path(sources), branch) if sources else []
+    archives = (source_archives(Path(sources), branch, pinned_pybind11=not pybind11)
+                if sources else [])
     dockerfile = render_stub_dockerfile(branch=branch, python_version=python_version,
                                         build_image_name=build_image_name,
-                                        python_image=python_image,
+                                        python_image=python_image, pybind11=pybind11,
                                         local_sources=bool(archives), gpu=gpu, jobs=jobs)
     images = [_image(client, build_image_name, "the image to build the stub on")]
     if python_image:
@@ -106,6 +111,8 @@ def compile_stub(
         shutil.copytree(cmake_directory(images[0].attrs.get("Architecture", "amd64")),
                         context / "cmake", symlinks=True)
         shutil.copyfile(COPY_SCRIPT, context / COPY_SCRIPT.name)
+        if pybind11:
+            _unpack_source(pybind11_source(pybind11), context / "pybind11")
         for archive in archives:
             shutil.copyfile(archive, context / "sources" / archive.name)
         log(f"compiling the python_backend {branch} stub for Python {python_version} on "
@@ -120,16 +127,17 @@ def compile_stub(
 
 def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
                            local_sources: bool, gpu: bool, python_image: str | None = None,
-                           jobs: int = 2) -> str:
+                           pybind11: str | None = None, jobs: int = 2) -> str:
     """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
     return render(TEMPLATE, branch=branch, python_version=python_version,
-                  build_image=build_image_name, python_image=python_image,
+                  build_image=build_image_name, python_image=python_image, pybind11=pybind11,
                   local_sources=local_sources, patch_boost=PATCH_BOOST,
                   gpu="ON" if gpu else "OFF", jobs=jobs)
 
 
-def source_archives(directory: Path, branch: str) -> list[Path]:
-    """The tarballs of ``branch`` and the pybind11 and dlpack its ``CMakeLists.txt`` pins."""
+def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = True) -> list[Path]:
+    """The tarballs of ``branch`` and the pybind11 (unless replaced) and dlpack its
+    ``CMakeLists.txt`` pins."""
     if not directory.is_dir():
         raise StubBuildError(f"the source directory {directory} does not exist")
     own = [directory / f"{name}-{branch}.tar.gz"
@@ -142,7 +150,7 @@ def source_archives(directory: Path, branch: str) -> list[Path]:
         member = archive.extractfile("python_backend/CMakeLists.txt")
         cmake = io.TextIOWrapper(member).read() if member else ""
     pinned = []
-    for name in ("pybind11", "dlpack"):
+    for name in ("pybind11", "dlpack") if pinned_pybind11 else ("dlpack",):
         found = re.search(rf'FetchContent_Declare\(\s*{name}.*?GIT_TAG\s+"?([^"\s)]+)', cmake,
                           re.S)
         tag = found.group(1) if found else ""
@@ -152,6 +160,33 @@ def source_archives(directory: Path, branch: str) -> list[Path]:
                                  f"is what python_backend {branch} pins)")
         pinned.append(matches[-1])
     return own + pinned
+
+
+def pybind11_source(version: str) -> Path:
+    """PyPI's source distribution of pybind11 ``version``, cached: headers and the CMake
+    package (``pybind11/share/cmake/pybind11``), as ``pip install pybind11`` would install."""
+    downloads = cache_dir("sources")
+    archive = downloads / f"pybind11-{version}.tar.gz"
+    if not archive.is_file():
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+             "--dest", str(downloads), f"pybind11=={version}"], capture_output=True, text=True)
+        if result.returncode != 0 or not archive.is_file():
+            raise StubBuildError(f"could not download pybind11 {version}'s source from PyPI "
+                                 f"(the stub's Python needs it):\n{result.stderr.strip()[-2000:]}")
+    return archive
+
+
+def _unpack_source(archive: Path, destination: Path) -> None:
+    """Unpack a source tarball's single top directory as ``destination``."""
+    with tarfile.open(archive) as tar:
+        members = []
+        for member in tar.getmembers():
+            _, _, inner = member.name.partition("/")
+            if inner:
+                member.name = inner
+                members.append(member)
+        tar.extractall(destination, members=members, filter="data")
 
 
 def stub_python(stub: Path) -> str | None:

@@ -14,7 +14,7 @@ RUN echo "deb-src http://deb.debian.org/debian ${SOURCE_SUITE} main" \
       libsqlite3-dev uuid-dev libexpat1-dev \
  && mkdir /tmp/python && cd /tmp/python \
  && apt-get source --download-only "python${PYTHON}/${SOURCE_SUITE}" \
- && tar xf python${PYTHON}_*.orig.tar.* \
+ && tar xf python${PYTHON}_*.orig.tar.[gx]z \
  && cd Python-${PYTHON}.* \
  && ./configure --prefix=/usr/local --enable-shared --with-ensurepip=no --without-static-libpython > /dev/null \
  && make -j"$(nproc)" > /dev/null \

@@ -1,0 +1,31 @@
+# python_backend r22.12 stub for Python 3.13 (pybind11 2.13.6), built on nvcr.io/nvidia/tritonserver:22.12-py3.
+FROM python:3.13-slim-bullseye AS python
+COPY interpreter_copy.py /interpreter_copy.py
+RUN python3.13 /interpreter_copy.py /opt/python --development > /dev/null
+
+FROM nvcr.io/nvidia/tritonserver:22.12-py3
+USER root
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      make g++ git ca-certificates rapidjson-dev libarchive-dev zlib1g-dev googletest \
+ && (DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost1.81-dev \
+     || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost-dev) \
+ && rm -rf /var/lib/apt/lists/*
+COPY cmake/ /opt/cmake/
+COPY --from=python /opt/python /opt/python
+COPY pybind11/ /opt/pybind11/
+RUN git clone --depth 1 --branch r22.12 https://github.com/triton-inference-server/python_backend /src/python_backend
+RUN python3 -c 'import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.read_text(); s = re.sub(r'"'"'ExternalProject_Add\(\s*boostorg.*?\n\)\n'"'"', '"'"'add_custom_target(boostorg)\n'"'"', s, flags=re.S); s = s.replace('"'"'set(boostorg_INCLUDE_DIRS "${CMAKE_BINARY_DIR}/boost/")'"'"', '"'"'set(boostorg_INCLUDE_DIRS "/usr/include")'"'"'); p.write_text(s)' /src/python_backend/CMakeLists.txt
+WORKDIR /src/python_backend/build
+RUN /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
+      '-DCMAKE_CXX_FLAGS=-include functional' \
+      -DTRITON_BACKEND_REPO_TAG=r22.12 -DTRITON_COMMON_REPO_TAG=r22.12 \
+      -DTRITON_CORE_REPO_TAG=r22.12 \
+      -DPYTHON_EXECUTABLE=/opt/python/bin/python3.13-build \
+      -DPython_EXECUTABLE=/opt/python/bin/python3.13-build \
+      -DPYTHON_INCLUDE_DIR=/opt/python/include/python3.13 \
+      -DPYTHON_LIBRARY=/opt/python/lib/libpython3.13.so \
+      -DCMAKE_SKIP_RPATH=ON -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest \
+      -DFETCHCONTENT_TRY_FIND_PACKAGE_MODE=ALWAYS -Dpybind11_DIR=/opt/pybind11/pybind11/share/cmake/pybind11 \
+ && make -j2 triton-python-backend-stub \
+ && cp triton_python_backend_stub /triton_python_backend_stub
