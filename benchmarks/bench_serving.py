@@ -69,15 +69,19 @@ IMAGE_PREFIX = "triton-builder-bench/serving-"
 # -- the two workloads, and their pre/post written out for raw ONNX Runtime and PyTriton ------
 @dataclass
 class Workload:
-    """A pipeline, its inputs, and its model operator's pre/post as plain functions."""
+    """A pipeline, its inputs, and its model operator's pre/post as plain functions.
+
+    ``encode`` and ``finish`` take several items at once, as the pipeline's operators do when
+    served: its vectorized operators (``call_batch``) see all of them together.
+    """
 
     key: str
     title: str
     pipeline: Any
     items: list
     model: str
-    encode: Callable[[Any], tuple[np.ndarray, ...]]
-    finish: Callable[[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], Any]
+    encode: Callable[[Sequence[Any]], list[tuple[np.ndarray, ...]]]
+    finish: Callable[[Sequence[tuple[np.ndarray, ...]], Sequence[tuple[np.ndarray, ...]]], list]
     expected: list = field(default_factory=list)
 
     @property
@@ -89,9 +93,9 @@ def _text_workload(count: int) -> Workload:
     tokenizer = text_embedding.Tokenizer()
     items = [TEXTS[i % len(TEXTS)] + f" #{i}" for i in range(count)]
     return Workload("text", "text embedding", text_embedding.pipeline, items, "text_encoder",
-                    encode=tokenizer,
-                    finish=lambda outputs, encoded: text_embedding.mean_pool(outputs[0],
-                                                                             encoded[1]))
+                    encode=lambda texts: [tokenizer(text) for text in texts],
+                    finish=lambda outputs, encoded: text_embedding.mean_pool.call_batch(
+                        [(o[0], e[1]) for o, e in zip(outputs, encoded)]))
 
 
 def _image_workload(count: int) -> Workload:
@@ -99,17 +103,19 @@ def _image_workload(count: int) -> Workload:
     top_k = image_classification.TopK(image_classification.LABELS, k=3)
     return Workload("image", "image classification", image_classification.pipeline,
                     [pool[i % len(pool)] for i in range(count)], "image_classifier",
-                    encode=lambda data: (image_classification.preprocess(decode_image(data)),),
-                    finish=lambda outputs, encoded: top_k(outputs[0]))
+                    encode=lambda data: [(pixels,) for pixels in
+                                         image_classification.preprocess.call_batch(
+                                             [(decode_image(d),) for d in data])],
+                    finish=lambda outputs, encoded: [top_k(o[0]) for o in outputs])
 
 
 def run_batch(session: Any, workload: Workload, items: Sequence[Any]) -> list:
-    """Pre-process each item, one ONNX Runtime run for all of them, post-process each."""
-    encoded = [workload.encode(item) for item in items]
+    """Pre-process the items, one ONNX Runtime run for all of them, post-process them."""
+    encoded = workload.encode(items)
     names = [i.name for i in session.get_inputs()]
     feeds = {name: np.stack([e[k] for e in encoded]) for k, name in enumerate(names)}
     outputs = session.run(None, feeds)
-    return [workload.finish(tuple(o[i] for o in outputs), e) for i, e in enumerate(encoded)]
+    return workload.finish([tuple(o[i] for o in outputs) for i in range(len(items))], encoded)
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -500,7 +506,7 @@ def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path,
     names = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
     items = workload.items[:max(200, len(workload.items) // 4)]
-    encoded = [workload.encode(item) for item in items]
+    encoded = workload.encode(items)
 
     def client() -> LoadClient:
         return LoadClient(grpc_url, workload.model,
@@ -512,7 +518,7 @@ def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path,
             async with client() as model:
                 _, latencies, answers = await _drive(model, encoded, 1)
             for arrays, answer, want in zip(encoded, answers, workload.expected):
-                got = workload.finish(tuple(answer[n] for n in outputs), arrays)
+                got = workload.finish([tuple(answer[n] for n in outputs)], [arrays])[0]
                 check_same(got, want, TOLERANCE, where=f"{workload.model} directly")
             return latencies
 
@@ -529,11 +535,11 @@ def _prepost_p50(workload: Workload, onnx_path: Path) -> float:
     latencies = []
     for item in workload.items:
         started = time.perf_counter()
-        encoded = workload.encode(item)
+        encoded = workload.encode([item])[0]
         between = time.perf_counter()
         outputs = session.run(None, {n: a[None] for n, a in zip(names, encoded)})
         resumed = time.perf_counter()
-        workload.finish(tuple(o[0] for o in outputs), encoded)
+        workload.finish([tuple(o[0] for o in outputs)], [encoded])
         latencies.append(between - started + time.perf_counter() - resumed)
     return _percentiles(latencies)[0]
 

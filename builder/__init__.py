@@ -1,8 +1,9 @@
 """Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment.
 
-The public face: write a pipeline (``pipe``, ``ModelOp``), build it (``build_pipeline_model``,
-``build_docker_image``), call what is served (``Client``, ``TritonRemoteModel``), and catch
-``TritonBuilderError`` — every failure of ours derives from it, beside its built-in category.
+The public face: write a pipeline (``pipe``, ``ModelOp``, ``vectorized``), build it
+(``build_pipeline_model``, ``build_docker_image``), call what is served (``Client``,
+``TritonRemoteModel``), and catch ``TritonBuilderError`` — every failure of ours derives from
+it, beside its built-in category.
 The stage packages (``pipeline``, ``repository``, ``environment``, ``image``, ``verify``,
 ``push``) hold the rest.
 """
@@ -33,7 +34,7 @@ from builder.errors import (
     TritonBuilderError,
 )
 from builder.job import ImageBuild, build_docker_image
-from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe
+from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe, vectorized
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
 from builder.verify.check import VerificationError
@@ -72,4 +73,5 @@ __all__ = [
     "build_pipeline_model",
     "pipe",
     "requires",
+    "vectorized",
 ]

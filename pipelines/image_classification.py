@@ -3,7 +3,8 @@
     image (bytes) ──decode──▶ rgb ──preprocess──▶ pixels ──image_classifier (ONNX)──▶ logits
                                                              logits ──top_k──▶ labels, scores
 
-Decoding, resizing and top-k are Python operators (NumPy only, see :mod:`pipelines.imaging`);
+Decoding, resizing and top-k are Python operators (NumPy only, see :mod:`pipelines.imaging`;
+resizing is :func:`~builder.vectorized`);
 the CNN is served as its own ONNX model. The outputs are typed tensors: ``labels`` is
 ``TYPE_STRING [3]``, ``scores`` is ``TYPE_FP32 [3]``.
 """
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from builder import ModelOp, pipe
+from builder import ModelOp, pipe, vectorized
 from pipelines.imaging import decode_image, encode_png, resize
 from pipelines.weights import load_weights
 
@@ -44,10 +45,15 @@ class TinyCNN(nn.Module):
         return self.classifier(self.features(pixels))
 
 
+@vectorized
 def preprocess(rgb: np.ndarray) -> np.ndarray:
-    """RGB ``uint8 H x W x 3`` → normalised ``float32 3 x SIZE x SIZE``."""
+    """RGB ``uint8 N x H x W x 3`` → normalised ``float32 N x 3 x SIZE x SIZE``.
+
+    Vectorized: served, the images of a dynamic batch that share a size are resized together.
+    """
     scaled = resize(rgb, SIZE, SIZE) / 255.0
-    return np.ascontiguousarray(((scaled - MEAN) / STD).transpose(2, 0, 1), dtype=np.float32)
+    return np.ascontiguousarray(((scaled - MEAN) / STD).transpose(0, 3, 1, 2),
+                                dtype=np.float32)
 
 
 class TopK:

@@ -129,20 +129,24 @@ def encode_pnm(image: np.ndarray) -> bytes:
 
 
 def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Bilinear resize (pixel centres aligned, as OpenCV's ``INTER_LINEAR``) → ``float32``."""
+    """Bilinear resize (pixel centres aligned, as OpenCV's ``INTER_LINEAR``) → ``float32``.
+
+    ``H x W``, ``H x W x C``, or a batch of same-sized images ``N x H x W x C`` in one go.
+    """
     image = np.asarray(image, dtype=np.float32)
     squeeze = image.ndim == 2
     if squeeze:
         image = image[:, :, None]
-    ys = _sample_positions(image.shape[0], height)
-    xs = _sample_positions(image.shape[1], width)
+    ys = _sample_positions(image.shape[-3], height)
+    xs = _sample_positions(image.shape[-2], width)
     y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1 = np.minimum(y0 + 1, image.shape[0] - 1)
-    x1 = np.minimum(x0 + 1, image.shape[1] - 1)
+    y1 = np.minimum(y0 + 1, image.shape[-3] - 1)
+    x1 = np.minimum(x0 + 1, image.shape[-2] - 1)
     wy = (ys - y0)[:, None, None].astype(np.float32)
     wx = (xs - x0)[None, :, None].astype(np.float32)
-    top = image[y0][:, x0] * (1 - wx) + image[y0][:, x1] * wx
-    bottom = image[y1][:, x0] * (1 - wx) + image[y1][:, x1] * wx
+    upper, lower = image[..., y0, :, :], image[..., y1, :, :]
+    top = upper[..., x0, :] * (1 - wx) + upper[..., x1, :] * wx
+    bottom = lower[..., x0, :] * (1 - wx) + lower[..., x1, :] * wx
     result = top * (1 - wy) + bottom * wy
     return result[:, :, 0] if squeeze else result
 

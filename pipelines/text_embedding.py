@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from builder import ModelOp, pipe
+from builder import ModelOp, pipe, vectorized
 from pipelines.weights import load_weights
 
 VOCAB_SIZE = 1024
@@ -80,11 +80,17 @@ def first_row(batch: np.ndarray) -> np.ndarray:
     return batch[0]
 
 
+@vectorized
 def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Average the real tokens' vectors and scale to unit length (cosine-ready)."""
-    weights = mask[:, None]
-    pooled = (hidden * weights).sum(axis=0) / max(float(weights.sum()), 1.0)
-    return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+    """Average the real tokens' vectors and scale to unit length (cosine-ready).
+
+    Vectorized (``N x tokens x DIM`` and ``N x tokens`` in): served, one call pools every row
+    of a dynamic batch.
+    """
+    weights = mask[:, :, None]
+    pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+    norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return (pooled / norms).astype(np.float32)
 
 
 def make_pipeline():

@@ -66,3 +66,12 @@ def test_resize_keeps_constant_images_and_matches_pixel_centres():
     ramp = np.arange(4, dtype=np.float32)[None, :].repeat(2, 0)
     np.testing.assert_allclose(resize(ramp, 2, 2), [[0.5, 2.5], [0.5, 2.5]])
     assert resize(np.zeros((3, 3), np.uint8), 6, 9).shape == (6, 9)
+
+
+def test_a_batch_of_images_resizes_as_each_image_alone():
+    rng = np.random.default_rng(3)
+    batch = rng.integers(0, 256, (3, 11, 7, 3), dtype=np.uint8)
+    together = resize(batch, 5, 9)
+    assert together.shape == (3, 5, 9, 3)
+    for image, resized in zip(batch, together, strict=True):
+        np.testing.assert_array_equal(resized, resize(image, 5, 9))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder import OperatorError, Pipeline, PipelineError, SignatureError, pipe
+from builder import OperatorError, Pipeline, PipelineError, SignatureError, pipe, vectorized
 from builder.pipeline.dag import Node
 from builder.pipeline.signature import List
 
@@ -318,3 +318,31 @@ def test_call_batch_must_return_one_result_per_row():
     results = p.batch([1, 2], return_exceptions=True)
     assert [str(r) for r in results] == [
         "operator 'Short' (map x -> y): call_batch returned 1 results for 2 rows"] * 2
+
+
+def test_a_vectorized_operator_gets_the_rows_of_a_batch_stacked_by_shape():
+    seen = []
+
+    @vectorized
+    def norm_and_size(v):
+        seen.append(v.shape)
+        return np.linalg.norm(v, axis=1), np.full(len(v), v.shape[1])
+
+    p = pipe.input("v").map("v", ("n", "size"), norm_and_size).output("n", "size")
+    vectors = [np.ones(4), np.ones(2), np.zeros(4), 2 * np.ones(4)]
+    assert p.batch(vectors) == [(2.0, 4), (np.sqrt(2), 2), (0.0, 4), (4.0, 4)]
+    assert seen == [(3, 4), (1, 2)]  # one call per shape, rows in order within it
+    seen.clear()
+    assert p(np.ones(9)) == (3.0, 9) and seen == [(1, 9)]  # in process: a batch of one
+    assert repr(norm_and_size) == "vectorized(test_a_vectorized_operator_gets_the_rows_" \
+        "of_a_batch_stacked_by_shape.<locals>.norm_and_size)"
+
+
+def test_a_vectorized_operator_that_drops_the_batch_axis_is_named():
+    summed = vectorized(lambda v: v.sum())
+    p = pipe.input("v").map("v", "s", summed, name="summed").output("s")
+    results = p.batch([np.ones(2), np.ones(2)], return_exceptions=True)
+    assert all("vectorized operator 'lambda' returned shape [] for a batch of 1" in str(r)
+               for r in results)  # the batch failed, then each row failed on its own
+    with pytest.raises(PipelineError, match="needs a function"):
+        vectorized(3)

@@ -2,7 +2,7 @@
 capture of all of it (user code included) into ``pipe.pickle``."""
 
 from builder.pipeline.dsl import Pipeline, pipe
-from builder.pipeline.operators import ModelOp
+from builder.pipeline.operators import ModelOp, vectorized
 from builder.pipeline.signature import Array, List, TensorSpec
 
-__all__ = ["Array", "List", "ModelOp", "Pipeline", "TensorSpec", "pipe"]
+__all__ = ["Array", "List", "ModelOp", "Pipeline", "TensorSpec", "pipe", "vectorized"]

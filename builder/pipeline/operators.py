@@ -9,6 +9,11 @@ per row. The executor prefers it: that is how model operators batch the rows of 
 into one model call, and how a loop operator (a greedy decoder) calls its model once per step for
 all rows at once. ``op(*args)`` must equal ``op.call_batch([args])[0]``.
 
+:func:`vectorized` makes such an operator of a function written for a batch: NumPy arrays with a
+leading batch axis in, arrays with the same leading axis out. Pre- and post-processing written
+that way costs one NumPy call per dynamic batch instead of one per row, which is what makes
+Triton's batching pay for the Python operators as it does for the models.
+
 A :class:`ModelOp` wraps a ``torch.nn.Module``: ``pre`` turns the operator's arguments into the
 module's inputs (with a leading batch dimension), ``post`` turns the module's outputs (NumPy
 arrays, in process and when served alike) into the operator's result. In process the module runs
@@ -236,6 +241,67 @@ class LocalRunner:
                 outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
                 results.append(tuple(_to_numpy(o) for o in outputs))
         return results
+
+
+class Vectorized:
+    """A function written for a batch, as an operator: see :func:`vectorized`."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        if not callable(function):
+            raise PipelineError(f"vectorized needs a function, got {type(function).__name__}")
+        self.function = function
+        self.__qualname__ = operator_name(function)  # how errors and labels name it
+        self.__doc__ = getattr(function, "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"vectorized({self.__qualname__})"
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call_batch([args])[0]
+
+    def call_batch(self, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """One call of the function per group of rows whose arguments agree in shape and dtype."""
+        results: list[Any] = [None] * len(rows)
+        for members, arrays in _stacked_groups(rows):
+            outputs = self.function(*arrays)
+            several = isinstance(outputs, tuple)
+            columns = [np.asarray(o) for o in (outputs if several else (outputs,))]
+            for column in columns:
+                if column.ndim == 0 or column.shape[0] != len(members):
+                    raise PipelineError(
+                        f"vectorized operator {self.__qualname__!r} returned shape "
+                        f"{list(column.shape)} for a batch of {len(members)}: every output "
+                        "keeps the leading batch axis"
+                    )
+            for position, index in enumerate(members):
+                row = tuple(column[position] for column in columns)
+                results[index] = row if several else row[0]
+        return results
+
+
+def vectorized(function: Callable[..., Any]) -> Vectorized:
+    """Use ``function``, written for a batch, as a pipeline operator (a decorator).
+
+    ``function`` takes one NumPy array per input column, each with a leading batch axis, and
+    returns one array (or a tuple, one per output column) with the same leading axis. The
+    executor hands it every row of a dynamic batch at once, grouped by the shapes and dtypes of
+    the arguments (rows that differ go in separate calls); in process, one call is a batch of
+    one. Row ``i`` of the result must depend on row ``i`` of the arguments only.
+    """
+    return Vectorized(function)
+
+
+def _stacked_groups(rows: Sequence[tuple[Any, ...]]) -> list[tuple[list[int], list[np.ndarray]]]:
+    """Rows whose arguments agree in shape and dtype, each argument stacked on a batch axis."""
+    if len(rows) == 1:  # a call in process: no grouping, nothing to copy
+        return [([0], [np.asarray(a)[None] for a in rows[0]])]
+    arrays = [[np.asarray(a) for a in row] for row in rows]
+    groups: dict[tuple, list[int]] = {}
+    for index, row in enumerate(arrays):
+        groups.setdefault(tuple((a.shape, a.dtype.str) for a in row), []).append(index)
+    return [(members, [np.stack([arrays[i][k] for i in members])
+                       for k in range(len(arrays[members[0]]))])
+            for members in groups.values()]
 
 
 # -- op_config -------------------------------------------------------------------------------
