@@ -65,11 +65,21 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
     }
     for index in plan.order:
         node = plan.nodes[index]
-        rows = [r for r in streams.get(plan.node_stream[index], []) if r.call not in failed]
+        rows = streams.get(plan.node_stream[index], [])
+        if failed:
+            rows = [r for r in rows if r.call not in failed]
         produced = _run_node(node, rows, failed)
         if node.kind != "map":
             streams[plan.node_output_stream[index]] = produced
 
+    by_call: dict[int, dict[int, list[Row]]] = {}  # stream -> call -> its rows, in order
+    for column in plan.outputs:
+        stream = plan.column_stream[column]
+        if stream != ROOT and stream not in by_call:
+            by_call[stream] = {}
+            for row in streams[stream]:
+                by_call[stream].setdefault(row.call, []).append(row)
+    roots = streams[ROOT]
     results = []
     for call in range(len(calls)):
         if call in failed:
@@ -79,23 +89,28 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
         for column in plan.outputs:
             stream = plan.column_stream[column]
             if stream == ROOT:
-                outputs[column] = streams[ROOT][call].get(column)
+                outputs[column] = roots[call].get(column)
             else:
-                outputs[column] = [r.get(column) for r in streams[stream] if r.call == call]
+                outputs[column] = [r.get(column) for r in by_call[stream].get(call, ())]
         results.append(CallResult(outputs=outputs))
     return results
 
 
 def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> list[Row]:
     """Apply one node to its rows; return the rows of its new stream (flat_map, filter)."""
-    arguments = node.filter_columns if node.kind == "filter" else node.inputs
-    outcomes = _call(node, [tuple(r.get(c) for c in arguments) for r in rows])
+    columns = node.filter_columns if node.kind == "filter" else node.inputs
+    values, errors = _call(node, _arguments(rows, columns))
+    if node.kind == "map" and len(node.outputs) == 1 and not errors:  # the common case
+        (column,) = node.outputs
+        for row, value in zip(rows, values, strict=True):
+            row.values[column] = value
+        return []
     produced: list[Row] = []
-    for row, (ok, value) in zip(rows, outcomes, strict=True):
+    for index, (row, value) in enumerate(zip(rows, values, strict=True)):
         if row.call in failed:  # an earlier row of the same call failed in this node
             continue
-        if not ok:
-            failed[row.call] = _failure(node, value)
+        if index in errors:
+            failed[row.call] = _failure(node, errors[index])
             continue
         try:
             if node.kind == "map":
@@ -112,34 +127,49 @@ def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> 
     return [r for r in produced if r.call not in failed]
 
 
-def _call(node: Node, argument_rows: list[tuple]) -> list[tuple[bool, Any]]:
-    """Call the operator on every row: batched when it offers ``call_batch``."""
+def _arguments(rows: list[Row], columns: Sequence[str]) -> list[tuple]:
+    """Each row's values of ``columns``, as the operator's arguments."""
+    if len(columns) == 1:
+        (column,) = columns
+        return [(r.get(column),) for r in rows]
+    return [tuple([r.get(c) for c in columns]) for r in rows]
+
+
+def _call(node: Node, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, BaseException]]:
+    """Call the operator on every row, batched when it offers ``call_batch``: each row's
+    value, and the errors of the rows that failed, by position."""
     if not argument_rows:
-        return []
+        return [], {}
     batch = getattr(node.op, "call_batch", None)
     if callable(batch):
         try:
             results = list(batch(argument_rows))
         except Exception as error:  # noqa: BLE001 - attributed per row below
             if len(argument_rows) == 1:
-                return [(False, error)]
+                return [None], {0: error}
         else:
             if len(results) != len(argument_rows):
                 error = _attributed(
                     f"operator {node.label}: call_batch returned {len(results)} results "
                     f"for {len(argument_rows)} rows"
                 )
-                return [(False, error)] * len(argument_rows)
-            return [(True, r) for r in results]
-        return [_call_one(lambda args: batch([args])[0], args) for args in argument_rows]
-    return [_call_one(lambda args: node.op(*args), args) for args in argument_rows]
+                return [None] * len(argument_rows), dict.fromkeys(range(len(argument_rows)),
+                                                                  error)
+            return results, {}
+        return _call_each(lambda *args: batch([args])[0], argument_rows)
+    return _call_each(node.op, argument_rows)
 
 
-def _call_one(function, args: tuple) -> tuple[bool, Any]:
-    try:
-        return True, function(args)
-    except Exception as error:  # noqa: BLE001 - reported as this call's error
-        return False, error
+def _call_each(function: Any, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, Any]]:
+    values: list[Any] = []
+    errors: dict[int, BaseException] = {}
+    for index, args in enumerate(argument_rows):
+        try:
+            values.append(function(*args))
+        except Exception as error:  # noqa: BLE001 - reported as this call's error
+            values.append(None)
+            errors[index] = error
+    return values, errors
 
 
 def _attributed(message: str) -> OperatorError:

@@ -179,10 +179,10 @@ class ModelOp:
         for value, name, dtype, dims in zip(
             values, self.input_names, self.input_dtypes, self.input_dims, strict=True
         ):
-            array = _to_numpy(value)
-            if array.ndim != len(dims) + 1 or any(
+            array = value if type(value) is np.ndarray else _to_numpy(value)
+            if array.shape[1:] != dims and (array.ndim != len(dims) + 1 or any(
                 d != -1 and d != s for d, s in zip(dims, array.shape[1:], strict=True)
-            ):
+            )):
                 raise PipelineError(
                     f"model operator {self.name!r}: input {name!r} has shape "
                     f"{list(array.shape)}, the model takes [batch, "
@@ -298,7 +298,7 @@ def _stacked_groups(rows: Sequence[tuple[Any, ...]]) -> list[tuple[list[int], li
     arrays = [[np.asarray(a) for a in row] for row in rows]
     groups: dict[tuple, list[int]] = {}
     for index, row in enumerate(arrays):
-        groups.setdefault(tuple((a.shape, a.dtype.str) for a in row), []).append(index)
+        groups.setdefault(tuple([(a.shape, a.dtype) for a in row]), []).append(index)
     return [(members, [np.stack([arrays[i][k] for i in members])
                        for k in range(len(arrays[members[0]]))])
             for members in groups.values()]

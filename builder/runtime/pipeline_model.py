@@ -189,7 +189,7 @@ class BatchingRunner:
         results: list[Any] = [None] * len(rows)
         groups: dict[tuple, list[int]] = {}
         for index, row in enumerate(rows):
-            key = tuple((a.shape[1:], a.dtype.str) for a in row)
+            key = tuple([(a.shape[1:], a.dtype) for a in row])
             groups.setdefault(key, []).append(index)
         for members in groups.values():
             sizes = [rows[i][0].shape[0] for i in members]
