@@ -195,7 +195,8 @@ class BatchingRunner:
             sizes = [rows[i][0].shape[0] for i in members]
             for chunk in _chunks(members, sizes, target.max_batch_size, op.name):
                 merged = {
-                    name: np.concatenate([rows[i][k] for i in chunk])
+                    name: rows[chunk[0]][k] if len(chunk) == 1 else
+                    np.concatenate([rows[i][k] for i in chunk])
                     for k, name in enumerate(target.input_names)
                 }
                 outputs = self.call(target, merged)
