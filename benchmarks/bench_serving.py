@@ -16,8 +16,8 @@ Every served answer is compared with the in-process result. Achieved batch sizes
 come from Triton's metrics; CPU per request from ``/proc`` for each process involved (client,
 server, stubs). The pipeline model's overhead is its p50 at concurrency 1 minus the p50 of
 calling its ONNX model directly (inputs prepared beforehand) on the same server. A sweep of the
-pipeline model's dynamic batching settings follows (``--no-sweep`` skips it). The table, a PNG
-chart and the sweep go into ``BENCHMARKS.md``.
+pipeline model's dynamic batching settings and instance counts follows (``--no-sweep`` skips
+it). The table, a PNG chart and the sweep go into ``BENCHMARKS.md``.
 
     python benchmarks/bench_serving.py [--requests 2000] [--runs 3] [--quick] [--no-image]
                                        [--no-sweep] [--no-write]
@@ -739,21 +739,24 @@ def _goals(all_results: list[Results]) -> list[str]:
 
 
 SWEEP_SECTION = "## Dynamic batching of the pipeline model: a sweep"
-SWEEP = ({}, {"max_queue_delay_microseconds": 100}, {"max_queue_delay_microseconds": 500},
-         {"max_queue_delay_microseconds": 2000},
-         {"preferred_batch_size": [8, 16, 32], "max_queue_delay_microseconds": 500})
+SWEEP = (({}, 1), ({"max_queue_delay_microseconds": 100}, 1),
+         ({"max_queue_delay_microseconds": 500}, 1), ({"max_queue_delay_microseconds": 2000}, 1),
+         ({"preferred_batch_size": [8, 16, 32], "max_queue_delay_microseconds": 500}, 1),
+         ({}, 2))
+"""The pipeline model's ``dynamic_batching``, and its instance count (``parallelism``)."""
 
 
 def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) -> str:
-    """The pipeline model's dynamic batching settings, served by the host server, side by side."""
-    lines = ["| pipeline | dynamic_batching | " + " | ".join(
+    """The pipeline model's dynamic batching settings and instance counts, served by the host
+    server, side by side."""
+    lines = ["| pipeline | dynamic_batching, instances | " + " | ".join(
         f"req/s at {c} | p50 ms at {c}" for c in CONCURRENCY) + " |",
         "|---|---|" + "---|---|" * len(CONCURRENCY)]
     for workload in workloads:
-        for index, setting in enumerate(SWEEP):
+        for index, (setting, instances) in enumerate(SWEEP):
             built = build_pipeline_model(workload.pipeline,
                                          workdir / f"sweep-{workload.key}-{index}",
-                                         dynamic_batching=setting)
+                                         dynamic_batching=setting, parallelism=instances)
             cells = []
             with TritonServer(built.model_root) as server:
                 outputs = list(workload.pipeline.outputs)
@@ -764,8 +767,9 @@ def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) ->
                         workload.items, workload.expected, concurrency, args.runs,
                         f"127.0.0.1:{server.metrics_port}", [built.pipeline_model], None)
                     cells.append(f"{m.rate:.0f} | {m.p50_ms:.2f}")
-            described = ", ".join(f"{k} {v}" for k, v in setting.items()) or (
-                "Triton's defaults (no delay)")
+            described = (", ".join(f"{k} {v}" for k, v in setting.items())
+                         or "Triton's defaults (no delay)") + f"; {instances} instance" + (
+                             "s" if instances > 1 else "")
             lines.append(f"| {workload.title} | {described} | {' | '.join(cells)} |")
             print(lines[-1], flush=True)
     return "\n".join(lines)
