@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -73,18 +74,20 @@ def decode_png(data: bytes) -> np.ndarray:
     return image.reshape(height, width, channels)
 
 
-def encode_png(image: np.ndarray, filter_type: int = 0) -> bytes:
-    """``uint8`` array ``H x W`` or ``H x W x C`` → PNG bytes, every row with ``filter_type``."""
+def encode_png(image: np.ndarray, filter_type: int | Sequence[int] = 0) -> bytes:
+    """``uint8`` array ``H x W`` or ``H x W x C`` → PNG bytes, every row with ``filter_type``
+    (or row ``y`` with ``filter_type[y]``)."""
     image = np.asarray(image, dtype=np.uint8)
     if image.ndim == 2:
         image = image[:, :, None]
     height, width, channels = image.shape
     colour = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
     rows = image.reshape(height, width * channels).astype(np.int32)
+    kinds = [filter_type] * height if isinstance(filter_type, int) else list(filter_type)
     lines = []
-    for y in range(height):
+    for y, kind in enumerate(kinds):
         above = rows[y - 1] if y else np.zeros_like(rows[y])
-        lines.append(bytes([filter_type]) + _filter(filter_type, rows[y], above, channels))
+        lines.append(bytes([kind]) + _filter(kind, rows[y], above, channels))
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return (struct.pack(">I", len(body)) + kind + body
@@ -132,28 +135,53 @@ def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize (pixel centres aligned, as OpenCV's ``INTER_LINEAR``) → ``float32``.
 
     ``H x W``, ``H x W x C``, or a batch of same-sized images ``N x H x W x C`` in one go.
+    Rows first, then columns: four gathers and two interpolations, whatever the batch.
     """
     image = np.asarray(image, dtype=np.float32)
     squeeze = image.ndim == 2
     if squeeze:
         image = image[:, :, None]
-    ys = _sample_positions(image.shape[-3], height)
-    xs = _sample_positions(image.shape[-2], width)
-    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1 = np.minimum(y0 + 1, image.shape[-3] - 1)
-    x1 = np.minimum(x0 + 1, image.shape[-2] - 1)
-    wy = (ys - y0)[:, None, None].astype(np.float32)
-    wx = (xs - x0)[None, :, None].astype(np.float32)
-    upper, lower = image[..., y0, :, :], image[..., y1, :, :]
-    top = upper[..., x0, :] * (1 - wx) + upper[..., x1, :] * wx
-    bottom = lower[..., x0, :] * (1 - wx) + lower[..., x1, :] * wx
-    result = top * (1 - wy) + bottom * wy
+    y0, y1, wy = _TAPS.of(image.shape[-3], height)
+    x0, x1, wx = _TAPS.of(image.shape[-2], width)
+    upper, lower = np.take(image, y0, axis=-3), np.take(image, y1, axis=-3)
+    rows = upper + (lower - upper) * wy[:, None, None]
+    left, right = np.take(rows, x0, axis=-2), np.take(rows, x1, axis=-2)
+    result = left + (right - left) * wx[:, None]
     return result[:, :, 0] if squeeze else result
 
 
-def _sample_positions(size: int, count: int) -> np.ndarray:
-    positions = (np.arange(count, dtype=np.float64) + 0.5) * size / count - 0.5
-    return np.clip(positions, 0, size - 1)
+class _Taps(dict):
+    """Interpolation taps by ``(size, count)``, computed once per image size.
+
+    Not ``functools.lru_cache``: a cached function is pickled by reference, so ``pipe.pickle``
+    would need this module installed where it is served. This cache pickles empty instead, so
+    ``pipe.pickle`` is also the same whatever images ran before the build.
+    """
+
+    LIMIT = 256
+
+    def __reduce__(self) -> tuple:
+        return type(self), ()
+
+    def of(self, size: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For ``count`` samples over ``size`` pixels: the two neighbours and the weight of
+        the second (read-only: shared by every image of that size)."""
+        taps = self.get((size, count))
+        if taps is None:
+            if len(self) >= self.LIMIT:
+                self.clear()
+            positions = np.clip((np.arange(count, dtype=np.float64) + 0.5) * size / count - 0.5,
+                                0, size - 1)
+            first = np.floor(positions).astype(np.intp)
+            second = np.minimum(first + 1, size - 1)
+            weight = (positions - first).astype(np.float32)
+            for array in (first, second, weight):
+                array.flags.writeable = False
+            taps = self[size, count] = first, second, weight
+        return taps
+
+
+_TAPS = _Taps()
 
 
 def _to_rgb(image: np.ndarray) -> np.ndarray:

@@ -27,6 +27,11 @@ def test_png_round_trip_for_every_filter_and_colour_type(channels, filter_type):
     assert np.array_equal(decode_png(encode_png(image, filter_type)), image)
 
 
+def test_png_rows_with_mixed_filters_each_read_the_row_above_as_decoded():
+    image = RNG.integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    assert np.array_equal(decode_png(encode_png(image, [2, 0, 2, 1, 0, 4, 3])), image)
+
+
 @pytest.mark.parametrize("mode", ["L", "LA", "RGB", "RGBA"])
 @pytest.mark.parametrize("optimize", [False, True])
 def test_pngs_written_by_pillow_decode_to_the_same_pixels(mode, optimize):
