@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+from builder.errors import TritonBuilderError
+
+
+class DownloadError(TritonBuilderError, RuntimeError):
+    """``pip download`` fetched nothing for the requirement; ``output`` says why."""
+
+    def __init__(self, requirement: str, output: str) -> None:
+        super().__init__(f"pip download {requirement} failed:\n{output}")
+        self.output = output
 
 
 def cache_dir(*parts: str) -> Path:
@@ -14,6 +26,21 @@ def cache_dir(*parts: str) -> Path:
     path = Path(root, *parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def cached_download(requirement: str, subdirectory: str, pattern: str, *options: str) -> Path:
+    """The file ``pattern`` matches in ``cache_dir(subdirectory)``, fetched there with ``pip
+    download --no-deps <options> requirement`` when none does yet (the newest match)."""
+    dest = cache_dir(subdirectory)
+    found = sorted(dest.glob(pattern))
+    if not found:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--dest", str(dest),
+             requirement], capture_output=True, text=True)
+        found = sorted(dest.glob(pattern))
+        if result.returncode != 0 or not found:
+            raise DownloadError(requirement, result.stderr.strip())
+    return found[-1]
 
 
 def content_hash(*parts: bytes | str | Path) -> str:

@@ -9,11 +9,9 @@ which dependencies of the older branches still declare: the newest 3.x it is.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from builder.cache import cache_dir
+from builder.cache import DownloadError, cache_dir, cached_download
 from builder.environment.errors import EnvironmentBuildError
 from builder.tritonserver.wheel import unpack_wheel
 
@@ -36,16 +34,14 @@ def cmake_directory(architecture: str = "amd64") -> Path:
     version = CMAKE_REQUIREMENT.split("==")[1]
     root = cache_dir("tools") / f"cmake-{version}-{machine}"
     if not (root / ".complete").exists():
-        downloads = cache_dir("wheels")
-        pattern = f"cmake-{version}-*manylinux2014_{machine}.whl"
-        if not sorted(downloads.glob(pattern)):
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "--platform", f"manylinux2014_{machine}", "--python-version", "3.8",
-                 "--dest", str(downloads), CMAKE_REQUIREMENT], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise CMakeDownloadError(f"could not download {CMAKE_REQUIREMENT} for "
-                                         f"{machine} (the stub build's CMake):\n"
-                                         f"{result.stderr.strip()[-2000:]}")
-        unpack_wheel(sorted(downloads.glob(pattern))[-1], root, ("cmake/data/",))
+        try:
+            wheel = cached_download(
+                CMAKE_REQUIREMENT, "wheels", f"cmake-{version}-*manylinux2014_{machine}.whl",
+                "--only-binary=:all:", "--platform", f"manylinux2014_{machine}",
+                "--python-version", "3.8")
+        except DownloadError as error:
+            raise CMakeDownloadError(f"could not download {CMAKE_REQUIREMENT} for {machine} "
+                                     f"(the stub build's CMake):\n{error.output[-2000:]}"
+                                     ) from error
+        unpack_wheel(wheel, root, ("cmake/data/",))
     return root / "cmake" / "data"

@@ -24,8 +24,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -34,7 +32,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.cache import cache_dir, content_hash
+from builder.cache import DownloadError, cache_dir, cached_download, content_hash
 from builder.engine.build import build_image
 from builder.engine.dockerfile import render, template_source
 from builder.environment.carried import COPY_SCRIPT
@@ -43,7 +41,6 @@ from builder.environment.errors import EnvironmentBuildError
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
 STUB_PATH = "/triton_python_backend_stub"
-
 SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
 """A directory of source tarballs used instead of fetching (as ``sources=``)."""
 
@@ -94,11 +91,13 @@ def compile_stub(
                                         python_image=python_image, pybind11=pybind11,
                                         local_sources=bool(archives), gpu=gpu, jobs=jobs)
     images = [_image(client, build_image_name, "the image to build the stub on")]
+    scripts = []  # what the first stage runs in the image holding the Python
     if python_image:
         images.append(_image(client, python_image, f"the image holding Python {python_version}"))
-    key = content_hash(dockerfile, template_source(TEMPLATE), COPY_SCRIPT.read_bytes(),
-                       CMAKE_REQUIREMENT, *(image.id for image in images),
-                       *(archive.name for archive in archives))
+        scripts.append(COPY_SCRIPT)
+    key = content_hash(dockerfile, template_source(TEMPLATE), CMAKE_REQUIREMENT,
+                       *(script.read_bytes() for script in scripts),
+                       *(image.id for image in images), *(archive.name for archive in archives))
     entry = cache_dir("stubs") / key[:32]
     stub = entry / "triton_python_backend_stub"
     if stub.is_file():
@@ -110,7 +109,8 @@ def compile_stub(
         (context / "sources").mkdir()
         shutil.copytree(cmake_directory(images[0].attrs.get("Architecture", "amd64")),
                         context / "cmake", symlinks=True)
-        shutil.copyfile(COPY_SCRIPT, context / COPY_SCRIPT.name)
+        for script in scripts:
+            shutil.copyfile(script, context / script.name)
         if pybind11:
             _unpack_source(pybind11_source(pybind11), context / "pybind11")
         for archive in archives:
@@ -165,16 +165,12 @@ def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = Tru
 def pybind11_source(version: str) -> Path:
     """PyPI's source distribution of pybind11 ``version``, cached: headers and the CMake
     package (``pybind11/share/cmake/pybind11``), as ``pip install pybind11`` would install."""
-    downloads = cache_dir("sources")
-    archive = downloads / f"pybind11-{version}.tar.gz"
-    if not archive.is_file():
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-             "--dest", str(downloads), f"pybind11=={version}"], capture_output=True, text=True)
-        if result.returncode != 0 or not archive.is_file():
-            raise StubBuildError(f"could not download pybind11 {version}'s source from PyPI "
-                                 f"(the stub's Python needs it):\n{result.stderr.strip()[-2000:]}")
-    return archive
+    try:
+        return cached_download(f"pybind11=={version}", "sources", f"pybind11-{version}.tar.gz",
+                               "--no-binary=:all:")
+    except DownloadError as error:
+        raise StubBuildError(f"could not download pybind11 {version}'s source from PyPI "
+                             f"(the stub's Python needs it):\n{error.output[-2000:]}") from error
 
 
 def _unpack_source(archive: Path, destination: Path) -> None:

@@ -17,13 +17,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import cache_dir
+from builder.cache import DownloadError, cache_dir, cached_download
 from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
@@ -146,26 +144,18 @@ def wheel_stub(requirement: str, python_version: str) -> WheelStub:
 
 
 def _download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
-    dest = cache_dir("wheels")
-    pattern = f"nvidia_pytriton-{requirement.split('==')[1]}-*.whl"
-    found = sorted(dest.glob(pattern))
-    if found:
-        return found[-1]
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        *(argument for platform in ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64")
-          for argument in ("--platform", platform)),
-        "--python-version", "3.11", "--dest", str(dest), requirement,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True)
-    found = sorted(dest.glob(pattern))
-    if result.returncode != 0 or not found:
+    platforms = ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64")
+    try:
+        return cached_download(
+            requirement, "wheels", f"nvidia_pytriton-{requirement.split('==')[1]}-*.whl",
+            "--only-binary=:all:", *(a for platform in platforms for a in ("--platform", platform)),
+            "--python-version", "3.11")
+    except DownloadError as error:
         raise DistributionError(
             f"could not download {requirement} (Triton and its python backend stubs):\n"
-            f"{result.stderr.strip()}\nSet TRITON_BUILDER_PYTRITON_WHEEL to a local copy of "
-            f"{PYTRITON_REQUIREMENT}, or put the wheel in {dest}."
-        )
-    return found[-1]
+            f"{error.output}\nSet TRITON_BUILDER_PYTRITON_WHEEL to a local copy of "
+            f"{PYTRITON_REQUIREMENT}, or put the wheel in {cache_dir('wheels')}."
+        ) from error
 
 
 def unpack_wheel(wheel: Path, root: Path,
