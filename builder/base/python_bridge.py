@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from builder.base.releases import (
     DEBIAN_SUITES,
-    PYBIND11_NEWEST_PYTHON,
     PYBIND11_SUBSTITUTE,
     RELEASES,
     Release,
@@ -30,6 +29,7 @@ from builder.base.releases import (
     builder_python,
     compiled_stub,
     no_stub_reason,
+    pybind11_newest_python,
     stub_route,
     supported_cuda_versions,
 )
@@ -142,8 +142,8 @@ def compiled_stub_route(release: Release, python_version: str) -> StubRoute:
         raise PythonBridgeError(
             f"no stub for Python {python_version} compiles from python_backend "
             f"{release.branch}: pybind11 {release.pybind11} (its own) supports Python up to "
-            f"{PYBIND11_NEWEST_PYTHON[release.pybind11]}, pybind11 {PYBIND11_SUBSTITUTE} up to "
-            f"{PYBIND11_NEWEST_PYTHON['.'.join(PYBIND11_SUBSTITUTE.split('.')[:2])]}")
+            f"{pybind11_newest_python(release.pybind11)}, pybind11 {PYBIND11_SUBSTITUTE} up to "
+            f"{pybind11_newest_python(PYBIND11_SUBSTITUTE)}")
     return route
 
 

@@ -331,14 +331,19 @@ def compiled_stub(release: Release, python_version: str) -> StubRoute | None:
     if _builds(PYBIND11_SUBSTITUTE, python_version):
         return StubRoute("compile", f"{described} (pybind11 {PYBIND11_SUBSTITUTE} from PyPI: "
                                     f"the branch's {release.pybind11} builds Python up to "
-                                    f"{PYBIND11_NEWEST_PYTHON[release.pybind11]})",
+                                    f"{pybind11_newest_python(release.pybind11)})",
                          branch=release.branch, pybind11=PYBIND11_SUBSTITUTE)
     return None
 
 
+def pybind11_newest_python(pybind11: str) -> str:
+    """The newest Python ``pybind11`` (a series like ``2.10``, or a release like ``2.13.6``)
+    builds."""
+    return PYBIND11_NEWEST_PYTHON[".".join(pybind11.split(".")[:2])]
+
+
 def _builds(pybind11: str, python_version: str) -> bool:
-    series = ".".join(pybind11.split(".")[:2])
-    return _version_key(python_version) <= _version_key(PYBIND11_NEWEST_PYTHON[series])
+    return _version_key(python_version) <= _version_key(pybind11_newest_python(pybind11))
 
 
 def no_stub_reason(release: Release, python_version: str) -> str:

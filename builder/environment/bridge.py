@@ -61,34 +61,30 @@ def bridge_environment(client: docker.DockerClient, plan: PythonPlan, *,
     """
     require_buildable(plan)
     release = plan.release
+    if plan.bridged:
+        assert plan.interpreter.image is not None
+        target = interpreter_target(client, plan.interpreter.image,
+                                    python_version=plan.python_version,
+                                    triton_version=release.triton_version)
+    else:
+        target = image_target(client, release.image)
     libraries: tuple[Path, ...] = ()
     if plan.stub.kind == "pytriton-wheel" and plan.stub.requirement:
         stub = wheel_stub(plan.stub.requirement, plan.python_version)
         path, libraries = stub.path, stub.libraries
-    else:
-        path = None
+    else:  # against the Python the environment carries (bridged) or the release's own
+        path = compile_stub(client, branch=str(plan.stub.branch),
+                            python_version=plan.python_version, build_image_name=release.image,
+                            python_image=plan.interpreter.image if plan.bridged else None,
+                            pybind11=plan.stub.pybind11, sources=triton_sources,
+                            gpu=release.gpu, on_log=on_log)
     if not plan.bridged:
-        return BridgeParts(target=image_target(client, release.image), packer=None,
-                           stub=path or _compiled(client, plan, None, triton_sources, on_log))
-    assert plan.interpreter.image is not None
-    target = interpreter_target(client, plan.interpreter.image, python_version=plan.python_version,
-                                triton_version=release.triton_version)
-    path = path or _compiled(client, plan, plan.interpreter.image, triton_sources, on_log)
+        return BridgeParts(target=target, packer=None, stub=path)
     parts = BridgeParts(target=target, packer=CarriedInterpreterPacker(libraries), stub=path)
     if release.gpu:
         return parts
     return replace(parts, backends=("python", "onnxruntime"),
                    requirements=cpu_backend_requirements(plan.python_version), unpacked=True)
-
-
-def _compiled(client: docker.DockerClient, plan: PythonPlan, python_image: str | None,
-              triton_sources: str | os.PathLike | None, on_log: Log | None) -> Path:
-    """The stub compiled on the release image, against ``python_image``'s Python (bridged: the
-    interpreter the environment carries) or the release's own."""
-    return compile_stub(client, branch=str(plan.stub.branch), python_version=plan.python_version,
-                        build_image_name=plan.release.image, python_image=python_image,
-                        pybind11=plan.stub.pybind11, sources=triton_sources,
-                        gpu=plan.release.gpu, on_log=on_log)
 
 
 def cpu_backend_requirements(python_version: str) -> tuple[str, ...]:

@@ -90,10 +90,9 @@ def copy_interpreter(dest: Path) -> dict:
                  if not soname.startswith("libpython")}
     for soname, path in sorted(libraries.items()):
         shutil.copy2(path, lib / soname)
-    copied = {"python": sys.version.split()[0], "executable": str(executable),
+    return {"python": sys.version.split()[0], "executable": str(executable),
             "stdlib": str(stdlib), "libpython": str(libpython),
             "libraries": {soname: str(path) for soname, path in sorted(libraries.items())}}
-    return copied
 
 
 def copy_development_files(dest: Path) -> dict:
@@ -106,10 +105,12 @@ def copy_development_files(dest: Path) -> dict:
                          f"has them (python:{version}-slim, or one with python{version}-dev)")
     target = dest / "include" / f"python{version}"
     shutil.copytree(include, target, dirs_exist_ok=True)
+    pyconfig = include / "pyconfig.h"
     multiarch = sysconfig.get_config_var("MULTIARCH")
     platform_config = include.parent / str(multiarch) / f"python{version}" / "pyconfig.h"
-    if multiarch and platform_config.is_file():
-        shutil.copy2(platform_config, target / "pyconfig.h")
+    if multiarch and platform_config.is_file():  # Debian's pyconfig.h only includes this one
+        pyconfig = platform_config
+        shutil.copy2(pyconfig, target / "pyconfig.h")
     libpython = _libpython()
     link = dest / "lib" / f"libpython{version}.so"
     if not link.exists():
@@ -117,9 +118,7 @@ def copy_development_files(dest: Path) -> dict:
     launcher = dest / "bin" / f"python{version}-build"
     launcher.write_text(LAUNCHER.format(version=version))
     launcher.chmod(0o755)
-    return {"include": str(include), "pyconfig": str(platform_config if multiarch and
-                                                     platform_config.is_file() else
-                                                     include / "pyconfig.h")}
+    return {"include": str(include), "pyconfig": str(pyconfig)}
 
 
 def _libpython() -> Path:
