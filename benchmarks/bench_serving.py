@@ -294,6 +294,18 @@ def measure_served(make_client: Callable[[], LoadClient],
     return _median_measure(measures)
 
 
+def measure_pipeline(workload: Workload, grpc_url: str, metrics_url: str,
+                     models: Sequence[str], concurrency: int, runs: int,
+                     processes: Processes | None = None, model: str = "pipeline") -> Measure:
+    """The served pipeline (or PyTriton's ``model`` doing its work) at one concurrency, every
+    answer compared with the in-process one."""
+    outputs = list(workload.pipeline.outputs)
+    return measure_served(
+        _pipeline_client(workload, grpc_url, model),
+        lambda got: _model_result(got, outputs), workload, workload.items, workload.expected,
+        concurrency, runs, metrics_url, models, processes)
+
+
 def measure_eager(workload: Workload, items: Sequence[Any], runs: int) -> Measure:
     pipeline = workload.pipeline
     measures = []
@@ -501,13 +513,9 @@ def measure_paired(workload: Workload, grpc_url: str, metrics_url: str, models: 
     machine among others), more than the goals' margins; the rows above are measured minutes
     apart. The ratio of each back-to-back pair is what the goal is judged on.
     """
-    outputs = list(workload.pipeline.outputs)
 
     def served() -> float:
-        return measure_served(
-            _pipeline_client(workload, grpc_url), lambda got: _model_result(got, outputs),
-            workload, workload.items, workload.expected, max(CONCURRENCY), 1, metrics_url,
-            models, None).rate
+        return measure_pipeline(workload, grpc_url, metrics_url, models, max(CONCURRENCY), 1).rate
 
     def eager() -> float:
         return measure_eager(workload, workload.items, 1).rate
@@ -528,12 +536,9 @@ def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str
                  models: Sequence[str],
                  processes: Processes, args: argparse.Namespace, results: Results) -> None:
     row = results.rows.setdefault(label, {})
-    outputs = list(workload.pipeline.outputs)
     for concurrency in CONCURRENCY:
-        row[concurrency] = measure_served(
-            _pipeline_client(workload, grpc_url), lambda got: _model_result(got, outputs),
-            workload, workload.items, workload.expected, concurrency, args.runs, metrics_url,
-            models, processes)
+        row[concurrency] = measure_pipeline(workload, grpc_url, metrics_url, models,
+                                            concurrency, args.runs, processes)
         print(f"{workload.key} {label} c={concurrency}: {row[concurrency].rate:.0f} req/s",
               flush=True)
 
@@ -629,14 +634,11 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
             client.images.remove(tag, force=True)
     with PyTritonServer(workload.key, onnx_path) as pytriton:
         name = f"pytriton_{workload.key}"
-        outputs = list(workload.pipeline.outputs)
         row = results.rows.setdefault("PyTriton, one @batch callable", {})
         for concurrency in CONCURRENCY:
-            row[concurrency] = measure_served(
-                _pipeline_client(workload, pytriton.grpc_url, name),
-                lambda got: _model_result(got, outputs), workload, workload.items,
-                workload.expected, concurrency, args.runs, f"127.0.0.1:{pytriton.ports[2]}",
-                [name], Processes([pytriton.process.pid], "pytriton "))
+            row[concurrency] = measure_pipeline(
+                workload, pytriton.grpc_url, f"127.0.0.1:{pytriton.ports[2]}", [name],
+                concurrency, args.runs, Processes([pytriton.process.pid], "pytriton "), name)
             print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
                   flush=True)
     return results
@@ -812,13 +814,10 @@ def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) ->
                                          dynamic_batching=setting, parallelism=instances)
             cells = []
             with TritonServer(built.model_root) as server:
-                outputs = list(workload.pipeline.outputs)
                 for concurrency in CONCURRENCY:
-                    m = measure_served(
-                        _pipeline_client(workload, server.grpc_url),
-                        lambda got, names=outputs: _model_result(got, names), workload,
-                        workload.items, workload.expected, concurrency, args.runs,
-                        f"127.0.0.1:{server.metrics_port}", [built.pipeline_model], None)
+                    m = measure_pipeline(workload, server.grpc_url,
+                                         f"127.0.0.1:{server.metrics_port}",
+                                         [built.pipeline_model], concurrency, args.runs)
                     cells.append(f"{m.rate:.0f} | {m.p50_ms:.2f}")
             described = (", ".join(f"{k} {v}" for k, v in setting.items())
                          or "Triton's defaults (no delay)") + f"; {instances} instance" + (
