@@ -64,6 +64,10 @@ CONCURRENCY = (1, 8, 32)
 ORT_BATCHES = (32, 64)
 TOLERANCE = 1e-4
 IMAGE_PREFIX = "triton-builder-bench/serving-"
+SERVED = "served: host tritonserver"
+EAGER = "eager pipeline(x), one at a time"
+PYTRITON = "PyTriton, one @batch callable"
+ORT64 = "raw ONNX Runtime, batches of 64"
 
 
 # -- the two workloads, and their pre/post written out for raw ONNX Runtime and PyTriton ------
@@ -528,42 +532,35 @@ class Results:
     overhead_ms: float | None = None
     direct_p50_ms: float | None = None
     prepost_p50_ms: float | None = None
-    paired: list[tuple[float, float]] = field(default_factory=list)
-    """(served, eager) req/s of each pair: see :func:`measure_paired`."""
+    paired: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Ratio ("a/b", "a/d") → (served, other) req/s of each pair: see :func:`measure_paired`."""
 
-    @property
-    def paired_ratio(self) -> float | None:
-        return (statistics.median(served / eager for served, eager in self.paired)
-                if self.paired else None)
+    def paired_ratio(self, ratio: str) -> float | None:
+        pairs = self.paired.get(ratio)
+        return statistics.median(a / b for a, b in pairs) if pairs else None
 
 
 PAIRS = 7
 
 
-def measure_paired(workload: Workload, grpc_url: str, metrics_url: str, models: Sequence[str],
+def measure_paired(served: Callable[[], float], other: Callable[[], float],
                    pairs: int = PAIRS) -> list[tuple[float, float]]:
-    """Eager and served at the top concurrency by turns, ``pairs`` times.
+    """The served pipeline and another row (eager, PyTriton) at the top concurrency by turns,
+    ``pairs`` times; (served, other) req/s of each pair.
 
     This machine's speed drifts by tens of percent from one minute to the next (a virtual
-    machine among others), more than the goals' margins; the rows above are measured minutes
-    apart. The ratio of each back-to-back pair is what the goal is judged on.
+    machine among others), more than the goals' margins; the rows of the tables are measured
+    minutes apart. The ratio of each back-to-back pair is what a goal is judged on.
     """
-
-    def served() -> float:
-        return measure_pipeline(workload, grpc_url, metrics_url, models, max(CONCURRENCY), 1).rate
-
-    def eager() -> float:
-        return measure_eager(workload, workload.items, 1).rate
-
     measured = []
     for index in range(pairs):
         if index % 2:  # every other pair the other way round: no order favours either
             served_rate = served()
-            eager_rate = eager()
+            other_rate = other()
         else:
-            eager_rate = eager()
+            other_rate = other()
             served_rate = served()
-        measured.append((served_rate, eager_rate))
+        measured.append((served_rate, other_rate))
     return measured
 
 
@@ -625,7 +622,7 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
                  client: Any) -> Results:
     results = Results(workload)
     workload.expected = [workload.pipeline(item) for item in workload.items]
-    results.rows["eager pipeline(x), one at a time"] = {
+    results.rows[EAGER] = {
         1: measure_eager(workload, workload.items, args.runs)}
     built = build_pipeline_model(workload.pipeline, workdir / f"{workload.key}-models",
                                  parallelism=workload.parallelism)
@@ -635,19 +632,39 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
             size: measure_ort(workload, onnx_path, size, workload.items, workload.expected,
                               args.runs)}
     models = [built.pipeline_model, workload.model]
-    with TritonServer(built.model_root) as server:
+    top, pairs = max(CONCURRENCY), 1 if args.quick else PAIRS
+    with TritonServer(built.model_root) as server, \
+            PyTritonServer(workload.key, onnx_path) as pytriton:
         assert server._process is not None
-        processes = Processes([server._process.pid])
-        _served_rows(workload, server.grpc_url, f"127.0.0.1:{server.metrics_port}",
-                     "served: host tritonserver", models,
-                     processes, args, results)
+        metrics_url = f"127.0.0.1:{server.metrics_port}"
+        _served_rows(workload, server.grpc_url, metrics_url, SERVED,
+                     models, Processes([server._process.pid]), args, results)
         results.direct_p50_ms = _direct_model_p50(workload, server.grpc_url, onnx_path, args)
-        results.paired = measure_paired(workload, server.grpc_url,
-                                        f"127.0.0.1:{server.metrics_port}", models,
-                                        pairs=1 if args.quick else PAIRS)
-        print(f"{workload.key} paired served/eager at {max(CONCURRENCY)}: "
-              f"{results.paired_ratio:.2f}", flush=True)
-    results.overhead_ms = (results.rows["served: host tritonserver"][1].p50_ms
+        name = f"pytriton_{workload.key}"
+        pytriton_metrics = f"127.0.0.1:{pytriton.ports[2]}"
+        row = results.rows.setdefault(PYTRITON, {})
+        for concurrency in CONCURRENCY:
+            row[concurrency] = measure_pipeline(
+                workload, pytriton.grpc_url, pytriton_metrics, [name], concurrency, args.runs,
+                Processes([pytriton.process.pid], "pytriton "), name)
+            print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
+                  flush=True)
+
+        def served() -> float:
+            return measure_pipeline(workload, server.grpc_url, metrics_url, models, top, 1).rate
+
+        def eager() -> float:
+            return measure_eager(workload, workload.items, 1).rate
+
+        def pytriton_rate() -> float:
+            return measure_pipeline(workload, pytriton.grpc_url, pytriton_metrics, [name], top,
+                                    1, model=name).rate
+
+        for ratio, other in (("a/b", eager), ("a/d", pytriton_rate)):
+            results.paired[ratio] = measure_paired(served, other, pairs)
+            print(f"{workload.key} paired {ratio} at {top}: {results.paired_ratio(ratio):.2f}",
+                  flush=True)
+    results.overhead_ms = (results.rows[SERVED][1].p50_ms
                            - results.direct_p50_ms)
     results.prepost_p50_ms = _prepost_p50(workload, onnx_path)
     if not args.no_image:
@@ -664,23 +681,10 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
                              Processes([pid], "image "), args, results)
         finally:
             client.images.remove(tag, force=True)
-    with PyTritonServer(workload.key, onnx_path) as pytriton:
-        name = f"pytriton_{workload.key}"
-        row = results.rows.setdefault("PyTriton, one @batch callable", {})
-        for concurrency in CONCURRENCY:
-            row[concurrency] = measure_pipeline(
-                workload, pytriton.grpc_url, f"127.0.0.1:{pytriton.ports[2]}", [name],
-                concurrency, args.runs, Processes([pytriton.process.pid], "pytriton "), name)
-            print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
-                  flush=True)
     return results
 
 
 # -- the report -----------------------------------------------------------------------------
-SERVED = "served: host tritonserver"
-EAGER = "eager pipeline(x), one at a time"
-PYTRITON = "PyTriton, one @batch callable"
-ORT64 = "raw ONNX Runtime, batches of 64"
 
 
 def _table(results: Results) -> list[str]:
@@ -808,12 +812,12 @@ def _goals(all_results: list[Results]) -> list[str]:
         other = (results.rows[EAGER][1] if ratio == "a/b" else results.rows[PYTRITON][top]).rate
         got = served / other
         paired = ""
-        if ratio == "a/b" and results.paired_ratio is not None:
-            paired = (f"; from the tables' medians {got:.2f}. Each pair (served/eager): "
-                      + ", ".join(f"{s / e:.2f}" for s, e in results.paired))
-            got = results.paired_ratio
+        if results.paired_ratio(ratio) is not None:
+            paired = (f"; from the tables' medians {got:.2f}. Each pair: "
+                      + ", ".join(f"{s / o:.2f}" for s, o in results.paired[ratio]))
+            got = results.paired_ratio(ratio)
         verdict = "met" if got >= wanted else f"missed by {wanted / got:.2f}x"
-        judged = (f"median of {len(results.paired)} back-to-back pairs"
+        judged = (f"median of {len(results.paired[ratio])} back-to-back pairs"
                   if paired else "from the tables")
         instances = results.workload.parallelism
         line = (f"- {results.workload.title} at {top} in flight"

@@ -144,6 +144,8 @@ def image(
                                    help="Environment spec in envs/ (repeatable)."),
     requirement: list[str] = typer.Option([], "--requirement", "-r",
                                            help="Extra pip requirement (repeatable)."),
+    parallelism: int = typer.Option(1, min=1, help="Instances of the pipeline model (each runs "
+                                    "its Python operators on one core)."),
     verify: bool = typer.Option(True, help="Run the image and compare with the pipeline."),
     push: bool = typer.Option(False, help="Push every tag after the build."),
     user: str = typer.Option(None, help="Run the server as this (non-root) user."),
@@ -175,7 +177,7 @@ def image(
     built = _run("building the image", lambda: build_docker_image(
         pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
-        push=push, user=user, client=ensure_engine(),
+        push=push, user=user, client=ensure_engine(), parallelism=parallelism,
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
         bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
         compile_stub=compile_stub, triton_sources=triton_sources))

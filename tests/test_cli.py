@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tritonclient.grpc import InferenceServerClient
 
 from builder.tritonserver.host_process import free_ports
 from pipelines import text_embedding
@@ -80,6 +81,7 @@ def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
     (["-t", "tb-i14/ok:1", "-t", "bad tag!"], "not a valid image reference"),
     (["-t", "tb-i14/ok:1", "--env", "envs/no-such-spec.txt"],
      "'envs/no-such-spec.txt' does not exist"),
+    (["-t", "tb-i14/ok:1", "--parallelism", "0"], "'--parallelism'"),
 ])
 def test_bad_image_options_are_usage_errors_before_any_step(options, message, docker_client):
     result = cli("image", PIPELINE, *options, check=False)
@@ -122,9 +124,10 @@ def test_build_for_a_cuda_release_places_the_model_on_the_gpus(tmp_path):
 @pytest.mark.slow
 def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry):
     reference = f"{registry.host}/cli/text-embedding:1"
-    assert cli("image", PIPELINE, "--tag", reference).stdout.strip() == reference
+    options = ("--tag", reference, "--parallelism", "2")
+    assert cli("image", PIPELINE, *options).stdout.strip() == reference
     first = docker_client.images.get(reference).id
-    again = cli("image", PIPELINE, "--tag", reference)  # a new process: nothing to build
+    again = cli("image", PIPELINE, *options)  # a new process: nothing to build
     assert again.stdout.strip() == reference and f"up to date {reference}" in again.stderr
     assert docker_client.images.get(reference).id == first
     http, grpc, metrics = free_ports(3)
@@ -139,6 +142,8 @@ def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry)
                              "-i", f"ids={[[1, 2] + [0] * 14]}",
                              "-i", f"mask={[[1.0, 1.0] + [0.0] * 14]}").stdout)
         assert np.asarray(raw["output_0"]).shape == (1, 16, 32)
+        config = InferenceServerClient(f"127.0.0.1:{grpc}").get_model_config("pipeline").config
+        assert [group.count for group in config.instance_group] == [2]
     finally:
         docker_client.containers.get(container).remove(force=True)
 
