@@ -529,8 +529,8 @@ class PyTritonServer:
 class Results:
     workload: Workload
     rows: dict[str, dict[int, Measure]] = field(default_factory=dict)
-    overhead_ms: float | None = None
-    direct_p50_ms: float | None = None
+    overhead: list[tuple[float, float]] = field(default_factory=list)
+    """(pipeline p50, its model called directly p50) in ms at concurrency 1, by turns."""
     prepost_p50_ms: float | None = None
     paired: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """Ratio ("a/b", "a/d") → (served, other) req/s of each pair: see :func:`measure_paired`."""
@@ -539,18 +539,23 @@ class Results:
         pairs = self.paired.get(ratio)
         return statistics.median(a / b for a, b in pairs) if pairs else None
 
+    @property
+    def overhead_ms(self) -> float | None:
+        """The pipeline model's overhead: median over the pairs of pipeline minus model p50."""
+        return statistics.median(a - b for a, b in self.overhead) if self.overhead else None
+
 
 PAIRS = 7
 
 
 def measure_paired(served: Callable[[], float], other: Callable[[], float],
                    pairs: int = PAIRS) -> list[tuple[float, float]]:
-    """The served pipeline and another row (eager, PyTriton) at the top concurrency by turns,
-    ``pairs`` times; (served, other) req/s of each pair.
+    """Two measurements by turns, ``pairs`` times: the served pipeline and what a goal compares
+    it with (eager or PyTriton req/s at the top concurrency; its model's p50 at 1).
 
     This machine's speed drifts by tens of percent from one minute to the next (a virtual
     machine among others), more than the goals' margins; the rows of the tables are measured
-    minutes apart. The ratio of each back-to-back pair is what a goal is judged on.
+    minutes apart. Each goal is judged on the back-to-back pairs.
     """
     measured = []
     for index in range(pairs):
@@ -575,8 +580,7 @@ def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str
               flush=True)
 
 
-def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path,
-                      args: argparse.Namespace) -> float:
+def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path) -> float:
     """p50 of the pipeline's ONNX model called directly, concurrency 1, inputs ready."""
     import onnxruntime as ort
 
@@ -590,14 +594,11 @@ def _direct_model_p50(workload: Workload, grpc_url: str, onnx_path: Path,
         return LoadClient(grpc_url, workload.model,
                           lambda arrays: [(n, a[None]) for n, a in zip(names, arrays)], outputs)
 
-    p50s = []
-    for _ in range(args.runs):
-        _, latencies, answers, _ = asyncio.run(_served_once(client, encoded, 1, None))
-        for arrays, answer, want in zip(encoded, answers, workload.expected):
-            got = workload.finish([tuple(answer[n] for n in outputs)], [arrays])[0]
-            check_same(got, want, TOLERANCE, where=f"{workload.model} directly")
-        p50s.append(_percentiles(latencies)[0])
-    return statistics.median(p50s)
+    _, latencies, answers, _ = asyncio.run(_served_once(client, encoded, 1, None))
+    for arrays, answer, want in zip(encoded, answers, workload.expected):
+        got = workload.finish([tuple(answer[n] for n in outputs)], [arrays])[0]
+        check_same(got, want, TOLERANCE, where=f"{workload.model} directly")
+    return _percentiles(latencies)[0]
 
 
 def _prepost_p50(workload: Workload, onnx_path: Path) -> float:
@@ -639,7 +640,6 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
         metrics_url = f"127.0.0.1:{server.metrics_port}"
         _served_rows(workload, server.grpc_url, metrics_url, SERVED,
                      models, Processes([server._process.pid]), args, results)
-        results.direct_p50_ms = _direct_model_p50(workload, server.grpc_url, onnx_path, args)
         name = f"pytriton_{workload.key}"
         pytriton_metrics = f"127.0.0.1:{pytriton.ports[2]}"
         row = results.rows.setdefault(PYTRITON, {})
@@ -664,8 +664,11 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
             results.paired[ratio] = measure_paired(served, other, pairs)
             print(f"{workload.key} paired {ratio} at {top}: {results.paired_ratio(ratio):.2f}",
                   flush=True)
-    results.overhead_ms = (results.rows[SERVED][1].p50_ms
-                           - results.direct_p50_ms)
+        results.overhead = measure_paired(
+            lambda: measure_pipeline(workload, server.grpc_url, metrics_url, models, 1,
+                                     1).p50_ms,
+            lambda: _direct_model_p50(workload, server.grpc_url, onnx_path), pairs)
+        print(f"{workload.key} overhead at 1: {results.overhead_ms:.3f} ms", flush=True)
     results.prepost_p50_ms = _prepost_p50(workload, onnx_path)
     if not args.no_image:
         from builder.verify.container import ServingContainer
@@ -775,13 +778,17 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
                       "whatever its instance count, so it keeps one.", ""]
         lines += [*_table(results), ""]
         if results.overhead_ms is not None:
+            pipeline_p50 = statistics.median(a for a, _ in results.overhead)
+            direct_p50 = statistics.median(b for _, b in results.overhead)
             lines += [f"Pipeline-model overhead at concurrency 1: "
-                      f"{results.overhead_ms:.3f} ms p50 (pipeline "
-                      f"{results.rows[SERVED][1].p50_ms:.3f} ms, its model `"
-                      f"{results.workload.model}` called directly "
-                      f"{results.direct_p50_ms:.3f} ms); the pipeline's own Python operators "
-                      f"(pre- and post-processing) take {results.prepost_p50_ms:.3f} ms p50 of "
-                      "it in process, the rest is the pipeline model's.", ""]
+                      f"{results.overhead_ms:.3f} ms p50, the median of "
+                      f"{len(results.overhead)} back-to-back pairs (pipeline "
+                      f"{pipeline_p50:.3f} ms, its model `{results.workload.model}` called "
+                      f"directly {direct_p50:.3f} ms, medians; each pair's difference: "
+                      + ", ".join(f"{a - b:.3f}" for a, b in results.overhead)
+                      + f"); the pipeline's own Python operators (pre- and post-processing) "
+                      f"take {results.prepost_p50_ms:.3f} ms p50 of it in process, the rest "
+                      "is the pipeline model's.", ""]
         cpu = _cpu_table(results, max(CONCURRENCY))
         if cpu:
             ort = results.rows[ORT64][64]
@@ -826,11 +833,13 @@ def _goals(all_results: list[Results]) -> list[str]:
                 f"{got:.2f} ({verdict}; {judged}{paired})")
         cpu = results.rows[SERVED][top].cpu_ms
         if got < wanted and ratio == "a/b" and cpu:
-            total = sum(cpu.values())
+            total, cores = sum(cpu.values()), os.cpu_count() or 1
             line += (f": served, a request costs {total:.3f} ms of CPU across the processes "
                      f"(client {cpu.get('client (benchmark process)', 0.0):.3f} ms), which "
-                     f"caps {os.cpu_count()} CPUs at {os.cpu_count() * 1000 / total:.0f} req/s; "
-                     f"eager takes {1000 / other:.3f} ms per call in one process")
+                     f"caps {cores} CPUs at {cores * 1000 / total:.0f} req/s; eager takes "
+                     f"{1000 / other:.3f} ms per call in one process, so even with every CPU "
+                     f"busy all the time serving could reach {cores * 1000 / total / other:.2f}x "
+                     "eager")
         lines.append(line)
     for results in all_results:
         if results.overhead_ms is not None:
