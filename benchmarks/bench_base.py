@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
@@ -44,7 +43,7 @@ def main() -> None:
         subprocess.run(command, check=True, capture_output=True)
         seconds.append(time.monotonic() - started)
     lines = [SECTION, "",
-             f"`{COMMAND} --runs {args.runs}` — {platform.machine()}, {os.cpu_count()} CPUs, "
+             f"`{COMMAND} --runs {args.runs}` — {machine()}, "
              f"OS image `{os_image}`, base `{first.tags[0]}` already built.", "",
              "| run | seconds |", "|---|---|",
              f"| `{' '.join(command)}`, nothing changed, median of {args.runs} "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_docker_image  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
@@ -65,7 +64,7 @@ def main() -> None:
             for name, runs in measured.items()]
     section = "\n".join([
         SECTION, "",
-        f"`{COMMAND} --runs {args.runs}` on {platform.machine()}, {os.cpu_count()} cores: the "
+        f"`{COMMAND} --runs {args.runs}` on {machine()}: the "
         f"text-embedding example, cold (fresh cache, new payload), not verified; the two builds "
         f"alternate, medians of {args.runs}.", "",
         "| image | size | added to its base | cold build |",

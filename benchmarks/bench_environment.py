@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
@@ -68,7 +67,7 @@ def main() -> None:
     section = "\n".join([
         SECTION,
         "",
-        f"`{COMMAND} --runs {args.runs}` — {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"`{COMMAND} --runs {args.runs}` — {machine()}, "
         f"target `{base}`, spec `envs/{SPEC.name}` ({', '.join(spec.requirements)}); "
         f"tarball {size / 1e6:.1f} MB.",
         "",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_context  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
@@ -107,8 +106,8 @@ def main() -> None:
         SECTION,
         "",
         f"`{COMMAND} --runs {args.runs} --weights-mb {args.weights_mb}"
-        f"{' --no-environment' if args.no_environment else ''}` — {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, base `{base}`; repository: the test bed's sample (python + "
+        f"{' --no-environment' if args.no_environment else ''}` — {machine()}, "
+        f"base `{base}`; repository: the test bed's sample (python + "
         f"ONNX model) plus an ONNX model of {weights / 1e6:.0f} MB; {env_text}.",
         "",
         "| build (no verification) | seconds |",

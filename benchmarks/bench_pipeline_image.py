@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import publish  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_docker_image, pipe  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
@@ -104,7 +103,7 @@ def main() -> None:
         _remove_images(client)
 
     lines = [SECTION, "",
-             f"`{COMMAND} --runs {args.runs}` — {platform.machine()}, {os.cpu_count()} CPUs, "
+             f"`{COMMAND} --runs {args.runs}` — {machine()}, "
              "CPU base "
              f"`triton-builder/tritonserver-cpu:2.51.0-py3.11` on `{os_image}`; "
              "pipeline: `pipelines/text_embedding.py` with its pooling operator as the code "

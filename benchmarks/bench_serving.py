@@ -30,7 +30,6 @@ import asyncio
 import http.client
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import sysconfig
@@ -48,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import BENCHMARKS, publish  # noqa: E402
+from benchmarks.report import BENCHMARKS, machine, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
 from builder.runtime.pipeline_model import cpu_session_options  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
@@ -114,7 +113,7 @@ def _image_workload(count: int) -> Workload:
                     encode=lambda data: [(pixels,) for pixels in
                                          image_classification.preprocess.call_batch(
                                              [(decode_image(d),) for d in data])],
-                    finish=lambda outputs, encoded: [top_k(o[0]) for o in outputs],
+                    finish=lambda outputs, encoded: top_k.call_batch([(o[0],) for o in outputs]),
                     parallelism=2)
 
 
@@ -764,7 +763,7 @@ def _chart(all_results: list[Results], path: Path) -> None:
 def report(all_results: list[Results], args: argparse.Namespace, command: str,
            chart: Path) -> str:
     lines = [SECTION, "",
-             f"`{command}` — {platform.machine()}, {os.cpu_count()} CPUs, client on the same "
+             f"`{command}` — {machine()}, client on the same "
              f"machine; {args.requests} requests per run, median of {args.runs} runs; every "
              "served answer equal to the in-process one. a = served (host tritonserver), "
              "b = eager `pipeline(x)`, c = raw ONNX Runtime on batches of 64, d = PyTriton at "

@@ -4,7 +4,7 @@
                                                              logits ──top_k──▶ labels, scores
 
 Decoding, resizing and top-k are Python operators (NumPy only, see :mod:`pipelines.imaging`;
-resizing is :func:`~builder.vectorized`);
+resizing is :func:`~builder.vectorized`, top-k batch-aware);
 the CNN is served as its own ONNX model. The outputs are typed tensors: ``labels`` is
 ``TYPE_STRING [3]``, ``scores`` is ``TYPE_FP32 [3]``.
 """
@@ -57,18 +57,28 @@ def preprocess(rgb: np.ndarray) -> np.ndarray:
 
 
 class TopK:
-    """The ``k`` most probable labels (softmax over logits), most probable first."""
+    """The ``k`` most probable labels (softmax over logits), most probable first.
+
+    Batch-aware (``call_batch``): served, the logits of a dynamic batch go through one softmax
+    and one sort; ``top_k(logits)`` is a batch of one.
+    """
 
     def __init__(self, labels: tuple[str, ...], k: int = 3) -> None:
         self.labels = labels
         self.k = k
 
     def __call__(self, logits: np.ndarray) -> tuple[list[str], np.ndarray]:
-        logits = logits.astype(np.float64)
-        probabilities = np.exp(logits - logits.max())
-        probabilities /= probabilities.sum()
-        best = np.argsort(-probabilities, kind="stable")[: self.k]
-        return [self.labels[i] for i in best], probabilities[best].astype(np.float32)
+        return self.call_batch([(logits,)])[0]
+
+    def call_batch(self, rows: list[tuple[np.ndarray]]) -> list[tuple[list[str], np.ndarray]]:
+        logits = np.stack([row[0] for row in rows]).astype(np.float64)
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        best = np.argsort(-probabilities, axis=1, kind="stable")[:, : self.k]
+        scores = np.take_along_axis(probabilities, best, axis=1).astype(np.float32)
+        labels = self.labels
+        return [([labels[i] for i in indices], row_scores)
+                for indices, row_scores in zip(best.tolist(), scores)]
 
 
 def add_batch_axis(pixels: np.ndarray) -> np.ndarray:

@@ -48,6 +48,22 @@ def test_image_classification_gives_ranked_top_k():
     assert len({tuple(labels) for labels, _ in results}) > 5
 
 
+def test_top_k_of_a_batch_is_each_rows_own_softmax_ranking():
+    rng = np.random.default_rng(3)
+    rows = [rng.normal(0, 4, 10).astype(np.float32) for _ in range(12)]
+    rows.append(np.array([2, 5, 5, 1, 5, 0, 0, 0, 0, 0], np.float32))  # ties keep label order
+    top_k = image_classification.TopK(image_classification.LABELS, k=3)
+    for (labels, scores), logits in zip(top_k.call_batch([(r,) for r in rows]), rows,
+                                        strict=True):
+        exp = np.exp(logits.astype(np.float64) - logits.max())
+        probabilities = exp / exp.sum()
+        order = sorted(range(10), key=lambda i: (-probabilities[i], i))[:3]
+        assert labels == [image_classification.LABELS[i] for i in order]
+        np.testing.assert_allclose(scores, probabilities[order].astype(np.float32), rtol=1e-6)
+        assert top_k(logits)[0] == labels
+    assert top_k.call_batch([(rows[-1],)])[0][0] == ["automobile", "bird", "deer"]
+
+
 def test_text_recognizer_decodes_until_the_end_token():
     texts = [text_recognizer.pipeline(line) for line in text_lines()]
     assert all(set(text) <= set(text_recognizer.ALPHABET) for text in texts)

@@ -56,6 +56,8 @@ def _remove(client, name: str) -> None:
     deadline = time.monotonic() + 120
     while replicas(client, name) and time.monotonic() < deadline:
         time.sleep(0.5)
+    # nothing of the stack is left: its network is removed only once its tasks have stopped
+    assert not client.networks.list(filters={"label": f"com.docker.stack.namespace={name}"})
 
 
 class SpreadLoad:

@@ -122,8 +122,22 @@ def deploy_stack(stack_file: str | os.PathLike, name: str) -> None:
     _docker("stack", "deploy", "--compose-file", str(stack_file), "--prune", name)
 
 
-def remove_stack(name: str) -> None:
-    _docker("stack", "rm", name)
+def remove_stack(name: str, timeout: float = 120.0) -> None:
+    """``docker stack rm``, repeated until the stack's networks are gone too.
+
+    The CLI removes the services, then the networks; a network stays "in use by task" until the
+    services' containers have stopped (Triton may take its exit timeout to finish requests in
+    flight), and the CLI does not wait for them. A later attempt finds only the networks left.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _docker("stack", "rm", name)
+            return
+        except DeployRuntimeError as error:
+            if "in use by task" not in str(error) or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
 
 
 def check_swarm(client: docker.DockerClient) -> None:

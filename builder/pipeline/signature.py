@@ -17,7 +17,7 @@ This module is captured by value into ``pipe.pickle``: it imports nothing but Nu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -370,16 +370,20 @@ def _array_of(value: Any, kind: str) -> np.ndarray:
                          f"got {type(value).__name__}")
 
 
+_PYTYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "str": lambda v: isinstance(v, str),
+    "bytes": lambda v: isinstance(v, (bytes, bytearray)),
+    "bool": lambda v: isinstance(v, (bool, np.bool_)),
+    "int": lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)),
+    "float": lambda v: isinstance(v, (float, np.floating)),
+    "numpy": lambda v: isinstance(v, (np.generic, int, float, bool)) and not isinstance(v, str),
+}
+"""Whether a value is of a spec's ``pytype``: one check per value (outputs are checked as the
+served pipeline encodes them, for every row)."""
+
+
 def _check_pytype(value: Any, pytype: str, spec: TensorSpec) -> None:
-    ok = {
-        "str": isinstance(value, str),
-        "bytes": isinstance(value, (bytes, bytearray)),
-        "bool": isinstance(value, (bool, np.bool_)),
-        "int": isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)),
-        "float": isinstance(value, (float, np.floating)),
-        "numpy": isinstance(value, (np.generic, int, float, bool)) and not isinstance(value, str),
-    }[pytype]
-    if not ok:
+    if not _PYTYPE_CHECKS[pytype](value):
         raise SignatureError(f"expected {spec.describe()}, got {type(value).__name__}")
 
 

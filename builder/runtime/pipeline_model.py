@@ -186,6 +186,10 @@ class BatchingRunner:
 
     def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
         target = op.served
+        if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
+            (row,) = rows
+            _chunks([0], [row[0].shape[0]], target.max_batch_size, op.name)
+            return [tuple(self.call(target, dict(zip(target.input_names, row))))]
         results: list[Any] = [None] * len(rows)
         groups: dict[tuple, list[int]] = {}
         for index, row in enumerate(rows):
