@@ -71,11 +71,12 @@ class TopK:
         return self.call_batch([(logits,)])[0]
 
     def call_batch(self, rows: list[tuple[np.ndarray]]) -> list[tuple[list[str], np.ndarray]]:
-        logits = np.stack([row[0] for row in rows]).astype(np.float64)
-        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities = np.array([row[0] for row in rows], dtype=np.float64)
+        probabilities -= probabilities.max(axis=1, keepdims=True)
+        np.exp(probabilities, out=probabilities)
         probabilities /= probabilities.sum(axis=1, keepdims=True)
         best = np.argsort(-probabilities, axis=1, kind="stable")[:, : self.k]
-        scores = np.take_along_axis(probabilities, best, axis=1).astype(np.float32)
+        scores = probabilities[np.arange(len(rows))[:, None], best].astype(np.float32)
         labels = self.labels
         return [([labels[i] for i in indices], row_scores)
                 for indices, row_scores in zip(best.tolist(), scores)]

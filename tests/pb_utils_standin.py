@@ -106,6 +106,36 @@ class PreferredMemory:
         self.kind, self.device = kind, device
 
 
+class Metric:
+    """A counter or gauge of a :class:`MetricFamily`, as python_backend's custom metrics."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str]) -> None:
+        self.family, self.labels, self._value = family, dict(labels), 0.0
+
+    def increment(self, value: float) -> None:
+        if self.family.kind == MetricFamily.COUNTER and value < 0:
+            raise ValueError("TritonError: increment must be non-negative for a counter")
+        self._value += value
+        MetricFamily.increments.append((self.family.name, self.labels, value))
+
+    def value(self) -> float:
+        return self._value
+
+
+class MetricFamily:
+    """Custom metrics (python_backend 23.05 and later); ``increments`` records every update,
+    each of which is a message to the server in Triton."""
+
+    COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+    increments: list[tuple[str, dict[str, str], float]] = []
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name, self.description, self.kind = name, description, kind
+
+    def Metric(self, labels: dict[str, str]) -> Metric:  # noqa: N802 - python_backend's name
+        return Metric(self, labels)
+
+
 class Logger:
     messages: list[str] = []
 

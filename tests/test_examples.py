@@ -228,3 +228,34 @@ def test_a_failing_request_gets_an_error_and_the_server_keeps_serving(client):
     image = image_classification.example_image(3)
     (served,) = infer(client, "image_classification", signature, [(image,)])
     assert_same(served, image_classification.pipeline(image))
+
+
+@pytest.mark.slow
+def test_the_served_pipeline_reports_each_operators_time_and_rows(repositories):
+    """Triton's metrics endpoint: one rows and one duration counter per operator."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from builder.runtime.pipeline_model import OperatorMetrics
+
+    pipeline, inputs = EXAMPLES["text_embedding"]
+    signature = pipeline.signature()
+    with TritonServer(repositories[0]) as own, \
+            grpcclient.InferenceServerClient(own.grpc_url) as client:
+        infer_concurrently(client, "text_embedding", signature, [(v,) for v in inputs])
+        infer(client, "text_embedding", signature, [(inputs[0],), (inputs[1],)])
+        time.sleep(1.5)  # sent once a second by the pipeline model
+        with urllib.request.urlopen(f"http://127.0.0.1:{own.metrics_port}/metrics") as page:
+            text = page.read().decode()
+    counters: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")  # the parser's name for a counter
+            if name in (OperatorMetrics.ROWS, OperatorMetrics.DURATION):
+                assert (sample.labels["model"], sample.labels["version"]) == ("text_embedding",
+                                                                              "1")
+                counters[name, sample.labels["operator"]] = sample.value
+    labels = [node.label for node in pipeline.plan.nodes]
+    assert {label for _, label in counters} == set(labels)
+    for label in labels:
+        assert counters[OperatorMetrics.ROWS, label] == len(inputs) + 2, label
+        assert counters[OperatorMetrics.DURATION, label] > 0, label

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -18,7 +19,7 @@ from google.protobuf import json_format
 from builder import build_pipeline_model, pipe
 from builder.repository.model_config import read_config
 from builder.runtime import pipeline_model, torch_model
-from builder.runtime.pipeline_model import PipelineLoadError
+from builder.runtime.pipeline_model import OperatorMetrics, PipelineLoadError
 from tests import pb_utils_standin as pb
 from tests.tiny_models import affine_op
 
@@ -54,14 +55,29 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture
-def served(built, monkeypatch):
+def initialized(monkeypatch):
+    """Initialises pipeline models as Triton would; finalises them after the test, which stops
+    their metrics threads."""
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    made = []
+
+    def initialize(model_dir):
+        model = pipeline_model.TritonPythonModel()
+        model.initialize(_args(model_dir))
+        made.append(model)
+        return model
+
+    yield initialize
+    for model in made:
+        model.finalize()
+
+
+@pytest.fixture
+def served(built, initialized):
     """The pipeline model initialised as Triton would, BLS wired to the exported ONNX model."""
     pipeline, root = built
     _wire_bls(root)
-    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
-    model = pipeline_model.TritonPythonModel()
-    model.initialize(_args(root / "pipeline"))
-    return pipeline, model
+    return pipeline, initialized(root / "pipeline")
 
 
 def _wire_bls(root) -> None:
@@ -76,7 +92,7 @@ def _args(model_dir) -> dict:
     """What Triton passes ``initialize``: paths, the config as JSON, the instance kind."""
     config = read_config(model_dir)
     return {
-        "model_repository": str(model_dir), "model_version": "1",
+        "model_name": model_dir.name, "model_repository": str(model_dir), "model_version": "1",
         "model_config": json.dumps(json_format.MessageToDict(  # field names as Triton's
             config, preserving_proto_field_name=True)),
         "model_instance_kind": "CPU", "model_instance_device_id": "0",
@@ -168,6 +184,71 @@ def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
     pb.Models.outputs_on_gpu = True
     (response,) = model.execute([_request([1, 2, 3, 4])])
     _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+
+
+def _sent(pipeline) -> dict[tuple[str, str], float]:
+    """What reached the stand-in's metrics, summed by (metric, operator); checks the labels."""
+    sent: dict[tuple[str, str], float] = {}
+    for name, labels, value in pb.MetricFamily.increments:
+        assert (labels["model"], labels["version"]) == ("pipeline", "1")
+        assert labels["operator"] in {node.label for node in pipeline.plan.nodes}
+        sent[name, labels["operator"]] = sent.get((name, labels["operator"]), 0) + value
+    return sent
+
+
+def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
+    pipeline, model = served
+    labels = [node.label for node in pipeline.plan.nodes]
+    model.metrics.close()
+    pb.MetricFamily.increments.clear()
+    model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
+                                    interval=3600)  # sent by hand below
+    vectors = [[1.0, -2.0, 3.0, 4.0], [2.0, 2.0, -1.0, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    model.execute([_request(vectors[0]), _request(*vectors[1:])])
+    model.execute([_request(vectors[0])])
+    assert pb.MetricFamily.increments == []  # accumulated: an increment is a message to Triton
+    model.metrics.send()
+    sent = _sent(pipeline)
+    assert {label: sent[OperatorMetrics.ROWS, label] for label in labels} == dict.fromkeys(
+        labels, 4)  # four calls through every node, flat_map included
+    assert all(sent[OperatorMetrics.DURATION, label] > 0 for label in labels)
+    pb.MetricFamily.increments.clear()
+    model.metrics.send()
+    assert pb.MetricFamily.increments == []  # nothing new, nothing sent
+    model.execute([_request(vectors[1])])
+    model.finalize()  # what is left is sent when the model unloads
+    sent = _sent(pipeline)
+    assert {label: sent[OperatorMetrics.ROWS, label] for label in labels} == dict.fromkeys(
+        labels, 1)
+
+
+def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
+    """A thread sends them: the last requests before a quiet spell are not held back."""
+    pipeline, model = served
+    labels = [node.label for node in pipeline.plan.nodes]
+    model.metrics.close()
+    pb.MetricFamily.increments.clear()
+    model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
+                                    interval=0.05)
+    model.execute([_request([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0])])
+    deadline = time.monotonic() + 10
+    while len(pb.MetricFamily.increments) < 2 * len(labels) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {label: _sent(pipeline)[OperatorMetrics.ROWS, label] for label in labels} == (
+        dict.fromkeys(labels, 2))
+    model.finalize()
+
+
+def test_without_custom_metrics_the_pipeline_model_serves_untimed(built, initialized,
+                                                                 monkeypatch):
+    """Releases before 23.05 have no ``MetricFamily``."""
+    pipeline, root = built
+    _wire_bls(root)
+    monkeypatch.delattr(pb, "MetricFamily")
+    model = initialized(root / "pipeline")
+    assert model.metrics is None
+    _assert_matches(pipeline, [[1.0, 2.0, 3.0, 4.0]],
+                    _outputs(model.execute([_request([1.0, 2.0, 3.0, 4.0])])[0]))
 
 
 def test_the_runtime_refuses_a_pickle_from_another_python(built, monkeypatch, tmp_path):
@@ -316,12 +397,10 @@ def built_in_process(tmp_path_factory):
 
 
 def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
-        built_in_process, monkeypatch):
+        built_in_process, initialized):
     pipeline, root = built_in_process
     pb.Models.reset()
-    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
-    model = pipeline_model.TritonPythonModel()
-    model.initialize(_args(root / "pipeline"))
+    model = initialized(root / "pipeline")
     spy = model.sessions["affine"] = CountingSession(model.sessions["affine"])
     vectors = [[1, 2, 3, 4], [-1, 2, -3, 4], [0.5, -1, -1, 1], [4, 3, 2, 1]]
     responses = model.execute([_request(vectors[0]), _request(*vectors[1:3]),
@@ -336,17 +415,15 @@ def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
 
 
 def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
-        built_in_process, monkeypatch):
+        built_in_process, initialized, monkeypatch):
     pipeline, root = built_in_process
     _wire_bls(root)
-    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when not installed
     monkeypatch.setattr(pipeline_model, "check_versions", lambda record: [])
     warnings = []
     monkeypatch.setattr(pipeline_model.TritonApi, "log_warning",
                         lambda self, message: warnings.append(message))
-    model = pipeline_model.TritonPythonModel()
-    model.initialize(_args(root / "pipeline"))
+    model = initialized(root / "pipeline")
     (response,) = model.execute([_request([1, 2, 3, 4])])
     _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
     assert [c.model_name for c in pb.Models.calls] == ["affine"]

@@ -127,9 +127,11 @@ class Pipeline:
                 raise result.error
         return results
 
-    def run(self, calls: Sequence[tuple[Any, ...]]) -> list[CallResult]:
-        """Run calls and return each one's outputs or error (what the served model does)."""
-        return execute(self.plan, calls)
+    def run(self, calls: Sequence[tuple[Any, ...]],
+            times: list[list[float]] | None = None) -> list[CallResult]:
+        """Run calls and return each one's outputs or error (what the served model does);
+        ``times``: see :func:`~builder.pipeline.executor.execute`."""
+        return execute(self.plan, calls, times)
 
     def _shape_result(self, result: CallResult) -> Any:
         values = tuple(result.outputs[c] for c in self.outputs)

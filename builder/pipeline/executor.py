@@ -14,6 +14,7 @@ fails, its rows are re-run one by one so that only the calls that fail on their 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +54,13 @@ class CallResult:
         return self.error is None
 
 
-def execute(plan: Plan, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
+def execute(plan: Plan, calls: Sequence[Sequence[Any]],
+            times: list[list[float]] | None = None) -> list[CallResult]:
     """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
 
     Outputs from the root stream are single values; from other streams, lists of rows.
+    ``times`` (one ``[seconds, rows]`` per node of the plan) accumulates how long each node ran
+    and on how many rows: the served pipeline reports them as metrics.
     """
     failed: dict[int, OperatorError] = {}
     streams: dict[int, list[Row]] = {
@@ -68,7 +72,14 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
         rows = streams.get(plan.node_stream[index], [])
         if failed:
             rows = [r for r in rows if r.call not in failed]
-        produced = _run_node(node, rows, failed)
+        if times is None:
+            produced = _run_node(node, rows, failed)
+        else:
+            started = time.perf_counter()
+            produced = _run_node(node, rows, failed)
+            spent = times[index]
+            spent[0] += time.perf_counter() - started
+            spent[1] += len(rows)
         if node.kind != "map":
             streams[plan.node_output_stream[index]] = produced
 

@@ -233,6 +233,14 @@ class TensorSpec:
                 f"expected a tensor of rank {len(self.served_dims) + 1} "
                 f"([batch, {', '.join(map(str, self.served_dims))}]), got shape {array.shape}"
             )
+        if self.kind == "scalar" and not self.ragged:  # every request's input: one pass
+            if array.shape[1] != 1:
+                raise SignatureError(
+                    f"expected one {self.describe()}, got shape {array.shape[1:]}")
+            flat = array.reshape(-1)
+            if self.pytype == "numpy":
+                return list(flat)
+            return [_from_wire(value, self.pytype) for value in flat.tolist()]
         return [self.decode_call(element) for element in array]
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:

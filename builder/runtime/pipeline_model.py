@@ -10,6 +10,8 @@ for the rows of all calls where their shapes agree — and answers each request 
 typed output tensors, or with an error response when one of its calls failed; the other requests
 still get their results. A model call is a BLS request, or, for the ONNX models the config's
 ``in_process_models`` parameter names (CPU targets), an ONNX Runtime session in this process.
+How long each operator ran, and on how many rows, goes to the server's metrics endpoint
+(:class:`OperatorMetrics`).
 
 Everything this module needs from ``triton_python_backend_utils`` goes through
 :class:`TritonApi`, so the logic here runs, and is tested, without Triton. It imports nothing
@@ -23,6 +25,7 @@ import os
 import pickle
 import platform
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -96,9 +99,10 @@ class TritonApi:
         return arrays
 
     def response(self, outputs: dict[str, np.ndarray]) -> Any:
+        """A response of ``outputs`` (the tensor makes a non-contiguous array contiguous)."""
+        tensor = self.pb.Tensor
         return self.pb.InferenceResponse(output_tensors=[
-            self.pb.Tensor(name, np.ascontiguousarray(array)) for name, array in outputs.items()
-        ])
+            tensor(name, array) for name, array in outputs.items()])
 
     def error_response(self, message: str, *, bad_request: bool = False) -> Any:
         """An error response; ``bad_request`` makes it the client's fault (gRPC
@@ -237,6 +241,85 @@ def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list
     return chunks
 
 
+# -- per-operator metrics --------------------------------------------------------------------
+class OperatorMetrics:
+    """How long each operator of the served pipeline ran, and on how many rows: Triton metrics.
+
+    Two counters on the server's metrics endpoint, labelled ``model``, ``version`` and
+    ``operator`` (as errors name it): ``triton_builder_operator_duration_us``, the wall time in
+    the operator (its model calls included), and ``triton_builder_operator_rows``. Triton's own
+    metrics end at the pipeline model's execution; these say which operator its time goes to,
+    and, over rows, what one row costs where batching amortises it and where it does not.
+
+    Every increment of a custom metric is a message from the stub to the server, so ``times``
+    accumulates here (under ``lock``, held by ``execute``) and a thread of its own sends it
+    every ``interval`` seconds, whether requests come or not, and once more when the model
+    unloads. Releases before 23.05 have no custom metrics: :meth:`create` then returns ``None``.
+    """
+
+    DURATION = "triton_builder_operator_duration_us"
+    ROWS = "triton_builder_operator_rows"
+
+    def __init__(self, api: TritonApi, labels: dict[str, str], operators: Sequence[str],
+                 interval: float = 1.0) -> None:
+        pb = api.pb
+        counter = pb.MetricFamily.COUNTER
+        self._families = (
+            pb.MetricFamily(name=self.DURATION, kind=counter,
+                            description="Wall time in each operator of a served pipeline"),
+            pb.MetricFamily(name=self.ROWS, kind=counter,
+                            description="Rows each operator of a served pipeline ran on"))
+        self._metrics = [tuple(family.Metric(labels={**labels, "operator": operator})
+                               for family in self._families) for operator in operators]
+        self.times: list[list[float]] = [[0.0, 0] for _ in operators]
+        """``[seconds, rows]`` per operator, not yet sent (the executor adds to it)."""
+        self.lock = threading.Lock()
+        self.api, self.interval = api, interval
+        self._stopped = threading.Event()
+        self._sender = threading.Thread(target=self._send_every_interval, daemon=True,
+                                        name="triton-builder-operator-metrics")
+        self._sender.start()
+
+    @classmethod
+    def create(cls, api: TritonApi, model: str, version: str,
+               operators: Sequence[str]) -> OperatorMetrics | None:
+        if not hasattr(api.pb, "MetricFamily"):
+            return None
+        try:
+            return cls(api, {"model": model, "version": version}, operators)
+        except Exception as error:  # noqa: BLE001 - e.g. the server runs without metrics
+            api.log_warning(f"no per-operator metrics: {error}")
+            return None
+
+    def send(self) -> None:
+        """Add what was measured since the last send to the server's counters."""
+        with self.lock:
+            pending = [(metrics, spent[0], spent[1])
+                       for metrics, spent in zip(self._metrics, self.times) if spent[1]]
+            for spent in self.times:
+                spent[0], spent[1] = 0.0, 0
+        for (duration, rows), seconds, count in pending:
+            duration.increment(seconds * 1e6)
+            rows.increment(count)
+
+    def close(self) -> None:
+        """Stop the thread, send what is left, then release the metrics before their families
+        (as Triton asks)."""
+        self._stopped.set()
+        self._sender.join()
+        self.send()
+        self._metrics.clear()
+        self._families = ()
+
+    def _send_every_interval(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                self.send()
+            except Exception as error:  # noqa: BLE001 - the thread stops, serving goes on
+                self.api.log_warning(f"per-operator metrics stopped: {error}")
+                return
+
+
 # -- loading the pipeline --------------------------------------------------------------------
 def check_versions(record: dict[str, Any]) -> list[str]:
     """Compare the versions ``pipe.pickle`` was written with to this Python; return warnings.
@@ -315,8 +398,11 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list
     return list(zip(*columns))  # equal lengths: checked above
 
 
-def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:
-    """Run a dynamic batch of requests through the pipeline; one response per request."""
+def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
+          times: list[list[float]] | None = None) -> list[Any]:
+    """Run a dynamic batch of requests through the pipeline; one response per request.
+
+    ``times`` accumulates each operator's time and rows (see :class:`OperatorMetrics`)."""
     signature = pipeline.signature()
     responses: list[Any] = [None] * len(requests)
     calls: list[tuple] = []
@@ -330,7 +416,7 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any]) -> list[Any]:
         spans.append((index, len(calls), len(values)))
         calls.extend(values)
     try:
-        results = pipeline.run(calls)
+        results = pipeline.run(calls, times)
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
         return [r if r is not None else api.error_response(message) for r in responses]
@@ -380,6 +466,16 @@ class TritonPythonModel:
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")
             op.bind(runner)
+        self.metrics = OperatorMetrics.create(
+            self.api, args["model_name"], args["model_version"],
+            [node.label for node in self.pipeline.plan.nodes])
 
     def execute(self, requests: list) -> list:
-        return serve(self.pipeline, self.api, requests)
+        if self.metrics is None:
+            return serve(self.pipeline, self.api, requests)
+        with self.metrics.lock:
+            return serve(self.pipeline, self.api, requests, self.metrics.times)
+
+    def finalize(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
