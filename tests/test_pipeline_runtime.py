@@ -196,47 +196,49 @@ def _sent(pipeline) -> dict[tuple[str, str], float]:
     return sent
 
 
-def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
-    pipeline, model = served
+def _metrics_every(model, pipeline, interval: float) -> list[str]:
+    """Give ``model`` metrics sent every ``interval`` seconds, none sent yet; their operators."""
     labels = [node.label for node in pipeline.plan.nodes]
     model.metrics.close()
     pb.MetricFamily.increments.clear()
     model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
-                                    interval=3600)  # sent by hand below
+                                    interval=interval)
+    return labels
+
+
+def _rows_sent(pipeline, labels) -> dict[str, float]:
+    sent = _sent(pipeline)
+    return {label: sent[OperatorMetrics.ROWS, label] for label in labels}
+
+
+def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
+    pipeline, model = served
+    labels = _metrics_every(model, pipeline, 3600)  # sent by hand below
     vectors = [[1.0, -2.0, 3.0, 4.0], [2.0, 2.0, -1.0, 0.5], [0.5, 0.5, 0.5, 0.5]]
     model.execute([_request(vectors[0]), _request(*vectors[1:])])
     model.execute([_request(vectors[0])])
     assert pb.MetricFamily.increments == []  # accumulated: an increment is a message to Triton
     model.metrics.send()
-    sent = _sent(pipeline)
-    assert {label: sent[OperatorMetrics.ROWS, label] for label in labels} == dict.fromkeys(
-        labels, 4)  # four calls through every node, flat_map included
-    assert all(sent[OperatorMetrics.DURATION, label] > 0 for label in labels)
+    # four calls through every node, flat_map included
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 4)
+    assert all(_sent(pipeline)[OperatorMetrics.DURATION, label] > 0 for label in labels)
     pb.MetricFamily.increments.clear()
     model.metrics.send()
     assert pb.MetricFamily.increments == []  # nothing new, nothing sent
     model.execute([_request(vectors[1])])
     model.finalize()  # what is left is sent when the model unloads
-    sent = _sent(pipeline)
-    assert {label: sent[OperatorMetrics.ROWS, label] for label in labels} == dict.fromkeys(
-        labels, 1)
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 1)
 
 
 def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
     """A thread sends them: the last requests before a quiet spell are not held back."""
     pipeline, model = served
-    labels = [node.label for node in pipeline.plan.nodes]
-    model.metrics.close()
-    pb.MetricFamily.increments.clear()
-    model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
-                                    interval=0.05)
+    labels = _metrics_every(model, pipeline, 0.05)
     model.execute([_request([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0])])
     deadline = time.monotonic() + 10
     while len(pb.MetricFamily.increments) < 2 * len(labels) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert {label: _sent(pipeline)[OperatorMetrics.ROWS, label] for label in labels} == (
-        dict.fromkeys(labels, 2))
-    model.finalize()
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 2)
 
 
 def test_without_custom_metrics_the_pipeline_model_serves_untimed(built, initialized,
