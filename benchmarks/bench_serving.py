@@ -137,6 +137,8 @@ class Measure:
     batch: dict[str, float] = field(default_factory=dict)
     queue_ms: float | None = None
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    operators_us: dict[str, float] = field(default_factory=dict)
+    """Operator → µs of wall time per request in it, from the pipeline model's own metrics."""
 
 
 def _median_measure(runs: list[Measure]) -> Measure:
@@ -144,7 +146,7 @@ def _median_measure(runs: list[Measure]) -> Measure:
     return Measure(statistics.median(m.rate for m in runs),
                    statistics.median(m.p50_ms for m in runs),
                    statistics.median(m.p99_ms for m in runs),
-                   middle.batch, middle.queue_ms, middle.cpu_ms)
+                   middle.batch, middle.queue_ms, middle.cpu_ms, middle.operators_us)
 
 
 def _percentiles(latencies: Sequence[float]) -> tuple[float, float]:
@@ -272,6 +274,27 @@ def _metrics_text(metrics_url: str, wait: float = 15.0) -> str:
             time.sleep(0.2)
 
 
+OPERATOR_METRICS_LAG_S = 1.2
+"""The pipeline model sends its operator metrics once a second: wait this long to see them."""
+
+
+def _operator_counters(metrics_url: str, model: str) -> dict[str, tuple[float, float]]:
+    """Operator → (µs, rows) so far, from the pipeline model's ``triton_builder_operator_*``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from builder.runtime.pipeline_model import OperatorMetrics
+
+    counters: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(_metrics_text(metrics_url)):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in (OperatorMetrics.DURATION, OperatorMetrics.ROWS) and (
+                    sample.labels.get("model") == model):
+                slot = counters.setdefault(sample.labels["operator"], [0.0, 0.0])
+                slot[name == OperatorMetrics.ROWS] += sample.value
+    return {operator: (us, rows) for operator, (us, rows) in counters.items()}
+
+
 async def _served_once(make_client: Callable[[], LoadClient], items: Sequence[Any],
                        concurrency: int, processes: Processes | None,
                        ) -> tuple[float, list[float], list, dict[str, float]]:
@@ -286,14 +309,26 @@ async def _served_once(make_client: Callable[[], LoadClient], items: Sequence[An
 def measure_served(make_client: Callable[[], LoadClient],
                    to_result: Callable[[Any], Any], workload: Workload, items: Sequence[Any],
                    expected: Sequence[Any], concurrency: int, runs: int, metrics_url: str,
-                   models: Sequence[str], processes: Processes | None) -> Measure:
-    """``runs`` timed runs at one concurrency; every answer checked."""
+                   models: Sequence[str], processes: Processes | None,
+                   operators: bool = False) -> Measure:
+    """``runs`` timed runs at one concurrency; every answer checked. With ``operators``, the
+    time per request in each operator of the pipeline model ``models[0]``, from its metrics."""
     measures = []
     for _ in range(runs):
+        if operators:
+            time.sleep(OPERATOR_METRICS_LAG_S)
+            operators_before = _operator_counters(metrics_url, models[0])
         stats_before = _statistics(metrics_url, models)
         seconds, latencies, results, cpu = asyncio.run(
             _served_once(make_client, items, concurrency, processes))
         stats_after = _statistics(metrics_url, models)
+        operators_us = {}
+        if operators:
+            time.sleep(OPERATOR_METRICS_LAG_S)
+            requests = stats_after[models[0]][3] - stats_before[models[0]][3]
+            for operator, (us, _) in _operator_counters(metrics_url, models[0]).items():
+                operators_us[operator] = (
+                    us - operators_before.get(operator, (0.0, 0.0))[0]) / max(requests, 1)
         for item, got, want in zip(items, results, expected):
             check_same(to_result(got), want, TOLERANCE, where=f"{workload.key} {item!r:.40}")
         batch, queue_ms = {}, None
@@ -305,20 +340,22 @@ def measure_served(make_client: Callable[[], LoadClient],
             if model == models[0] and queued:
                 queue_ms = queue_us / queued / 1e3
         p50, p99 = _percentiles(latencies)
-        measures.append(Measure(len(items) / seconds, p50, p99, batch, queue_ms, cpu))
+        measures.append(Measure(len(items) / seconds, p50, p99, batch, queue_ms, cpu,
+                                operators_us))
     return _median_measure(measures)
 
 
 def measure_pipeline(workload: Workload, grpc_url: str, metrics_url: str,
                      models: Sequence[str], concurrency: int, runs: int,
-                     processes: Processes | None = None, model: str = "pipeline") -> Measure:
+                     processes: Processes | None = None, model: str = "pipeline",
+                     operators: bool = False) -> Measure:
     """The served pipeline (or PyTriton's ``model`` doing its work) at one concurrency, every
     answer compared with the in-process one."""
     outputs = list(workload.pipeline.outputs)
     return measure_served(
         _pipeline_client(workload, grpc_url, model),
         lambda got: _model_result(got, outputs), workload, workload.items, workload.expected,
-        concurrency, runs, metrics_url, models, processes)
+        concurrency, runs, metrics_url, models, processes, operators)
 
 
 def measure_eager(workload: Workload, items: Sequence[Any], runs: int) -> Measure:
@@ -575,7 +612,7 @@ def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str
     row = results.rows.setdefault(label, {})
     for concurrency in CONCURRENCY:
         row[concurrency] = measure_pipeline(workload, grpc_url, metrics_url, models,
-                                            concurrency, args.runs, processes)
+                                            concurrency, args.runs, processes, operators=True)
         print(f"{workload.key} {label} c={concurrency}: {row[concurrency].rate:.0f} req/s",
               flush=True)
 
@@ -731,6 +768,28 @@ def _cpu_table(results: Results, concurrency: int) -> list[str]:
     return lines
 
 
+def _operator_table(results: Results) -> list[str]:
+    """Per operator, µs per request at each concurrency; then their sum and the stub's CPU."""
+    row = results.rows.get(SERVED, {})
+    concurrencies = [c for c in CONCURRENCY if c in row and row[c].operators_us]
+    if not concurrencies:
+        return []
+    batches = " | ".join(f"{c} in flight (batch {row[c].batch.get('pipeline', 0):.1f})"
+                         for c in concurrencies)
+    lines = [f"| operator | {batches} |", "|---|" + "---|" * len(concurrencies)]
+    for operator in row[concurrencies[0]].operators_us:
+        lines.append(f"| `{operator}` | " + " | ".join(
+            f"{row[c].operators_us.get(operator, 0.0):.1f}" for c in concurrencies) + " |")
+    total = {c: sum(row[c].operators_us.values()) for c in concurrencies}
+    stub = {c: sum(ms for name, ms in row[c].cpu_ms.items() if name.startswith("stub")) * 1000
+            for c in concurrencies}
+    lines.append("| all operators | " + " | ".join(f"{total[c]:.1f}" for c in concurrencies)
+                 + " |")
+    lines.append("| CPU of the pipeline model's stub(s), `/proc` | " + " | ".join(
+        f"{stub[c]:.0f}" for c in concurrencies) + " |")
+    return lines
+
+
 def _chart(all_results: list[Results], path: Path) -> None:
     import matplotlib
 
@@ -806,6 +865,15 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
                       f"pre/post: {1000 / ort.rate:.3f} ms of wall time per request in one "
                       "process:", "", "| served by | total | by process |", "|---|---|---|",
                       *cpu, ""]
+        operators = _operator_table(results)
+        if operators:
+            lines += ["Where the served pipeline model's time goes, by operator: µs of wall "
+                      "time per request, from its own metrics (`triton_builder_operator_*`, "
+                      "host tritonserver, the same runs as the table above); a model "
+                      "operator's time includes its model call. Against them, the CPU its "
+                      "stub(s) used per request: the rest of it is requests in, responses out "
+                      "and the python backend's own work; at 32 in flight, where both CPUs are "
+                      "busy, wall time also counts waits for a CPU.", "", *operators, ""]
     lines += ["Goals (issue 13):", "", *_goals(all_results), ""]
     return "\n".join(lines) + "\n"
 
