@@ -53,11 +53,13 @@ def stack(swarm, text_embedding_image):
 def _remove(client, name: str) -> None:
     if client.services.list(filters={"label": f"com.docker.stack.namespace={name}"}):
         remove_stack(name)
+    label = {"label": f"com.docker.stack.namespace={name}"}
     deadline = time.monotonic() + 120
-    while replicas(client, name) and time.monotonic() < deadline:
+    while (replicas(client, name) or client.networks.list(filters=label)) and (
+            time.monotonic() < deadline):
         time.sleep(0.5)
-    # nothing of the stack is left: its network is removed only once its tasks have stopped
-    assert not client.networks.list(filters={"label": f"com.docker.stack.namespace={name}"})
+    # nothing of the stack is left: this node drops its network once the tasks have stopped
+    assert not client.networks.list(filters=label)
 
 
 class SpreadLoad:
