@@ -819,8 +819,31 @@ def _chart(all_results: list[Results], path: Path) -> None:
     plt.close(figure)
 
 
+def machine_speed_ms() -> float:
+    """A fixed piece of Python and NumPy work, median of 5 (ms): this machine's speed now.
+
+    Measured at the start, between the workloads and at the end of a run: machines of this
+    kind are virtual and their speed drifts, so a run whose figures differ by more than the
+    goals' margins says so next to its tables.
+    """
+    data = np.arange(20000, dtype=np.float64)
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        total = 0
+        for value in range(100000):
+            total += value % 7
+        np.sort(np.sin(data))
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
 def report(all_results: list[Results], args: argparse.Namespace, command: str,
-           chart: Path) -> str:
+           chart: Path, speed_ms: Sequence[float] = ()) -> str:
+    drift = (f" Machine speed during the run (the same fixed work at the start, between the "
+             f"workloads and at the end, lower is faster): "
+             f"{', '.join(f'{ms:.1f}' for ms in speed_ms)} ms"
+             f" ({max(speed_ms) / min(speed_ms) - 1:.0%} apart)." if speed_ms else "")
     lines = [SECTION, "",
              f"`{command}` — {machine()}, client on the same "
              f"machine; {args.requests} requests per run, median of {args.runs} runs; every "
@@ -832,7 +855,7 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
              "responses decoded and checked after it stops; PyTriton in its own process; the "
              "CPU image at its address on Docker's bridge (a port published on 127.0.0.1 "
              "goes through docker-proxy, a userland copy). "
-             "Achieved batch and queue time from Triton's metrics.", "",
+             "Achieved batch and queue time from Triton's metrics." + drift, "",
              f"![throughput by requests in flight]({chart.relative_to(BENCHMARKS.parent)})"
              if chart.is_relative_to(BENCHMARKS.parent) else f"Chart: {chart}", ""]
     for results in all_results:
@@ -993,11 +1016,14 @@ def main() -> None:
         client = ensure_engine()
     all_results = []
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
+        speed_ms = [machine_speed_ms()]
         for make in (_text_workload, _image_workload):
             all_results.append(run_workload(make(args.requests), args, Path(workdir), client))
+            speed_ms.append(machine_speed_ms())
         chart = Path(workdir) / CHART.name if args.no_write else CHART
         _chart(all_results, chart)
-        publish(SECTION, report(all_results, args, command, chart), write=not args.no_write)
+        publish(SECTION, report(all_results, args, command, chart, speed_ms),
+                write=not args.no_write)
         if not args.no_sweep:
             table = sweep([r.workload for r in all_results], args, Path(workdir))
             publish(SWEEP_SECTION, "\n".join([
