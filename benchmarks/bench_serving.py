@@ -314,10 +314,10 @@ def measure_served(make_client: Callable[[], LoadClient],
     """``runs`` timed runs at one concurrency; every answer checked. With ``operators``, the
     time per request in each operator of the pipeline model ``models[0]``, from its metrics."""
     measures = []
+    if operators:  # each run's counters after it are the next run's before
+        time.sleep(OPERATOR_METRICS_LAG_S)
+        operators_before = _operator_counters(metrics_url, models[0])
     for _ in range(runs):
-        if operators:
-            time.sleep(OPERATOR_METRICS_LAG_S)
-            operators_before = _operator_counters(metrics_url, models[0])
         stats_before = _statistics(metrics_url, models)
         seconds, latencies, results, cpu = asyncio.run(
             _served_once(make_client, items, concurrency, processes))
@@ -326,9 +326,11 @@ def measure_served(make_client: Callable[[], LoadClient],
         if operators:
             time.sleep(OPERATOR_METRICS_LAG_S)
             requests = stats_after[models[0]][3] - stats_before[models[0]][3]
-            for operator, (us, _) in _operator_counters(metrics_url, models[0]).items():
+            operators_after = _operator_counters(metrics_url, models[0])
+            for operator, (us, _) in operators_after.items():
                 operators_us[operator] = (
                     us - operators_before.get(operator, (0.0, 0.0))[0]) / max(requests, 1)
+            operators_before = operators_after
         for item, got, want in zip(items, results, expected):
             check_same(to_result(got), want, TOLERANCE, where=f"{workload.key} {item!r:.40}")
         batch, queue_ms = {}, None

@@ -186,6 +186,20 @@ def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
     _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
 
 
+def test_a_row_larger_than_the_models_max_batch_size_is_refused_alone_or_among_others(
+        served):
+    _, model = served
+    (op,) = model.pipeline.model_ops()  # served: max_batch_size 3
+    calls = []
+    runner = pipeline_model.BatchingRunner(lambda target, inputs: calls.append(inputs))
+    big, small = np.zeros((4, 4), np.float32), np.zeros((1, 4), np.float32)
+    for rows in ([(big,)], [(small,), (big,)]):
+        with pytest.raises(pipeline_model.BlsError, match=r"batch size 4, more than the "
+                                                           r"model's max_batch_size 3"):
+            runner.infer(op, rows)
+    assert calls == []
+
+
 def _sent(pipeline) -> dict[tuple[str, str], float]:
     """What reached the stand-in's metrics, summed by (metric, operator); checks the labels."""
     sent: dict[tuple[str, str], float] = {}

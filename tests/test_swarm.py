@@ -51,9 +51,9 @@ def stack(swarm, text_embedding_image):
 
 
 def _remove(client, name: str) -> None:
-    if client.services.list(filters={"label": f"com.docker.stack.namespace={name}"}):
-        remove_stack(name)
     label = {"label": f"com.docker.stack.namespace={name}"}
+    if client.services.list(filters=label):
+        remove_stack(name)
     deadline = time.monotonic() + 120
     while (replicas(client, name) or client.networks.list(filters=label)) and (
             time.monotonic() < deadline):

@@ -192,7 +192,7 @@ class BatchingRunner:
         target = op.served
         if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
             (row,) = rows
-            _chunks([0], [row[0].shape[0]], target.max_batch_size, op.name)
+            _check_row_size(row[0].shape[0], target.max_batch_size, op.name)
             return [tuple(self.call(target, dict(zip(target.input_names, row))))]
         results: list[Any] = [None] * len(rows)
         groups: dict[tuple, list[int]] = {}
@@ -228,17 +228,21 @@ def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list
     chunks: list[list[int]] = []
     total = 0
     for index, size in zip(members, sizes):
-        if size > limit:
-            raise BlsError(
-                f"model operator {name!r}: one row has batch size {size}, more than the "
-                f"model's max_batch_size {limit}"
-            )
+        _check_row_size(size, limit, name)
         if not chunks or total + size > limit:
             chunks.append([])
             total = 0
         chunks[-1].append(index)
         total += size
     return chunks
+
+
+def _check_row_size(size: int, limit: int, name: str) -> None:
+    if size > limit:
+        raise BlsError(
+            f"model operator {name!r}: one row has batch size {size}, more than the "
+            f"model's max_batch_size {limit}"
+        )
 
 
 # -- per-operator metrics --------------------------------------------------------------------
