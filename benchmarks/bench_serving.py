@@ -10,12 +10,16 @@ For the text-embedding and image-classification pipelines, at 1, 8 and 32 reques
   post-processing written out by hand: what the hardware does without any server;
 * (d) NVIDIA PyTriton (same Triton 2.51) serving the same work as one ``@batch`` callable
   (pre-processing, one ONNX Runtime run on the batch with the session options of our pipeline
-  model, post-processing), in its own process.
+  model, post-processing), in its own process;
+* beside them, a hand-written python-backend ``model.py`` doing the same work one request at a
+  time (``benchmarks/handwritten_model.py``), on the same host server: what users write today.
 
 Every served answer is compared with the in-process result. Achieved batch sizes and queue time
 come from Triton's metrics; CPU per request from ``/proc`` for each process involved (client,
 server, stubs). The pipeline model's overhead is its p50 at concurrency 1 minus the p50 of
-calling its ONNX model directly (inputs prepared beforehand) on the same server. A sweep of the
+calling its ONNX model directly (inputs prepared beforehand) on the same server, measured by
+turns with the hand-written model's, which splits it into the work's own cost as served and the
+pipeline model's. A sweep of the
 pipeline model's dynamic batching settings and instance counts follows (``--no-sweep`` skips
 it). The table, a PNG chart and the sweep go into ``BENCHMARKS.md``.
 
@@ -30,6 +34,7 @@ import asyncio
 import http.client
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import sysconfig
@@ -49,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import BENCHMARKS, machine, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
+from builder.repository.model_config import read_config, write_config  # noqa: E402
 from builder.runtime.pipeline_model import cpu_session_options  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
@@ -66,6 +72,8 @@ IMAGE_PREFIX = "triton-builder-bench/serving-"
 SERVED = "served: host tritonserver"
 EAGER = "eager pipeline(x), one at a time"
 PYTRITON = "PyTriton, one @batch callable"
+HANDWRITTEN = "hand-written model.py, one ONNX Runtime run per request"
+HANDWRITTEN_MODEL = "handwritten"
 ORT64 = "raw ONNX Runtime, batches of 64"
 
 
@@ -92,6 +100,24 @@ class Workload:
     def input_name(self) -> str:
         return self.pipeline.inputs[0]
 
+    def items_of(self, tensor: np.ndarray) -> list:
+        """A request's input tensor (``[batch, 1]``, bytes) → the pipeline's input values."""
+        return [v.decode() if self.key == "text" else bytes(v) for v in tensor[:, 0]]
+
+    def answer(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
+        """In-process results → the output tensors the served pipeline answers with."""
+        outputs = list(self.pipeline.outputs)
+        signature = self.pipeline.signature()
+        columns = [results] if len(outputs) == 1 else list(zip(*results))
+        answer = {}
+        for name, column in zip(outputs, columns):
+            if signature.outputs[name].dtype == "TYPE_STRING":
+                answer[name] = np.array([[s.encode() for s in row] for row in column],
+                                        dtype=np.bytes_)
+            else:
+                answer[name] = np.stack(column)
+        return answer
+
 
 def _text_workload(count: int) -> Workload:
     tokenizer = text_embedding.Tokenizer()
@@ -115,6 +141,10 @@ def _image_workload(count: int) -> Workload:
                                              [(decode_image(d),) for d in data])],
                     finish=lambda outputs, encoded: top_k.call_batch([(o[0],) for o in outputs]),
                     parallelism=2)
+
+
+WORKLOADS: dict[str, Callable[[int], Workload]] = {"text": _text_workload,
+                                                  "image": _image_workload}
 
 
 def run_batch(session: Any, workload: Workload, items: Sequence[Any]) -> list:
@@ -492,27 +522,16 @@ def _pytriton_serve(key: str, onnx_path: str, ports: tuple[int, int, int], ready
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
-    workload = (_text_workload if key == "text" else _image_workload)(0)
+    workload = WORKLOADS[key](0)
     # the session options of our pipeline model: the comparison is of the serving, not of ORT's
     session = ort.InferenceSession(onnx_path, sess_options=cpu_session_options(ort, 1),
                                    providers=["CPUExecutionProvider"])
-    outputs = list(workload.pipeline.outputs)
     signature = workload.pipeline.signature()
 
     @batch
     def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
-        raw = inputs[workload.input_name][:, 0]
-        items = [v.decode() if key == "text" else bytes(v) for v in raw]
-        results = run_batch(session, workload, items)
-        columns = [results] if len(outputs) == 1 else list(zip(*results))
-        answer = {}
-        for name, column in zip(outputs, columns):
-            if signature.outputs[name].dtype == "TYPE_STRING":
-                answer[name] = np.array([[s.encode() for s in row] for row in column],
-                                        dtype=np.bytes_)
-            else:
-                answer[name] = np.stack(column)
-        return answer
+        items = workload.items_of(inputs[workload.input_name])
+        return workload.answer(run_batch(session, workload, items))
 
     out_tensors = [Tensor(name=name, dtype=np.bytes_ if spec.dtype == "TYPE_STRING"
                           else np.float32, shape=spec.served_dims)
@@ -568,8 +587,9 @@ class PyTritonServer:
 class Results:
     workload: Workload
     rows: dict[str, dict[int, Measure]] = field(default_factory=dict)
-    overhead: list[tuple[float, float]] = field(default_factory=list)
-    """(pipeline p50, its model called directly p50) in ms at concurrency 1, by turns."""
+    overhead: list[tuple[float, float, float]] = field(default_factory=list)
+    """p50 in ms at concurrency 1 of the pipeline, the hand-written model and the pipeline's
+    model called directly, measured by turns (one tuple a round)."""
     prepost_p50_ms: float | None = None
     paired: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """Ratio ("a/b", "a/d") → (served, other) req/s of each pair: see :func:`measure_paired`."""
@@ -580,31 +600,34 @@ class Results:
 
     @property
     def overhead_ms(self) -> float | None:
-        """The pipeline model's overhead: median over the pairs of pipeline minus model p50."""
-        return statistics.median(a - b for a, b in self.overhead) if self.overhead else None
+        """The pipeline model's overhead: median over the rounds of pipeline minus model p50."""
+        return statistics.median(p - d for p, _, d in self.overhead) if self.overhead else None
+
+    @property
+    def handwritten_overhead_ms(self) -> float | None:
+        """The same for the hand-written model: what the work itself costs as served."""
+        return statistics.median(h - d for _, h, d in self.overhead) if self.overhead else None
 
 
 PAIRS = 7
 
 
-def measure_paired(served: Callable[[], float], other: Callable[[], float],
-                   pairs: int = PAIRS) -> list[tuple[float, float]]:
-    """Two measurements by turns, ``pairs`` times: the served pipeline and what a goal compares
-    it with (eager or PyTriton req/s at the top concurrency; its model's p50 at 1).
+def measure_paired(*measures: Callable[[], float], pairs: int = PAIRS) -> list[tuple[float, ...]]:
+    """Measurements by turns, ``pairs`` rounds: the served pipeline and what a goal compares
+    it with (eager or PyTriton req/s at the top concurrency; the hand-written model's and its
+    model's p50 at 1). One tuple a round, in the order given.
 
     This machine's speed drifts by tens of percent from one minute to the next (a virtual
     machine among others), more than the goals' margins; the rows of the tables are measured
-    minutes apart. Each goal is judged on the back-to-back pairs.
+    minutes apart. Each goal is judged on the back-to-back rounds.
     """
     measured = []
     for index in range(pairs):
-        if index % 2:  # every other pair the other way round: no order favours either
-            served_rate = served()
-            other_rate = other()
-        else:
-            other_rate = other()
-            served_rate = served()
-        measured.append((served_rate, other_rate))
+        values: list[float] = [0.0] * len(measures)
+        for k in range(len(measures)):  # each round starts elsewhere: no order favours one
+            position = (index + k) % len(measures)
+            values[position] = measures[position]()
+        measured.append(tuple(values))
     return measured
 
 
@@ -658,6 +681,22 @@ def _prepost_p50(workload: Workload, onnx_path: Path) -> float:
     return _percentiles(latencies)[0]
 
 
+def _add_handwritten(root: Path, pipeline_model: str, workload: Workload,
+                     onnx_path: Path) -> None:
+    """``benchmarks/handwritten_model.py`` as a model of the repository at ``root``, with the
+    pipeline model's inputs, outputs, dynamic batching and instance count."""
+    config = read_config(root / pipeline_model)
+    config.name = HANDWRITTEN_MODEL
+    config.parameters.clear()
+    for key, value in {"workload": workload.key, "model": str(onnx_path),
+                       "root": str(ROOT)}.items():
+        config.parameters[key].string_value = value
+    version = root / HANDWRITTEN_MODEL / "1"
+    version.mkdir(parents=True)
+    shutil.copyfile(ROOT / "benchmarks" / "handwritten_model.py", version / "model.py")
+    write_config(config, root / HANDWRITTEN_MODEL)
+
+
 def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
                  client: Any) -> Results:
     results = Results(workload)
@@ -671,6 +710,7 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
         results.rows[f"raw ONNX Runtime, batches of {size}"] = {
             size: measure_ort(workload, onnx_path, size, workload.items, workload.expected,
                               args.runs)}
+    _add_handwritten(built.model_root, built.pipeline_model, workload, onnx_path)
     models = [built.pipeline_model, workload.model]
     top, pairs = max(CONCURRENCY), 1 if args.quick else PAIRS
     with TritonServer(built.model_root) as server, \
@@ -679,6 +719,13 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
         metrics_url = f"127.0.0.1:{server.metrics_port}"
         _served_rows(workload, server.grpc_url, metrics_url, SERVED,
                      models, Processes([server._process.pid]), args, results)
+        row = results.rows.setdefault(HANDWRITTEN, {})
+        for concurrency in CONCURRENCY:
+            row[concurrency] = measure_pipeline(
+                workload, server.grpc_url, metrics_url, [HANDWRITTEN_MODEL], concurrency,
+                args.runs, Processes([server._process.pid]), HANDWRITTEN_MODEL)
+            print(f"{workload.key} hand-written c={concurrency}: "
+                  f"{row[concurrency].rate:.0f} req/s", flush=True)
         name = f"pytriton_{workload.key}"
         pytriton_metrics = f"127.0.0.1:{pytriton.ports[2]}"
         row = results.rows.setdefault(PYTRITON, {})
@@ -700,13 +747,15 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
                                     1, model=name).rate
 
         for ratio, other in (("a/b", eager), ("a/d", pytriton_rate)):
-            results.paired[ratio] = measure_paired(served, other, pairs)
+            results.paired[ratio] = measure_paired(served, other, pairs=pairs)
             print(f"{workload.key} paired {ratio} at {top}: {results.paired_ratio(ratio):.2f}",
                   flush=True)
         results.overhead = measure_paired(
             lambda: measure_pipeline(workload, server.grpc_url, metrics_url, models, 1,
                                      1).p50_ms,
-            lambda: _direct_model_p50(workload, server.grpc_url, onnx_path), pairs)
+            lambda: measure_pipeline(workload, server.grpc_url, metrics_url,
+                                     [HANDWRITTEN_MODEL], 1, 1, model=HANDWRITTEN_MODEL).p50_ms,
+            lambda: _direct_model_p50(workload, server.grpc_url, onnx_path), pairs=pairs)
         print(f"{workload.key} overhead at 1: {results.overhead_ms:.3f} ms", flush=True)
     results.prepost_p50_ms = _prepost_p50(workload, onnx_path)
     if not args.no_image:
@@ -760,7 +809,7 @@ def _table(results: Results) -> list[str]:
 
 def _cpu_table(results: Results, concurrency: int) -> list[str]:
     lines = []
-    for label in (SERVED, "served: CPU image", PYTRITON):
+    for label in (SERVED, "served: CPU image", HANDWRITTEN, PYTRITON):
         measure = results.rows.get(label, {}).get(concurrency)
         if measure is None or not measure.cpu_ms:
             continue
@@ -871,17 +920,25 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
                       "whatever its instance count, so it keeps one.", ""]
         lines += [*_table(results), ""]
         if results.overhead_ms is not None:
-            pipeline_p50 = statistics.median(a for a, _ in results.overhead)
-            direct_p50 = statistics.median(b for _, b in results.overhead)
+            pipeline_p50, handwritten_p50, direct_p50 = (
+                statistics.median(column) for column in zip(*results.overhead))
+            own = statistics.median(p - h for p, h, _ in results.overhead)
             lines += [f"Pipeline-model overhead at concurrency 1: "
                       f"{results.overhead_ms:.3f} ms p50, the median of "
-                      f"{len(results.overhead)} back-to-back pairs (pipeline "
+                      f"{len(results.overhead)} back-to-back rounds (pipeline "
                       f"{pipeline_p50:.3f} ms, its model `{results.workload.model}` called "
-                      f"directly {direct_p50:.3f} ms, medians; each pair's difference: "
-                      + ", ".join(f"{a - b:.3f}" for a, b in results.overhead)
-                      + f"); the pipeline's own Python operators (pre- and post-processing) "
-                      f"take {results.prepost_p50_ms:.3f} ms p50 of it in process, the rest "
-                      "is the pipeline model's.", ""]
+                      f"directly {direct_p50:.3f} ms, medians; each round's difference: "
+                      + ", ".join(f"{p - d:.3f}" for p, _, d in results.overhead)
+                      + f"). The hand-written model.py "
+                      "(`benchmarks/handwritten_model.py`: the same pre-processing, model "
+                      "and post-processing for each request, nothing else), measured in the "
+                      f"same rounds: {handwritten_p50:.3f} ms, "
+                      f"{results.handwritten_overhead_ms:.3f} ms over the direct call; so "
+                      f"{own:.3f} ms of the overhead is the pipeline model's own (pipeline "
+                      "minus hand-written, median of the rounds), the rest is the pipeline's "
+                      "Python operators as served. In process, in a loop, those operators "
+                      f"take {results.prepost_p50_ms:.3f} ms p50: served at one request in "
+                      "flight, the CPU idles between requests and they run slower.", ""]
         cpu = _cpu_table(results, max(CONCURRENCY))
         if cpu:
             ort = results.rows[ORT64][64]
@@ -946,8 +1003,11 @@ def _goals(all_results: list[Results]) -> list[str]:
     for results in all_results:
         if results.overhead_ms is not None:
             overhead, prepost = results.overhead_ms, results.prepost_p50_ms
+            own = statistics.median(p - h for p, h, _ in results.overhead)
             line = (f"- {results.workload.title}: pipeline-model overhead at 1 in flight "
-                    f"≤ 0.2 ms p50: {overhead:.3f} ms ({_within(overhead)}); less the "
+                    f"≤ 0.2 ms p50: {overhead:.3f} ms ({_within(overhead)}); a hand-written "
+                    f"model.py doing the same work: {results.handwritten_overhead_ms:.3f} ms, "
+                    f"so the pipeline model's own share is {own:.3f} ms; less the "
                     f"pipeline's own pre/post ({prepost:.3f} ms in process): "
                     f"{overhead - prepost:.3f} ms ({_within(overhead - prepost)})")
             served = results.rows.get(SERVED, {}).get(1)
@@ -1019,7 +1079,7 @@ def main() -> None:
     all_results = []
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
         speed_ms = [machine_speed_ms()]
-        for make in (_text_workload, _image_workload):
+        for make in WORKLOADS.values():
             all_results.append(run_workload(make(args.requests), args, Path(workdir), client))
             speed_ms.append(machine_speed_ms())
         chart = Path(workdir) / CHART.name if args.no_write else CHART
