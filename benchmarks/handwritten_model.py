@@ -3,8 +3,9 @@
 The serving benchmark copies it to ``<repository>/handwritten/1/model.py``, beside the built
 pipeline model, with the pipeline model's inputs, outputs, batching and instance count. For each
 request of a dynamic batch, as Triton's python-backend examples do: decode the input, the
-workload's pre-processing, one ONNX Runtime run (the session options of the pipeline model),
-the post-processing, one response. No DAG, no types checked, no batching across requests.
+pipeline's pre-processing functions, one ONNX Runtime run (the session options of the pipeline
+model), its post-processing, one response (``Workload.by_hand``). No DAG, no types checked, no
+batching across requests.
 
 Against it, the pipeline model's overhead at one request in flight splits into what the
 pipeline's own Python operators cost as served (the hand-written model pays it too) and what
@@ -30,7 +31,7 @@ class TritonPythonModel:
         sys.path.insert(0, parameters["root"])
         import onnxruntime as ort
 
-        from benchmarks.bench_serving import WORKLOADS, run_batch
+        from benchmarks.bench_serving import WORKLOADS
         from builder.runtime.pipeline_model import cpu_session_options
 
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
@@ -38,14 +39,15 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(
             parameters["model"], sess_options=cpu_session_options(ort, instances),
             providers=["CPUExecutionProvider"])
-        self.run_batch = run_batch
+        self.input_names = [i.name for i in self.session.get_inputs()]
 
     def execute(self, requests: list) -> list:
         workload = self.workload
         responses = []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, workload.input_name)
-            results = self.run_batch(self.session, workload, workload.items_of(tensor.as_numpy()))
+            results = [workload.by_hand(self.session, self.input_names, item)
+                       for item in workload.items_of(tensor.as_numpy())]
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor(name, array)
                 for name, array in workload.answer(results).items()]))
