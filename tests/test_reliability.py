@@ -8,12 +8,14 @@ serving tests; the load test's size is :data:`LOAD_REQUESTS` at :data:`LOAD_CONC
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +31,32 @@ def _images_titled(client, title: str) -> list:
     return client.images.list(all=True, filters={"label": f"{OCI}title={title}"})
 
 
+@contextlib.contextmanager
+def _interruptible_children() -> Iterator[None]:
+    """Children started here take SIGINT as Ctrl-C at a terminal delivers it.
+
+    A job started in the background (``cmd &``, nohup, some CI runners) inherits SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler: the CLI under test would
+    never see the interrupt. A handler set here is reset to the default on exec, an ignored
+    signal is not.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_interrupted_build_leaves_no_tag_and_no_image(docker_client, cpu_base_image):
     """Ctrl-C (SIGINT) while the new image is being verified: the CLI stops, the verification
     container and the untagged image are removed, no tag was set."""
     title = f"tb-i14-interrupted-{uuid.uuid4().hex[:8]}"
     reference = f"triton-builder-test/{title}:1"
     program = Path(sys.executable).parent / "triton-builder"
-    process = subprocess.Popen([str(program), "image", PIPELINE, "-t", reference], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _interruptible_children():
+        process = subprocess.Popen([str(program), "image", PIPELINE, "-t", reference],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
     try:
         deadline = time.monotonic() + 600
         verifying = []
