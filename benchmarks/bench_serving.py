@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import BENCHMARKS, machine, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
+from builder.repository.batching import default_batching  # noqa: E402
 from builder.repository.model_config import read_config, write_config  # noqa: E402
 from builder.runtime.pipeline_model import cpu_session_options  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
@@ -1067,32 +1068,110 @@ SWEEP = (({}, 1), ({"max_queue_delay_microseconds": 100}, 1),
          ({"preferred_batch_size": [8, 16, 32], "max_queue_delay_microseconds": 500}, 1),
          ({}, 2))
 """The pipeline model's ``dynamic_batching``, and its instance count (``parallelism``)."""
+OVERHEAD_GOAL_MS = 0.2
 
 
-def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) -> str:
+def _same_batching(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal as Triton reads them: a missing queue delay is a delay of 0."""
+    unset = {"max_queue_delay_microseconds": 0}
+    return {**unset, **a} == {**unset, **b}
+
+
+@dataclass
+class SweepRow:
+    """One setting of the sweep, served at each concurrency."""
+
+    title: str
+    setting: dict[str, Any]
+    instances: int
+    measures: dict[int, Measure]
+
+    @property
+    def described(self) -> str:
+        return (", ".join(f"{k} {v}" for k, v in self.setting.items())
+                or "Triton's defaults (no delay)") + f"; {self.instances} instance" + (
+                    "s" if self.instances > 1 else "")
+
+
+def sweep(workloads: list[Workload], args: argparse.Namespace, workdir: Path) -> list[SweepRow]:
     """The pipeline model's dynamic batching settings and instance counts, served by the host
     server, side by side."""
-    lines = ["| pipeline | dynamic_batching, instances | " + " | ".join(
-        f"req/s at {c} | p50 ms at {c}" for c in CONCURRENCY) + " |",
-        "|---|---|" + "---|---|" * len(CONCURRENCY)]
+    rows = []
     for workload in workloads:
         for index, (setting, instances) in enumerate(SWEEP):
             built = build_pipeline_model(workload.pipeline,
                                          workdir / f"sweep-{workload.key}-{index}",
                                          dynamic_batching=setting, parallelism=instances)
-            cells = []
             with TritonServer(built.model_root) as server:
-                for concurrency in CONCURRENCY:
-                    m = measure_pipeline(workload, server.grpc_url,
-                                         f"127.0.0.1:{server.metrics_port}",
-                                         [built.pipeline_model], concurrency, args.runs)
-                    cells.append(f"{m.rate:.0f} | {m.p50_ms:.2f}")
-            described = (", ".join(f"{k} {v}" for k, v in setting.items())
-                         or "Triton's defaults (no delay)") + f"; {instances} instance" + (
-                             "s" if instances > 1 else "")
-            lines.append(f"| {workload.title} | {described} | {' | '.join(cells)} |")
-            print(lines[-1], flush=True)
-    return "\n".join(lines)
+                measures = {c: measure_pipeline(workload, server.grpc_url,
+                                                f"127.0.0.1:{server.metrics_port}",
+                                                [built.pipeline_model], c, args.runs)
+                            for c in CONCURRENCY}
+            rows.append(SweepRow(workload.title, setting, instances, measures))
+            print(_sweep_line(rows[-1]), flush=True)
+    return rows
+
+
+def _sweep_line(row: SweepRow) -> str:
+    cells = " | ".join(f"{m.rate:.0f} | {m.p50_ms:.2f}" for m in row.measures.values())
+    return f"| {row.title} | {row.described} | {cells} |"
+
+
+def sweep_table(rows: Sequence[SweepRow]) -> list[str]:
+    return ["| pipeline | dynamic_batching, instances | " + " | ".join(
+        f"req/s at {c} | p50 ms at {c}" for c in CONCURRENCY) + " |",
+        "|---|---|" + "---|---|" * len(CONCURRENCY), *map(_sweep_line, rows)]
+
+
+def sweep_choice(rows: Sequence[SweepRow], all_results: Sequence[Results],
+                 default: dict[str, Any]) -> list[str]:
+    """What the sweep chooses for each pipeline, by the rule the CPU default follows, and
+    whether the builder's default (``default``) is that choice.
+
+    The rule: the most requests/s at the highest concurrency among the settings at one
+    instance (the instance count is the pipeline's own ``parallelism``) whose p50 at 1 in
+    flight exceeds Triton's defaults' by no more than the room the overhead goal leaves
+    (0.2 ms less the overhead this run measured): a request that arrives alone waits out the
+    whole queue delay, and latency-bound clients call one request at a time.
+    """
+    top, lines = max(CONCURRENCY), []
+
+    def rate(row: SweepRow) -> float:
+        return row.measures[top].rate
+
+    results = {r.workload.title: r for r in all_results}
+    for title in dict.fromkeys(row.title for row in rows):
+        ours = [row for row in rows if row.title == title]
+        candidates = [row for row in ours if row.instances == 1]
+        plain = next(row for row in candidates if not row.setting)
+        cost = {row.described: row.measures[1].p50_ms - plain.measures[1].p50_ms
+                for row in candidates}
+        served = results.get(title)
+        overhead = served.overhead_ms if served is not None else None
+        room = max(0.0, OVERHEAD_GOAL_MS - overhead) if overhead is not None else 0.0
+        fastest = max(candidates, key=rate)
+        chosen = max((row for row in candidates if cost[row.described] <= room), key=rate)
+        line = (f"- {title}: the most req/s at {top} in flight is `{fastest.described}` "
+                f"({rate(fastest):.0f}, {rate(fastest) / rate(plain):.2f}x Triton's "
+                f"defaults), at {cost[fastest.described]:+.2f} ms of p50 at 1 in flight. ")
+        line += (f"The overhead goal leaves {room:.3f} ms ({OVERHEAD_GOAL_MS} ms less the "
+                 f"{overhead:.3f} ms measured above)" if overhead is not None
+                 else "No overhead was measured")
+        line += f", so the rule chooses `{chosen.described}`"
+        line += (": the builder's CPU default." if _same_batching(chosen.setting, default)
+                 else f"; the builder's CPU default is `{default}`: it differs, and "
+                 "`builder/repository/batching.py` should follow the measurement.")
+        twin = next((row for row in ours if _same_batching(row.setting, default)
+                     and served is not None and row.instances == served.workload.parallelism),
+                    None)
+        main_row = served.rows.get(SERVED, {}).get(top) if served is not None else None
+        if twin is not None and main_row is not None:
+            line += (f" Spread between runs: the main table served `{twin.described}` at "
+                     f"{main_row.rate:.0f} req/s at {top} in flight, this table at "
+                     f"{rate(twin):.0f}; settings closer than "
+                     f"{abs(main_row.rate / rate(twin) - 1):.0%} are not told apart here.")
+        lines.append(line)
+    return lines
 
 
 def main() -> None:
@@ -1126,14 +1205,18 @@ def main() -> None:
         publish(SECTION, report(all_results, args, command, chart, speed_ms),
                 write=not args.no_write)
         if not args.no_sweep:
-            table = sweep([r.workload for r in all_results], args, Path(workdir))
+            rows = sweep([r.workload for r in all_results], args, Path(workdir))
             publish(SWEEP_SECTION, "\n".join([
                 SWEEP_SECTION, "",
                 f"`{command}` (same run) — the served pipeline on the host tritonserver, "
                 f"{args.requests} requests per run, median of {args.runs}; every answer "
-                "checked. The default the builder writes for CPU targets is the setting "
-                "chosen from this table (see `builder/repository/batching.py`).", "",
-                table]) + "\n", write=not args.no_write)
+                "checked. The builder's CPU default for the pipeline model "
+                "(`builder/repository/batching.py`) is the setting the rule of "
+                "`sweep_choice` picks from this table: the most req/s at 32 in flight among "
+                "the settings that keep the overhead at 1 in flight within its goal.", "",
+                *sweep_table(rows), "", *sweep_choice(rows, all_results,
+                                                     default_batching(None, "pipeline")),
+            ]) + "\n", write=not args.no_write)
 
 
 if __name__ == "__main__":
