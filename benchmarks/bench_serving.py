@@ -1213,7 +1213,10 @@ def main() -> None:
                 "checked. The builder's CPU default for the pipeline model "
                 "(`builder/repository/batching.py`) is the setting the rule of "
                 "`sweep_choice` picks from this table: the most req/s at 32 in flight among "
-                "the settings that keep the overhead at 1 in flight within its goal.", "",
+                "the settings that keep the overhead at 1 in flight within its goal. GPU "
+                "releases are not in this table: no GPU was at hand, so their default "
+                "(`builder/repository/batching.py`) stays Triton's own for model operators "
+                "and no delay for the pipeline model until a GPU run measures it.", "",
                 *sweep_table(rows), "", *sweep_choice(rows, all_results,
                                                      default_batching(None, "pipeline")),
             ]) + "\n", write=not args.no_write)
