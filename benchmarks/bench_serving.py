@@ -661,12 +661,15 @@ def measure_paired(*measures: Callable[[], float], pairs: int = PAIRS) -> list[t
 
 
 def _served_rows(workload: Workload, grpc_url: str, metrics_url: str, label: str,
-                 models: Sequence[str],
-                 processes: Processes, args: argparse.Namespace, results: Results) -> None:
+                 models: Sequence[str], processes: Processes, args: argparse.Namespace,
+                 results: Results, model: str = "pipeline") -> None:
+    """The row ``label`` at each concurrency: ``model`` answering for the pipeline; the
+    operator metrics only where it is the pipeline model (they are its own)."""
     row = results.rows.setdefault(label, {})
     for concurrency in CONCURRENCY:
         row[concurrency] = measure_pipeline(workload, grpc_url, metrics_url, models,
-                                            concurrency, args.runs, processes, operators=True)
+                                            concurrency, args.runs, processes, model,
+                                            operators=model == "pipeline")
         print(f"{workload.key} {label} c={concurrency}: {row[concurrency].rate:.0f} req/s",
               flush=True)
 
@@ -752,22 +755,13 @@ def run_workload(workload: Workload, args: argparse.Namespace, workdir: Path,
         metrics_url = f"127.0.0.1:{server.metrics_port}"
         _served_rows(workload, server.grpc_url, metrics_url, SERVED,
                      models, Processes([server._process.pid]), args, results)
-        row = results.rows.setdefault(HANDWRITTEN, {})
-        for concurrency in CONCURRENCY:
-            row[concurrency] = measure_pipeline(
-                workload, server.grpc_url, metrics_url, [HANDWRITTEN_MODEL], concurrency,
-                args.runs, Processes([server._process.pid]), HANDWRITTEN_MODEL)
-            print(f"{workload.key} hand-written c={concurrency}: "
-                  f"{row[concurrency].rate:.0f} req/s", flush=True)
+        _served_rows(workload, server.grpc_url, metrics_url, HANDWRITTEN,
+                     [HANDWRITTEN_MODEL], Processes([server._process.pid]), args, results,
+                     HANDWRITTEN_MODEL)
         name = f"pytriton_{workload.key}"
         pytriton_metrics = f"127.0.0.1:{pytriton.ports[2]}"
-        row = results.rows.setdefault(PYTRITON, {})
-        for concurrency in CONCURRENCY:
-            row[concurrency] = measure_pipeline(
-                workload, pytriton.grpc_url, pytriton_metrics, [name], concurrency, args.runs,
-                Processes([pytriton.process.pid], "pytriton "), name)
-            print(f"{workload.key} pytriton c={concurrency}: {row[concurrency].rate:.0f} req/s",
-                  flush=True)
+        _served_rows(workload, pytriton.grpc_url, pytriton_metrics, PYTRITON, [name],
+                     Processes([pytriton.process.pid], "pytriton "), args, results, name)
 
         def served() -> float:
             return measure_pipeline(workload, server.grpc_url, metrics_url, models, top, 1).rate
@@ -996,7 +990,11 @@ def report(all_results: list[Results], args: argparse.Namespace, command: str,
     return "\n".join(lines) + "\n"
 
 
-def _within(ms: float, limit: float = 0.2) -> str:
+OVERHEAD_GOAL_MS = 0.2
+"""The pipeline model's overhead at 1 in flight, p50 over calling its model directly (issue 13)."""
+
+
+def _within(ms: float, limit: float = OVERHEAD_GOAL_MS) -> str:
     return "met" if ms <= limit else f"missed by {ms - limit:.3f} ms"
 
 
@@ -1040,8 +1038,9 @@ def _goals(all_results: list[Results]) -> list[str]:
         if results.overhead_ms is not None:
             overhead, prepost = results.overhead_ms, results.prepost_p50_ms
             line = (f"- {results.workload.title}: pipeline-model overhead at 1 in flight "
-                    f"≤ 0.2 ms p50: {overhead:.3f} ms ({_within(overhead)}); a hand-written "
-                    f"model.py doing the same work: {results.handwritten_overhead_ms:.3f} ms, "
+                    f"≤ {OVERHEAD_GOAL_MS} ms p50: {overhead:.3f} ms ({_within(overhead)}); "
+                    "a hand-written model.py doing the same work: "
+                    f"{results.handwritten_overhead_ms:.3f} ms, "
                     f"so the pipeline model's own share is {results.own_overhead_ms:.3f} "
                     "ms; less the "
                     f"pipeline's own pre/post ({prepost:.3f} ms in process): "
@@ -1068,7 +1067,6 @@ SWEEP = (({}, 1), ({"max_queue_delay_microseconds": 100}, 1),
          ({"preferred_batch_size": [8, 16, 32], "max_queue_delay_microseconds": 500}, 1),
          ({}, 2))
 """The pipeline model's ``dynamic_batching``, and its instance count (``parallelism``)."""
-OVERHEAD_GOAL_MS = 0.2
 
 
 def _same_batching(a: dict[str, Any], b: dict[str, Any]) -> bool:
