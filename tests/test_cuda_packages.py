@@ -19,17 +19,17 @@ from packaging.requirements import Requirement
 
 from builder.base.releases import resolve
 from builder.environment.check import archive_cuda_runtime
-from builder.environment.cuda_packages import (
+from builder.environment.errors import SpecError
+from builder.environment.spec import requirements_spec
+from builder.environment.target import platform_tags
+from builder.environment.torch_for_cuda.choice import (
     PICKLE_SOURCE,
     PYPI_SIMPLE,
     pytorch_index_cuda,
     resolve_cuda_packages,
     wheel_cuda,
 )
-from builder.environment.errors import SpecError
-from builder.environment.spec import requirements_spec
-from builder.environment.target import platform_tags
-from builder.environment.wheel_metadata import list_wheels, read_metadata
+from builder.environment.torch_for_cuda.wheel_metadata import list_wheels, read_metadata
 from builder.image.build import EnvironmentMismatchError, check_environment_cuda
 
 

@@ -1,6 +1,6 @@
 """The interpreter copy a bridged image carries, and the development files a stub compiles against.
 
-``builder/environment/interpreter_copy.py`` runs in interpreter images; here it runs with the
+``builder/bridge/interpreter_copy.py`` runs in interpreter images; here it runs with the
 Pythons this machine has — pyenv's (headers in its own prefix) and, where installed, Debian's
 ``python3.11`` with ``python3.11-dev`` (whose ``pyconfig.h`` only includes the multiarch one) —
 and the copy is then run from its new place.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.environment.carried import COPY_SCRIPT
+from builder.bridge.interpreter import COPY_SCRIPT
 
 VERSION = "{}.{}".format(*sys.version_info[:2])
 PYTHONS = [sys.executable]

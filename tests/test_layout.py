@@ -21,10 +21,10 @@ ROOT = Path(builder.__file__).parent
 LAYERS = [
     "errors", "cache", "progress", "host_packages", "engine", "tritonserver",
     "pipeline", "client",
-    "base", "repository", "environment", "image", "verify", "push", "deploy",
+    "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",
     "job", "doctor", "cli", "builder",
 ]
-STAGES = ["pipeline", "base", "repository", "environment", "image", "verify", "push"]
+STAGES = ["pipeline", "base", "bridge", "repository", "environment", "image", "verify", "push"]
 
 
 def _modules() -> dict[str, Path]:
@@ -119,9 +119,15 @@ def _packages_of(component: list[str]) -> set[str]:
     return {m for m in component if MODULES[m].name == "__init__.py"}
 
 
+DECISIONS = {"resolve": "base", "plan_python": "bridge", "require_buildable": "bridge"}
+"""Calls that only decide (nothing pulled, built or written): the job makes them all before any
+stage does work, so bad input is refused before anything is written."""
+
+
 def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
     """The stages ``function`` calls into on its success path, in source order (nested
-    functions and exception handlers left out; calls to the job's own helpers followed)."""
+    functions and exception handlers left out; calls to the job's own helpers followed; option
+    objects built on the way left out; decisions as ``decide:<stage>``)."""
     stages = []
 
     def walk(node: ast.AST) -> None:
@@ -133,6 +139,10 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
                 callee = child.func.id
                 if callee in JOB_FUNCTIONS:
                     stages.extend(_stage_calls(JOB_FUNCTIONS[callee], names))
+                elif callee in DECISIONS:
+                    stages.append(f"decide:{DECISIONS[callee]}")
+                elif callee.endswith("Options"):
+                    continue
                 elif names.get(callee) in STAGES:
                     stages.append(names[callee])
 
@@ -142,6 +152,11 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
 
 JOB_SOURCE = ast.parse((ROOT / "job.py").read_text())
 JOB_FUNCTIONS = {node.name: node for node in JOB_SOURCE.body if isinstance(node, ast.FunctionDef)}
+JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "base", "repository", "environment",
+              "image", "verify", "push"]
+"""The in-process pipeline first (its answers are the reference), then the decisions, then one
+entry per stage; the bridge's parts are made by the environment stage
+(:func:`builder.environment.prepare.prepare_environment`)."""
 
 
 @pytest.mark.parametrize("entry", ["build_docker_image", "build_image_from_repository"])
@@ -155,9 +170,14 @@ def test_the_job_enters_each_stage_once_in_order(entry):
         if not visited or visited[-1] != stage:
             visited.append(stage)
     assert len(visited) == len(set(visited)), f"a stage entered twice: {visited}"
-    assert visited == [stage for stage in STAGES if stage in visited], visited
-    expected = STAGES if entry == "build_docker_image" else ["base", "image", "verify", "push"]
+    expected = (JOB_STAGES if entry == "build_docker_image"
+                else ["decide:base", "base", "image", "verify", "push"])
     assert visited == expected
+
+
+def test_the_environment_stage_makes_the_bridges_parts():
+    source = (ROOT / "environment" / "prepare.py").read_text()
+    assert "prepare_bridge(" in source
 
 
 def _our_exceptions() -> list[type[BaseException]]:

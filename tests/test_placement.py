@@ -106,7 +106,7 @@ def test_device_is_checked_where_op_config_is_given():
 
 
 def test_before_23_04_gpu_models_bring_torch_into_the_environment_for_dlpack():
-    from builder.job import _dlpack_requirements
+    from builder.environment.prepare import _dlpack_requirements
 
     assert _dlpack_requirements(TARGETS["22.12"], ["text_encoder"]).requirements == ("torch",)
     assert "GPU outputs of text_encoder read via dlpack" in _dlpack_requirements(
@@ -119,8 +119,8 @@ def test_before_23_04_gpu_models_bring_torch_into_the_environment_for_dlpack():
 def test_model_operators_run_in_the_pipeline_model_only_on_the_cpu_base(tmp_path):
     """The CPU base runs ONNX model operators in the pipeline model (its environment gets the
     CPU base's onnxruntime pin); GPU releases keep BLS to the native backends."""
-    from builder.environment.bridge import cpu_backend_requirements
-    from builder.job import _in_process_requirements
+    from builder.base.cpu import cpu_backend_requirements
+    from builder.environment.prepare import _in_process_requirements
 
     found = {}
     for name in ("cpu", "24.05"):

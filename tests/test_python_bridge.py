@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from builder.base.python_bridge import (
+from builder.base.releases import RELEASES, resolve
+from builder.bridge import (
+    BridgeOptions,
     PythonBridgeError,
-    alternatives,
-    interpreter_image_for,
     plan_python,
     require_buildable,
+    stub_route,
 )
-from builder.base.releases import RELEASES, resolve, stub_route
+from builder.bridge.interpreter import interpreter_image_for
+from builder.bridge.plan import alternatives
 
 W, C, N = "pytriton-wheel", "compile", "release"
 BULLSEYE, BOOKWORM = "bullseye", "bookworm"
@@ -93,14 +95,14 @@ def test_the_stub_wheel_bundles_the_releases_own_triton():
 def test_bridge_off_refuses_before_anything_with_the_alternatives():
     release = resolve("11.8", python_version="3.11")
     with pytest.raises(PythonBridgeError, match="bridge is turned off") as refused:
-        plan_python(release, "3.11", bridge=False)
+        plan_python(release, "3.11", BridgeOptions(enabled=False))
     native, bridged = str(refused.value).split("through the bridge")
     assert "natively on none" in native  # no NGC release runs Python 3.11
     assert "CUDA 11.8 (22.09–22.12)" in bridged
 
 
 def test_native_needs_no_bridge_even_when_it_is_off():
-    plan = plan_python(resolve("12.6", python_version="3.10"), "3.10", bridge=False)
+    plan = plan_python(resolve("12.6", python_version="3.10"), "3.10", BridgeOptions(enabled=False))
     assert not plan.bridged
 
 
@@ -119,8 +121,8 @@ def test_the_interpreter_image_is_not_newer_than_the_releases_glibc():
 def test_the_trixie_cpu_base_stands_in_for_a_release_whose_python_is_not_ours():
     release = resolve(None, base_python="3.13")
     assert (release.python_version, release.glibc) == ("3.13", "2.41")
-    plan = plan_python(release, "3.11", conda=False,
-                       interpreter_image="triton-builder/debian-bookworm:python3.11")
+    plan = plan_python(release, "3.11", BridgeOptions(
+        interpreter_image="triton-builder/debian-bookworm:python3.11"), conda=False)
     assert plan.bridged and plan.stub.kind == W
     assert plan.stub.requirement == "nvidia-pytriton==0.7.0"
     assert plan.interpreter.image == "triton-builder/debian-bookworm:python3.11"
@@ -142,19 +144,21 @@ def test_the_conda_route_is_refused_before_any_pull(monkeypatch, tmp_path):
     assert unasked.interpreter.kind == "interpreter-image", "conda on PATH is not a request"
     require_buildable(unasked)
     require_buildable(plan_python(resolve("11.8", python_version="3.11"), "3.11", conda=False))
-    require_buildable(plan_python(resolve("12.6", python_version="3.10"), "3.10", bridge=False))
+    require_buildable(plan_python(resolve("12.6", python_version="3.10"), "3.10",
+                                  BridgeOptions(enabled=False)))
 
 
 def test_the_compile_route_can_be_forced_where_pybind11_allows():
-    native = plan_python(resolve(None), "3.11", compile_stub=True)
+    native = plan_python(resolve(None), "3.11", BridgeOptions(compile_stub=True))
     assert not native.bridged and native.own_stub
     assert (native.stub.kind, native.stub.branch) == ("compile", "r24.10")
     assert plan_python(resolve("11.8", python_version="3.11"), "3.11",
-                       compile_stub=True, conda=False).stub.branch == "r22.12"
-    substituted = plan_python(resolve("12.4", python_version="3.12"), "3.12", compile_stub=True)
+                       BridgeOptions(compile_stub=True), conda=False).stub.branch == "r22.12"
+    substituted = plan_python(resolve("12.4", python_version="3.12"), "3.12",
+                              BridgeOptions(compile_stub=True))
     assert (substituted.stub.branch, substituted.stub.pybind11) == ("r24.05", "2.13.6")
     with pytest.raises(PythonBridgeError, match="pybind11 2.13.6 up to 3.13"):
-        plan_python(resolve("12.4"), "3.14", compile_stub=True)
+        plan_python(resolve("12.4"), "3.14", BridgeOptions(compile_stub=True))
 
 
 @pytest.mark.parametrize("python", ["3.12", "3.13"])

@@ -18,8 +18,8 @@ import docker.errors
 import pytest
 
 from builder import build_docker_image
-from builder.base.python_bridge import PythonBridgeError
-from builder.environment.stub_build import compile_stub
+from builder.bridge import PythonBridgeError
+from builder.bridge.stub_build import compile_stub
 from tests.example_inputs import EXAMPLES
 from tests.test_custom_operator_e2e import TEXTS, user_pipeline
 from tests.test_stub_build import SOURCES, needs_sources

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.base.python_bridge import plan_python
 from builder.base.releases import resolve
+from builder.bridge import plan_python
+from builder.bridge.stub_build import render_stub_dockerfile
 from builder.engine.dockerfile import DockerfileError
-from builder.environment.stub_build import render_stub_dockerfile
 from builder.image.labels import LabelError, serving_labels
 from builder.image.serving_dockerfile import ServingOptions, render_serving_dockerfile
 

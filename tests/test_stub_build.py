@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from builder import build_docker_image
-from builder.base.python_bridge import plan_python
 from builder.base.releases import resolve
-from builder.environment.stub_build import (
-    StubBuildError,
+from builder.bridge import StubBuildError, plan_python
+from builder.bridge.stub_build import (
     compile_stub,
     source_archives,
     stub_python,

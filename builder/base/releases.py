@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from builder.base.cpu import cpu_base_tag
 from builder.errors import TritonBuilderError
@@ -168,20 +169,14 @@ class UnsupportedCudaError(TritonBuilderError, ValueError):
     """No release matches the requested CUDA version, Triton version or base image."""
 
 
-@dataclass(frozen=True)
-class StubRoute:
-    """Where the python backend stub of an image comes from."""
+class StubSource(str, Enum):
+    """Where the python backend stub of an image can come from, in the order a build prefers them:
+    the release's own, a prebuilt one from the ``nvidia-pytriton`` wheel of the same Triton, or
+    compiled from the release's python_backend branch."""
 
-    kind: str
-    """``release`` (its own), ``pytriton-wheel`` or ``compile``."""
-    description: str
-    requirement: str | None = None
-    """The wheel to take it from (``pytriton-wheel``)."""
-    branch: str | None = None
-    """The python_backend branch to compile (``compile``)."""
-    pybind11: str | None = None
-    """The pybind11 to build it with instead of the branch's pin (``compile``; see
-    :data:`PYBIND11_SUBSTITUTE`)."""
+    RELEASE = "release"
+    WHEEL = "pytriton-wheel"
+    COMPILE = "compile"
 
 
 @dataclass(frozen=True)
@@ -224,6 +219,25 @@ class Release:
         """The pybind11 the python_backend branch builds its stub with."""
         return [pin for first, pin in PYBIND11_OF_BRANCH
                 if self.branch.removeprefix("r") >= first][-1]
+
+    def compile_pybind11(self, python_version: str) -> str | None:
+        """The pybind11 a stub of this release's branch compiles ``python_version`` with: the
+        branch's own pin, else :data:`PYBIND11_SUBSTITUTE`; None where neither builds it."""
+        return next((pybind11 for pybind11 in (self.pybind11, PYBIND11_SUBSTITUTE)
+                     if version_key(python_version)
+                     <= version_key(pybind11_newest_python(pybind11))), None)
+
+    def stub_source(self, python_version: str) -> StubSource | None:
+        """Where a stub for ``python_version`` comes from on this release; None: nowhere.
+
+        Stubs speak their branch's shared-memory protocol only, so a wheel's stub serves the
+        release whose Triton the wheel bundles, and a compiled one comes from the same branch.
+        """
+        if python_version == self.python_version:
+            return StubSource.RELEASE
+        if python_version in self.wheel_stub_pythons:
+            return StubSource.WHEEL
+        return StubSource.COMPILE if self.compile_pybind11(python_version) else None
 
     @property
     def toolkit_driver(self) -> int | None:
@@ -295,7 +309,7 @@ def cpu_release(python_version: str = CPU_PYTHON) -> Release:
 
 
 def supported_cuda_versions() -> list[str]:
-    return sorted({r.cuda for r in RELEASES if r.cuda}, key=_version_key)
+    return sorted({r.cuda for r in RELEASES if r.cuda}, key=version_key)
 
 
 def builder_python() -> str:
@@ -303,57 +317,10 @@ def builder_python() -> str:
     return "{}.{}".format(*sys.version_info[:2])
 
 
-def stub_route(release: Release, python_version: str) -> StubRoute | None:
-    """Where a python backend stub for ``python_version`` on ``release`` comes from; None: nowhere.
-
-    The release's own stub when the Pythons match; else the ``nvidia-pytriton`` wheel that
-    bundles the same Triton (stubs speak their branch's shared-memory protocol only); else
-    compiled from the release's python_backend branch, where its pybind11 supports the Python.
-    """
-    if python_version == release.python_version:
-        return StubRoute("release", f"the release's own stub (Python {python_version})")
-    if python_version in release.wheel_stub_pythons:
-        return StubRoute("pytriton-wheel",
-                         f"nvidia-pytriton=={release.pytriton_wheel} (Triton "
-                         f"{release.triton_version}, stub for Python {python_version})",
-                         requirement=f"nvidia-pytriton=={release.pytriton_wheel}")
-    return compiled_stub(release, python_version)
-
-
-def compiled_stub(release: Release, python_version: str) -> StubRoute | None:
-    """The stub compiled from the release's python_backend branch, with its own pybind11 or,
-    where that cannot build ``python_version``, :data:`PYBIND11_SUBSTITUTE`; None where
-    neither can."""
-    described = f"compiled from python_backend {release.branch} for Python {python_version}"
-    if _builds(release.pybind11, python_version):
-        return StubRoute("compile", f"{described} (pybind11 {release.pybind11})",
-                         branch=release.branch)
-    if _builds(PYBIND11_SUBSTITUTE, python_version):
-        return StubRoute("compile", f"{described} (pybind11 {PYBIND11_SUBSTITUTE} from PyPI: "
-                                    f"the branch's {release.pybind11} builds Python up to "
-                                    f"{pybind11_newest_python(release.pybind11)})",
-                         branch=release.branch, pybind11=PYBIND11_SUBSTITUTE)
-    return None
-
-
 def pybind11_newest_python(pybind11: str) -> str:
     """The newest Python ``pybind11`` (a series like ``2.10``, or a release like ``2.13.6``)
     builds."""
     return PYBIND11_NEWEST_PYTHON[".".join(pybind11.split(".")[:2])]
-
-
-def _builds(pybind11: str, python_version: str) -> bool:
-    return _version_key(python_version) <= _version_key(pybind11_newest_python(pybind11))
-
-
-def no_stub_reason(release: Release, python_version: str) -> str:
-    wheel = (f"nvidia-pytriton=={release.pytriton_wheel} bundles stubs for Python "
-             f"{', '.join(release.wheel_stub_pythons)} only" if release.pytriton_wheel else
-             f"no nvidia-pytriton wheel bundles Triton {release.triton_version}")
-    return (f"{release.release} (Triton {release.triton_version}) runs Python "
-            f"{release.python_version}; {wheel}, and no pybind11 a stub of python_backend "
-            f"{release.branch} is compiled with (its own {release.pybind11}, or "
-            f"{PYBIND11_SUBSTITUTE}) supports Python {python_version}")
 
 
 def resolve(
@@ -368,7 +335,7 @@ def resolve(
 
     ``cuda='11.8'`` gives, among the releases built on CUDA 11.8 that have no known defect, the
     newest whose own Python is ``python_version`` (default: this builder's) — else the newest
-    whose stub can be bridged to that Python (:func:`stub_route`), else the newest;
+    whose stub can be bridged to that Python (:meth:`Release.stub_source`), else the newest;
     ``triton_version`` (``'2.29'``, ``'2.29.0'`` or the release ``'22.12'``) picks one exactly;
     ``base_image`` keeps the release's facts (Python above all) but builds on another image,
     e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base,
@@ -408,7 +375,7 @@ def resolve(
     else:
         healthy = [r for r in candidates if not r.known_issue] or candidates
         native = [r for r in healthy if r.python_version == python_version]
-        bridged = [r for r in healthy if stub_route(r, python_version) is not None]
+        bridged = [r for r in healthy if r.stub_source(python_version) is not None]
         release = (native or bridged or healthy)[-1]
     return replace(release, image=base_image) if base_image else release
 
@@ -436,5 +403,6 @@ def _normal_triton(version: str) -> str:
     return text
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """``"3.10"`` → ``(3, 10)``: versions, CUDA minors and ``YY.MM`` releases compare as numbers."""
     return tuple(int(p) for p in version.split("."))

@@ -37,11 +37,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from builder.base.releases import Release
+from builder.base.releases import Release, version_key
 from builder.environment.errors import IndexUnreachableError, SpecError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import EnvironmentSpec
-from builder.environment.wheel_metadata import (
+from builder.environment.torch_for_cuda.wheel_metadata import (
     WheelFile,
     list_wheels,
     local_metadata,
@@ -266,7 +266,7 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
             cache[version] = WheelCuda(found.cuda, f"{found.evidence}, from {how}")
         return cache[version]
 
-    own = _cuda_key(release.cuda)
+    own = version_key(str(release.cuda))[:2]
     chosen = _newest_fitting(wanted, own, cuda_of)
     how_chosen = f"newest torch on {simple} built for CUDA {release.cuda} or older of CUDA {own[0]}"
     if chosen is None and relaxable and not relaxed:
@@ -350,19 +350,14 @@ def _newest_fitting(versions: list[Version], own: tuple[int, int],
     while low <= high:
         middle = (low + high) // 2
         cuda = cuda_of(versions[middle]).cuda
-        if cuda is None or _cuda_key(cuda) <= own:
+        if cuda is None or version_key(cuda)[:2] <= own:
             best, low = versions[middle], middle + 1
         else:
             high = middle - 1
     if best is None:
         return None
     cuda = cuda_of(best).cuda
-    return best if cuda is not None and _cuda_key(cuda)[0] == own[0] else None
-
-
-def _cuda_key(cuda: str | None) -> tuple[int, int]:
-    major, minor = (cuda or "0.0").split(".")[:2]
-    return int(major), int(minor)
+    return best if cuda is not None and version_key(cuda)[0] == own[0] else None
 
 
 def _compatible(wheels: list[WheelFile], python_version: str,

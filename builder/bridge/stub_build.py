@@ -5,7 +5,7 @@ branches, so a stub for the builder's Python must come from exactly the release'
 (``r<YY.MM>``). Where no ``nvidia-pytriton`` wheel bundles one, :func:`compile_stub` builds it in a
 Docker build stage on ``build_image`` (the release image itself: the stub links its glibc), with
 that distribution's compiler and Boost headers, CMake from PyPI's wheel
-(:mod:`builder.environment.cmake_wheel`) and Python's development files from the release's
+(:mod:`builder.bridge.cmake_wheel`) and Python's development files from the release's
 ``pythonX.Y-dev`` — or, for a bridged image, from the interpreter image whose Python the
 environment carries (``python_image``), which also serves releases whose distribution packages
 no such Python (``dockerfiles/python-backend-stub.Dockerfile.j2``).
@@ -26,18 +26,18 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import docker
 import docker.errors
 
+from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
+from builder.bridge.errors import StubBuildError
+from builder.bridge.interpreter import COPY_SCRIPT
 from builder.cache import DownloadError, cache_dir, cached_download, content_hash
 from builder.engine.build import build_image
 from builder.engine.dockerfile import render, template_source
-from builder.environment.carried import COPY_SCRIPT
-from builder.environment.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
-from builder.environment.errors import EnvironmentBuildError
+from builder.progress import Log
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
 STUB_PATH = "/triton_python_backend_stub"
@@ -52,12 +52,6 @@ PATCH_BOOST = (
     "'set(boostorg_INCLUDE_DIRS \"/usr/include\")'); p.write_text(s)"
 )
 """Drop the branch's Boost download (unreachable offline) for the distribution's headers."""
-
-Log = Callable[[str], None]
-
-
-class StubBuildError(EnvironmentBuildError):
-    """The stub cannot be compiled from these sources on this image."""
 
 
 def compile_stub(

@@ -4,7 +4,7 @@
 every NGC release runs its python backend on its own Python (3.8, 3.10 or 3.12; none has 3.11).
 So an image either matches (*native*: the release's stub, an environment made by its python3)
 or is *bridged*: a stub built for the builder's Python from the release's own python_backend
-branch (:func:`builder.base.releases.stub_route`) and an environment that carries the
+branch (:func:`builder.bridge.routes.stub_route`) and an environment that carries the
 builder's interpreter — the interpreter of an image that holds that Python on a glibc no newer
 than the release's (the route this version builds), or conda-pack of ``python=X.Y`` when asked
 for with ``packer="conda"`` (in the table, refused at build time).
@@ -12,7 +12,7 @@ for with ``packer="conda"`` (in the table, refused at build time).
 :func:`plan_python` makes that decision from the tables in :mod:`builder.base.releases` alone,
 and refuses — naming the reason and the CUDA versions that would work — when no bridge exists or
 the bridge is turned off. What a bridged build then needs (stub, interpreter, packer) is
-:func:`builder.environment.bridge.bridge_environment`.
+:func:`builder.bridge.parts.prepare_bridge`.
 """
 
 from __future__ import annotations
@@ -21,28 +21,17 @@ import os
 from dataclasses import dataclass
 
 from builder.base.releases import (
-    DEBIAN_SUITES,
     PYBIND11_SUBSTITUTE,
     RELEASES,
     Release,
-    StubRoute,
+    StubSource,
     builder_python,
-    compiled_stub,
-    no_stub_reason,
     pybind11_newest_python,
-    stub_route,
     supported_cuda_versions,
 )
-from builder.errors import TritonBuilderError
-
-INTERPRETER_IMAGE = "python:{python}-slim-{suite}"
-"""Docker Hub's official Python images (Debian based, ``libpython`` shared, in /usr/local)."""
-INTERPRETER_IMAGE_VARIABLE = "TRITON_BUILDER_INTERPRETER_IMAGE"
-"""Overrides the interpreter image (a mirror, or an image made without a registry)."""
-
-
-class PythonBridgeError(TritonBuilderError, ValueError):
-    """The builder's Python cannot run on the chosen release (no bridge, or bridge turned off)."""
+from builder.bridge.errors import PythonBridgeError
+from builder.bridge.interpreter import INTERPRETER_IMAGE_VARIABLE, interpreter_image_for
+from builder.bridge.routes import StubRoute, compiled_stub, no_stub_reason, stub_route
 
 
 @dataclass(frozen=True)
@@ -73,7 +62,7 @@ class PythonPlan:
     @property
     def own_stub(self) -> bool:
         """The python models get a stub of their own (bridged, or compiled on request)."""
-        return self.stub.kind != "release"
+        return self.stub.kind is not StubSource.RELEASE
 
     def describe(self) -> str:
         if not self.bridged:
@@ -83,36 +72,46 @@ class PythonPlan:
                 f"{self.stub.description}; interpreter {self.interpreter.description}")
 
 
+@dataclass(frozen=True)
+class BridgeOptions:
+    """How a build may bridge the builder's Python onto a release whose Python differs."""
+
+    enabled: bool = True
+    """``False``: refuse, before anything is pulled, a release whose Python is not the builder's."""
+    interpreter_image: str | None = None
+    """The image the carried interpreter is taken from (default
+    ``$TRITON_BUILDER_INTERPRETER_IMAGE``, else :func:`interpreter_image_for`)."""
+    compile_stub: bool = False
+    """Compile the stub from the release's python_backend branch even where the release's own
+    stub or a wheel's would do (a custom build of Triton, or a check of the route)."""
+    triton_sources: str | os.PathLike | None = None
+    """A directory of source tarballs for builders that reach no source host (default: fetched
+    by the build; ``$TRITON_BUILDER_TRITON_SOURCES``)."""
+
+
 def plan_python(
     release: Release,
     python_version: str | None = None,
+    options: BridgeOptions = BridgeOptions(),
     *,
-    bridge: bool = True,
     conda: bool | None = None,
-    interpreter_image: str | None = None,
-    compile_stub: bool = False,
 ) -> PythonPlan:
     """Decide how ``python_version`` (default: the builder's) runs on ``release``.
 
-    ``compile_stub`` compiles the stub from the release's python_backend branch even where the
-    release's own stub or a wheel's would do (a custom build of Triton, or a check of the route).
-
     ``conda`` asks for the interpreter from conda (``packer="conda"``); by default it comes from
     an interpreter image, conda on ``PATH`` or not, since that route is the one this version
-    builds (:func:`require_buildable`). ``interpreter_image`` overrides the image the
-    interpreter is taken from (default ``$TRITON_BUILDER_INTERPRETER_IMAGE``, else
-    :func:`interpreter_image_for`). Raises
-    :class:`PythonBridgeError` when the Pythons differ and no bridge exists or ``bridge`` is off.
+    builds (:func:`require_buildable`). Raises :class:`PythonBridgeError` when the Pythons
+    differ and no bridge exists or the bridge is off.
     """
     python_version = python_version or builder_python()
     route = stub_route(release, python_version)
-    if compile_stub:
+    if options.compile_stub:
         route = compiled_stub_route(release, python_version)
     if release.python_version == python_version and route is not None:
         return PythonPlan(release, python_version, route,
                           InterpreterRoute("release", f"the release's python3 "
                                                       f"({release.python_version})"))
-    if not bridge:
+    if not options.enabled:
         raise PythonBridgeError(
             f"{release.describe()} runs its python models on Python {release.python_version}, "
             f"but the pipeline is pickled by Python {python_version} (pickled code loads only "
@@ -126,7 +125,7 @@ def plan_python(
         interpreter = InterpreterRoute(
             "conda-pack", f"conda-pack of a conda environment with python={python_version}")
     else:
-        image = (interpreter_image or os.environ.get(INTERPRETER_IMAGE_VARIABLE)
+        image = (options.interpreter_image or os.environ.get(INTERPRETER_IMAGE_VARIABLE)
                  or interpreter_image_for(release, python_version))
         interpreter = InterpreterRoute(
             "interpreter-image", f"Python {python_version} taken from {image} (glibc no newer "
@@ -157,23 +156,6 @@ def require_buildable(plan: PythonPlan) -> None:
             f"{interpreter_image_for(plan.release, plan.python_version)})")
 
 
-def interpreter_image_for(release: Release, python_version: str) -> str:
-    """The official Python image on the newest Debian whose glibc the release's is not older than.
-
-    The interpreter and its extension modules are copied into the environment; they must run on
-    the release's glibc.
-    """
-    fitting = [suite for suite, (_, glibc) in DEBIAN_SUITES.items()
-               if _key(glibc) <= _key(release.glibc)]
-    if not fitting:
-        raise PythonBridgeError(
-            f"{release.describe()} has glibc {release.glibc}, older than every Debian suite we "
-            f"take interpreters from ({', '.join(DEBIAN_SUITES)}): install conda, or pass "
-            f"interpreter_image=")
-    suite = max(fitting, key=lambda name: _key(DEBIAN_SUITES[name][1]))
-    return INTERPRETER_IMAGE.format(python=python_version, suite=suite)
-
-
 def alternatives(python_version: str) -> str:
     """The CUDA versions (and releases) that serve ``python_version`` natively or bridged."""
     native: dict[str, list[str]] = {}
@@ -184,7 +166,7 @@ def alternatives(python_version: str) -> str:
         route = stub_route(release, python_version)
         if route is None:
             continue
-        found = native if route.kind == "release" else bridged
+        found = native if route.kind is StubSource.RELEASE else bridged
         found.setdefault(str(release.cuda), []).append(release.release)
 
     def listed(found: dict[str, list[str]]) -> str:
@@ -197,8 +179,4 @@ def alternatives(python_version: str) -> str:
 
 def _span(releases: list[str]) -> str:
     return releases[0] if len(releases) == 1 else f"{releases[0]}–{releases[-1]}"
-
-
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.bridge.errors import CMakeDownloadError
 from builder.cache import DownloadError, cache_dir, cached_download
-from builder.environment.errors import EnvironmentBuildError
 from builder.tritonserver.wheel import unpack_wheel
 
 CMAKE_REQUIREMENT = "cmake==3.31.6"
 """The newest CMake 3 on PyPI (the 3.31 series)."""
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 """Docker's architecture names → the wheel's platform tags."""
-
-
-class CMakeDownloadError(EnvironmentBuildError):
-    """The CMake wheel could not be downloaded for the release image's architecture."""
 
 
 def cmake_directory(architecture: str = "amd64") -> Path:
