@@ -31,13 +31,12 @@ from builder.engine import docker_client
 from builder.engine.reference import tag_references
 from builder.environment import EnvironmentOptions, PackageIndex, prepare_environment
 from builder.environment.torch_for_cuda import PYTORCH_INDEX
-from builder.errors import BuildError
 from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
 from builder.repository.writer import build_pipeline_model
-from builder.verify.check import Check, Verification, verify_image
+from builder.verify.check import Check, NothingToVerifyError, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
 
@@ -111,8 +110,9 @@ def build_docker_image(
     references = tag_references(image_name, tags)
     calls = [tuple(call) for call in (verify_calls if verify_calls is not None else pipe.examples)]
     if verify and not calls:
-        raise BuildError("verification needs at least one call: give the pipeline an example "
-                         "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
+        raise NothingToVerifyError(
+            "verification needs at least one call: give the pipeline an example "
+            "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
     bridging = BridgeOptions(enabled=bridge, interpreter_image=interpreter_image,
                              compile_stub=compile_stub, triton_sources=triton_sources)

@@ -28,7 +28,7 @@ def _pipeline(example: float = 1.0):
     ({"image_name": "embed:1", "cuda": "10.2"}, builder.UnsupportedCudaError, ValueError, "10.2"),
     ({"image_name": "embed:1", "example": -1.0}, builder.OperatorError, ValueError,
      "negative input"),
-    ({"image_name": "embed:1", "verify_calls": []}, builder.BuildError, ValueError,
+    ({"image_name": "embed:1", "verify_calls": []}, builder.NothingToVerifyError, ValueError,
      "verification needs at least one call"),
 ])
 def test_each_early_family_is_caught_by_the_root(arguments, family, builtin, message):

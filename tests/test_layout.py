@@ -126,8 +126,8 @@ stage does work, so bad input is refused before anything is written."""
 
 def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
     """The stages ``function`` calls into on its success path, in source order (nested
-    functions and exception handlers left out; calls to the job's own helpers followed; option
-    objects built on the way left out; decisions as ``decide:<stage>``)."""
+    functions, exception handlers and raised errors left out; calls to the job's own helpers
+    followed; option objects built on the way left out; decisions as ``decide:<stage>``)."""
     stages = []
 
     def walk(node: ast.AST) -> None:
@@ -141,7 +141,7 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
                     stages.extend(_stage_calls(JOB_FUNCTIONS[callee], names))
                 elif callee in DECISIONS:
                     stages.append(f"decide:{DECISIONS[callee]}")
-                elif callee.endswith("Options"):
+                elif callee.endswith(("Options", "Error")):
                     continue
                 elif names.get(callee) in STAGES:
                     stages.append(names[callee])

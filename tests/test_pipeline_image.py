@@ -17,9 +17,8 @@ import tritonclient.grpc as grpcclient
 
 from builder import build_docker_image
 from builder.client.pipeline import Client
-from builder.errors import BuildError
 from builder.pipeline.dsl import pipe
-from builder.verify.check import VerificationError
+from builder.verify.check import NothingToVerifyError, VerificationError
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.example_inputs import EXAMPLES
@@ -102,7 +101,7 @@ def test_failing_verification_raises_with_the_difference_and_leaves_no_tag(clien
 def test_verification_needs_a_call():
     pipeline = (pipe.input("x", schema={"x": float}).map("x", "y", abs)
                 .output("y", schema={"y": float}))
-    with pytest.raises(BuildError, match="verification needs at least one call"):
+    with pytest.raises(NothingToVerifyError, match="verification needs at least one call"):
         build_docker_image(pipeline, "triton-builder-test/no-calls:1")
 
 

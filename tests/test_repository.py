@@ -214,7 +214,6 @@ def test_a_successful_build_replaces_the_previous_repository(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"server": "torchserve"}, "server 'torchserve' is not supported"),
         ({"parallelism": 0}, "parallelism must be a positive int"),
         ({"format_priority": ["onnx", "tflite"]}, r"unknown formats \['tflite'\]"),
         ({"op_defaults": {"gpus": [0]}}, r"operator 'op_defaults': unknown op_config keys"),
