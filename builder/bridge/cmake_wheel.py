@@ -4,7 +4,10 @@ Release images come with distributions whose CMake can be older than a python_ba
 asks for: Ubuntu 20.04 (22.12, the CUDA 11.8 release) has 3.16, r22.12's ``CMakeLists.txt``
 says ``cmake_minimum_required(VERSION 3.17)``. The wheel's binaries are manylinux2014 (glibc
 2.17), so they run on every release image. CMake 4 refuses ``cmake_minimum_required`` below 3.5,
-which dependencies of the older branches still declare: the newest 3.x it is.
+which dependencies of the older branches still declare, and python_backend r25.08 onward asks
+for 3.31.8 (:mod:`builder.environment.python_backend_cmake` has what each branch requires): the
+pin is the newest CMake 3 on PyPI, 3.31.10 (``pip index versions cmake``, 2026-11-24; 3.31.6, the
+pin before, stops r25.08 and later at configure).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from builder.bridge.errors import CMakeDownloadError
 from builder.cache import DownloadError, cache_dir, cached_download
 from builder.tritonserver.wheel import unpack_wheel
 
-CMAKE_REQUIREMENT = "cmake==3.31.6"
-"""The newest CMake 3 on PyPI (the 3.31 series)."""
+CMAKE_REQUIREMENT = "cmake==3.31.10"
+"""The newest CMake 3 on PyPI: at least every branch's requirement, below CMake 4."""
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 """Docker's architecture names → the wheel's platform tags."""
 
