@@ -27,7 +27,7 @@ CMAKE_REQUIRED_FROM: tuple[tuple[str, str, str], ...] = (
 
 
 def cmake_required(branch: str) -> str:
-    """The CMake python_backend ``branch`` (``r24.12``) requires, from :data:`CMAKE_REQUIRED_FROM`."""
+    """The CMake python_backend ``branch`` (``r24.12``) requires (:data:`CMAKE_REQUIRED_FROM`)."""
     key = version_key(branch.removeprefix("r"))
     rows = [required for first, required, _ in CMAKE_REQUIRED_FROM
             if version_key(first.removeprefix("r")) <= key]
