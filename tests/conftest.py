@@ -146,6 +146,66 @@ def glibc_2_31_release_image(docker_client, bullseye_image) -> str:
 
 
 @pytest.fixture(scope="session")
+def cuda_11_8_release_image(docker_client) -> str:
+    """Stands in for 22.12's image, GPU on: bookworm + Debian's CUDA 11.8 (tests/images)."""
+    from builder.base.os_image import debian_os_image
+
+    return _stand_in(docker_client, "cuda-debian-release.Dockerfile",
+                     "triton-builder-test/cuda-11.8-release:1",
+                     {"BASE": debian_os_image(docker_client, suite="bookworm"),
+                      "SUITE": "bookworm", "BOOST_TOO_NEW": "libboost1.81-dev"})
+
+
+@pytest.fixture(scope="session")
+def cuda_12_4_release_image(docker_client) -> str:
+    """Stands in for 24.12's image (CUDA 12.6), GPU on: trixie + Debian's CUDA 12.4."""
+    from builder.base.os_image import debian_os_image
+
+    return _stand_in(docker_client, "cuda-debian-release.Dockerfile",
+                     "triton-builder-test/cuda-12.4-release:1",
+                     {"BASE": debian_os_image(docker_client, suite="trixie"), "SUITE": "trixie"})
+
+
+CUDA_13_WHEELS = ("nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
+                  "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85")
+"""CUDA 13.0's compiler, its crt headers and libnvvm, runtime and CCCL from PyPI (13.0 Update 2,
+the CUDA of 25.11; the cccl wheel numbers its own releases)."""
+
+
+@pytest.fixture(scope="session")
+def cuda_13_0_release_image(docker_client, tmp_path_factory) -> str:
+    """Stands in for 25.11's image, GPU on: trixie + CUDA 13.0 from PyPI's wheels."""
+    import shutil
+
+    import docker.errors
+
+    from builder.base.os_image import debian_os_image
+    from builder.cache import cached_download
+    from builder.engine.build import build_image
+
+    tag = "triton-builder-test/cuda-13.0-release:1"
+    try:
+        docker_client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    context = tmp_path_factory.mktemp("cuda-13-release")
+    (context / "wheels").mkdir()
+    shutil.copyfile(IMAGES / "cuda-pypi-release.Dockerfile", context / "Dockerfile")
+    for requirement in CUDA_13_WHEELS:
+        name, version = requirement.split("==")
+        wheel = cached_download(requirement, "wheels",
+                                f"{name.replace('-', '_')}-{version}-*x86_64*.whl",
+                                "--only-binary=:all:", "--platform", "manylinux2014_x86_64",
+                                "--python-version", "3.11")
+        shutil.copyfile(wheel, context / "wheels" / wheel.name)
+    build_image(docker_client, context, [tag],
+                buildargs={"BASE": debian_os_image(docker_client, suite="trixie")},
+                network_mode="host")
+    return tag
+
+
+@pytest.fixture(scope="session")
 def text_embedding_image(docker_client, cpu_base_image) -> str:
     """The example text-embedding pipeline's serving image (built and verified once)."""
     from builder import build_docker_image

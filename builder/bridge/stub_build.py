@@ -41,6 +41,10 @@ from builder.progress import Log
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
 STUB_PATH = "/triton_python_backend_stub"
+CUDA_ROOT = "/usr/local/cuda"
+"""Where the NGC release images keep the CUDA toolkit a GPU-on stub is compiled with."""
+CUDA_HOST_COMPILER_SCRIPT = Path(__file__).with_name("cuda_host_compiler.py")
+"""Run in the stage (GPU on): picks the host compiler the image's nvcc accepts."""
 SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
 """A directory of source tarballs used instead of fetching (as ``sources=``)."""
 
@@ -74,7 +78,7 @@ def compile_stub(
     PyPI source replaces the branch's pin (which cannot build newer Pythons). ``sources`` (default
     ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
     fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
-    toolkit is in their image).
+    toolkit is in their image, at :data:`CUDA_ROOT`).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
@@ -85,10 +89,12 @@ def compile_stub(
                                         python_image=python_image, pybind11=pybind11,
                                         local_sources=bool(archives), gpu=gpu, jobs=jobs)
     images = [_image(client, build_image_name, "the image to build the stub on")]
-    scripts = []  # what the first stage runs in the image holding the Python
+    scripts = []  # what the stages run (the interpreter copy, the host compiler probe)
     if python_image:
         images.append(_image(client, python_image, f"the image holding Python {python_version}"))
         scripts.append(COPY_SCRIPT)
+    if gpu:
+        scripts.append(CUDA_HOST_COMPILER_SCRIPT)
     key = content_hash(dockerfile, template_source(TEMPLATE), CMAKE_REQUIREMENT,
                        *(script.read_bytes() for script in scripts),
                        *(image.id for image in images), *(archive.name for archive in archives))
@@ -126,7 +132,7 @@ def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name
     return render(TEMPLATE, branch=branch, python_version=python_version,
                   build_image=build_image_name, python_image=python_image, pybind11=pybind11,
                   local_sources=local_sources, patch_boost=PATCH_BOOST,
-                  gpu="ON" if gpu else "OFF", jobs=jobs)
+                  gpu="ON" if gpu else "OFF", cuda_root=CUDA_ROOT if gpu else None, jobs=jobs)
 
 
 def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = True) -> list[Path]:
