@@ -47,7 +47,7 @@ def accepted(nvcc: str, compiler: str, workdir: str) -> tuple[bool, str]:
     result = subprocess.run([nvcc, "-ccbin", compiler, "-c", source, "-o",
                              os.path.join(workdir, "probe.o")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True)
+                            text=True)
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     return result.returncode == 0, (lines[-1] if lines else f"exit status {result.returncode}")
 
