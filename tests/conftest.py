@@ -145,63 +145,77 @@ def glibc_2_31_release_image(docker_client, bullseye_image) -> str:
                      "triton-builder-test/glibc-2.31-release:1", {"BASE": bullseye_image})
 
 
+CUDA_WHEELS = {
+    "11.8": ("nvidia-cuda-nvcc-cu11==11.8.89", "nvidia-cuda-runtime-cu11==11.8.89"),
+    "12.4": ("nvidia-cuda-nvcc-cu12==12.4.131", "nvidia-cuda-runtime-cu12==12.4.127"),
+    "13.0": ("nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
+             "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85"),
+}
+"""PyPI's part of each CUDA stand-in, of the CUDA release of its toolkit: 11.8.89 and 12.4.131
+as Debian bookworm's and trixie's nvidia-cuda-toolkit (runtime headers, libcudart, ptxas, crt/,
+libnvvm); 13.0 Update 2 (25.11's CUDA) entire, nvcc included (the cccl wheel numbers its own
+releases)."""
+
+
 @pytest.fixture(scope="session")
 def cuda_11_8_release_image(docker_client) -> str:
-    """Stands in for 22.12's image, GPU on: bookworm + Debian's CUDA 11.8 (tests/images)."""
+    """Stands in for 22.12's image, GPU on: bookworm + CUDA 11.8 (Debian's nvcc, PyPI's runtime)."""
     from builder.base.os_image import debian_os_image
 
-    return _stand_in(docker_client, "cuda-debian-release.Dockerfile",
-                     "triton-builder-test/cuda-11.8-release:1",
-                     {"BASE": debian_os_image(docker_client, suite="bookworm"),
-                      "SUITE": "bookworm", "BOOST_TOO_NEW": "libboost1.81-dev"})
+    return _cuda_stand_in(docker_client, "cuda-debian-release.Dockerfile", "11.8",
+                          {"BASE": debian_os_image(docker_client, suite="bookworm"),
+                           "SUITE": "bookworm", "HOST_GXX": "g++-11",
+                           "BOOST_TOO_NEW": "libboost1.81-dev"})
 
 
 @pytest.fixture(scope="session")
 def cuda_12_4_release_image(docker_client) -> str:
-    """Stands in for 24.12's image (CUDA 12.6), GPU on: trixie + Debian's CUDA 12.4."""
+    """Stands in for 24.12's image (CUDA 12.6), GPU on: trixie + CUDA 12.4 (Debian's newest)."""
     from builder.base.os_image import debian_os_image
 
-    return _stand_in(docker_client, "cuda-debian-release.Dockerfile",
-                     "triton-builder-test/cuda-12.4-release:1",
-                     {"BASE": debian_os_image(docker_client, suite="trixie"), "SUITE": "trixie"})
-
-
-CUDA_13_WHEELS = ("nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
-                  "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85")
-"""CUDA 13.0's compiler, its crt headers and libnvvm, runtime and CCCL from PyPI (13.0 Update 2,
-the CUDA of 25.11; the cccl wheel numbers its own releases)."""
+    return _cuda_stand_in(docker_client, "cuda-debian-release.Dockerfile", "12.4",
+                          {"BASE": debian_os_image(docker_client, suite="trixie"),
+                           "SUITE": "trixie", "HOST_GXX": "g++-13"})
 
 
 @pytest.fixture(scope="session")
-def cuda_13_0_release_image(docker_client, tmp_path_factory) -> str:
+def cuda_13_0_release_image(docker_client) -> str:
     """Stands in for 25.11's image, GPU on: trixie + CUDA 13.0 from PyPI's wheels."""
+    from builder.base.os_image import debian_os_image
+
+    return _cuda_stand_in(docker_client, "cuda-pypi-release.Dockerfile", "13.0",
+                          {"BASE": debian_os_image(docker_client, suite="trixie")})
+
+
+def _cuda_stand_in(client, dockerfile: str, cuda: str, buildargs: dict[str, str]) -> str:
+    """Build ``tests/images/<dockerfile>`` with :data:`CUDA_WHEELS` ``[cuda]`` in its context's
+    ``wheels/``, as ``triton-builder-test/cuda-<cuda>-release``, unless the engine has it."""
     import shutil
+    import tempfile
 
     import docker.errors
 
-    from builder.base.os_image import debian_os_image
     from builder.cache import cached_download
     from builder.engine.build import build_image
 
-    tag = "triton-builder-test/cuda-13.0-release:1"
+    tag = f"triton-builder-test/cuda-{cuda}-release:1"
     try:
-        docker_client.images.get(tag)
+        client.images.get(tag)
         return tag
     except docker.errors.ImageNotFound:
         pass
-    context = tmp_path_factory.mktemp("cuda-13-release")
-    (context / "wheels").mkdir()
-    shutil.copyfile(IMAGES / "cuda-pypi-release.Dockerfile", context / "Dockerfile")
-    for requirement in CUDA_13_WHEELS:
-        name, version = requirement.split("==")
-        wheel = cached_download(requirement, "wheels",
-                                f"{name.replace('-', '_')}-{version}-*x86_64*.whl",
-                                "--only-binary=:all:", "--platform", "manylinux2014_x86_64",
-                                "--python-version", "3.11")
-        shutil.copyfile(wheel, context / "wheels" / wheel.name)
-    build_image(docker_client, context, [tag],
-                buildargs={"BASE": debian_os_image(docker_client, suite="trixie")},
-                network_mode="host")
+    with tempfile.TemporaryDirectory(prefix="cuda-stand-in-") as workdir:
+        context = Path(workdir)
+        (context / "wheels").mkdir()
+        shutil.copyfile(IMAGES / dockerfile, context / "Dockerfile")
+        for requirement in CUDA_WHEELS[cuda]:
+            name, version = requirement.split("==")
+            wheel = cached_download(requirement, "wheels",
+                                    f"{name.replace('-', '_')}-{version}-*x86_64*.whl",
+                                    "--only-binary=:all:", "--platform", "manylinux2014_x86_64",
+                                    "--python-version", "3.11")
+            shutil.copyfile(wheel, context / "wheels" / wheel.name)
+        build_image(client, context, [tag], buildargs=buildargs, network_mode="host")
     return tag
 
 

@@ -1,45 +1,56 @@
-# Stands in for the image of an NGC Triton release when its python backend stub is compiled with
-# TRITON_ENABLE_GPU=ON (no NGC here): a Debian base plus Debian's non-free CUDA toolkit, laid out
-# where the release images keep theirs (/usr/local/cuda/{bin,include,lib64}; Debian's own
-# /usr/bin/nvcc is removed, so the build must find the toolkit where NGC images have it).
-# Built by tests/conftest.py with BASE (a Debian image made by builder/base/os_image.py) and
-# BOOST_TOO_NEW (Boost packages the release's Ubuntu lacks, refused here so the stub stage falls
-# back to the distribution's libboost-dev as it does on the release image).
-#   Debian bookworm (for 22.12, Ubuntu 20.04, CUDA 11.8): toolkit 11.8.89 as in 22.12; GCC 12 is
-#     the default compiler and nvcc 11.8 refuses it (Debian's package brings g++-11; Ubuntu 20.04's
-#     default GCC 9 is accepted); Boost 1.74 (Ubuntu 20.04: 1.71); glibc 2.36, NOT 2.31 — the
-#     glibc-2.31 stand-in (bullseye, GPU off) covers that; bullseye's toolkit is CUDA 11.2.
-#   Debian trixie (for 24.12, Ubuntu 24.04, CUDA 12.6): toolkit 12.4.131 — NOT 12.6, the newest
-#     Debian packages; default GCC 14, refused by nvcc 12.4 (Debian's package brings g++-13, the
-#     default GCC of Ubuntu 24.04); Boost 1.83 and glibc 2.41 (Ubuntu 24.04: 1.83 and 2.39).
-# Not reproduced: NVIDIA's own packaging of the toolkit (file names and versions of the libraries
-# beside libcudart), cuDNN/TensorRT/Triton itself, and anything run on a GPU (compiling needs none).
-# Only what the compile uses is kept: nvcc and its tools, libnvvm, the CUDA headers and libcudart;
-# cuBLAS, cuFFT, cuSPARSE, cuSOLVER, cuRAND, NPP, nvJPEG and the profilers go in the same layer.
+# Stands in for the image of an NGC Triton release of CUDA 11 or 12 when its python backend stub is
+# compiled with TRITON_ENABLE_GPU=ON (no NGC here). A Debian base (BASE, made by
+# builder/base/os_image.py) plus a CUDA toolkit laid out as NGC images keep theirs,
+# /usr/local/cuda/{bin,nvvm,include,lib64} (targets/x86_64-linux beside them, NVIDIA's
+# nvcc.profile), from two sources of the SAME CUDA release, since neither alone has a small one:
+#   - Debian's non-free nvidia-cuda-toolkit package (SUITE): nvcc, cicc, cudafe++, fatbinary,
+#     nvlink, bin2c. Only that .deb is unpacked: installed with its dependencies it is 1.6-1.8 GB
+#     of downloads (nvidia-cuda-dev alone 774 MB, 2.8 GB installed: cuBLAS, cuFFT, cuSPARSE, NPP,
+#     static libraries) of which the compile uses none;
+#   - PyPI's nvidia-cuda-runtime-cuXX (cuda.h, the runtime headers, libcudart) and
+#     nvidia-cuda-nvcc-cuXX (ptxas, nvcc's crt/ headers, libnvvm, libdevice), in wheels/ of the
+#     context (put there by tests/conftest.py).
+# HOST_GXX is the g++ Debian's toolkit depends on; BOOST_TOO_NEW a Boost package the release's
+# Ubuntu lacks, refused here so the stub stage falls back to libboost-dev as on the release image.
+#   bookworm, for 22.12 (Ubuntu 20.04, CUDA 11.8): CUDA 11.8.89 as 22.12's; default GCC 12, which
+#     nvcc 11.8 refuses (Ubuntu 20.04's GCC 9 it accepts): the stage must find g++-11; Boost 1.74
+#     (Ubuntu 20.04: 1.71); glibc 2.36, NOT 2.31 (bullseye's toolkit is CUDA 11.2; the GPU-off
+#     glibc-2.31 stand-in covers the glibc).
+#   trixie, for 24.12 (Ubuntu 24.04, CUDA 12.6): CUDA 12.4.131, NOT 12.6 (the newest Debian
+#     packages); default GCC 14, which nvcc 12.4 refuses (g++-13 beside it, Ubuntu 24.04's
+#     default); Boost 1.83 as Ubuntu 24.04's; glibc 2.41 (Ubuntu 24.04: 2.39).
+# Not reproduced: NVIDIA's deb packaging and every CUDA library but libcudart, cuDNN, TensorRT,
+# Triton itself, and anything run on a GPU (compiling needs none).
 ARG BASE
 FROM ${BASE}
 ARG SUITE
+ARG HOST_GXX
 ARG BOOST_TOO_NEW=none
+COPY wheels/ /tmp/wheels/
 RUN echo "deb http://deb.debian.org/debian ${SUITE} contrib non-free" \
       > /etc/apt/sources.list.d/non-free.list \
  && printf 'Package: %s\nPin: version *\nPin-Priority: -1\n' "${BOOST_TOO_NEW}" \
       > /etc/apt/preferences.d/boost-of-the-release \
  && apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nvidia-cuda-toolkit \
- && rm -rf /var/lib/apt/lists/* \
- && cd /usr/lib/x86_64-linux-gnu \
- && rm -rf libcublas* libcufft* libcusolver* libcusparse* libcurand* libnpp* libnvblas* \
-      libnvjpeg* libcupti* libnvperf* libaccinj* libcuinj* libnvrtc* libOpenCL* libcufile* \
-      /usr/lib/nvidia-cuda-toolkit/libnvvp /usr/share/doc/nvidia* \
- && mkdir -p /usr/local/cuda/include /usr/local/cuda/lib64 \
- && ln -s /usr/lib/nvidia-cuda-toolkit/bin /usr/local/cuda/bin \
- && for header in $(dpkg -L nvidia-cuda-dev | sed -n 's|^/usr/include/||p'); do \
-      [ -e "/usr/include/$header" ] && [ ! -d "/usr/include/$header" ] || continue; \
-      mkdir -p "/usr/local/cuda/include/$(dirname "$header")"; \
-      ln -s "/usr/include/$header" "/usr/local/cuda/include/$header"; done \
- && for library in /usr/lib/x86_64-linux-gnu/libcudart* /usr/lib/x86_64-linux-gnu/libcudadevrt*; do \
-      [ -e "$library" ] && ln -s "$library" /usr/local/cuda/lib64/; done \
- && ln -s /usr/lib/nvidia-cuda-toolkit/libdevice /usr/local/cuda/nvvm 2>/dev/null || true \
- && rm -f /usr/bin/nvcc \
- && /usr/local/cuda/bin/nvcc --version | tail -2 \
- && ls /usr/local/cuda/include/cuda_runtime.h /usr/local/cuda/lib64/libcudart.so
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${HOST_GXX}" \
+ && mkdir /tmp/cuda && cd /tmp/cuda && apt-get download nvidia-cuda-toolkit \
+ && dpkg -x nvidia-cuda-toolkit_*.deb deb \
+ && for wheel in /tmp/wheels/*.whl; do python3 -m zipfile -e "$wheel" wheel; done \
+ && mkdir -p /usr/local/cuda/bin /usr/local/cuda/nvvm/bin /usr/local/cuda/targets/x86_64-linux \
+ && cp -a wheel/nvidia/cuda_runtime/include wheel/nvidia/cuda_runtime/lib /usr/local/cuda/ \
+ && cp -a wheel/nvidia/cuda_nvcc/include/. /usr/local/cuda/include/ \
+ && cp -a wheel/nvidia/cuda_nvcc/nvvm/. /usr/local/cuda/nvvm/ \
+ && cp -a wheel/nvidia/cuda_nvcc/bin/ptxas deb/usr/lib/nvidia-cuda-toolkit/bin/nvcc \
+      deb/usr/lib/nvidia-cuda-toolkit/bin/crt deb/usr/bin/cudafe++ deb/usr/bin/fatbinary \
+      deb/usr/bin/nvlink deb/usr/bin/bin2c /usr/local/cuda/bin/ \
+ && cp -a deb/usr/lib/nvidia-cuda-toolkit/bin/cicc /usr/local/cuda/nvvm/bin/ \
+ && printf '%s\n' 'TOP = $(_HERE_)/..' 'NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice' \
+      'LD_LIBRARY_PATH += $(TOP)/lib:' 'PATH += $(TOP)/nvvm/bin:$(_HERE_):' \
+      'INCLUDES += "-I$(TOP)/$(_TARGET_DIR_)/include" $(_SPACE_)' \
+      'LIBRARIES =+ $(_SPACE_) "-L$(TOP)/$(_TARGET_DIR_)/lib$(_TARGET_SIZE_)/stubs" "-L$(TOP)/$(_TARGET_DIR_)/lib$(_TARGET_SIZE_)"' \
+      > /usr/local/cuda/bin/nvcc.profile \
+ && chmod +x /usr/local/cuda/bin/* /usr/local/cuda/nvvm/bin/* \
+ && cd /usr/local/cuda && ln -s "$(basename lib/libcudart.so.*)" lib/libcudart.so && ln -s lib lib64 \
+ && ln -s ../../include targets/x86_64-linux/include && ln -s ../../lib targets/x86_64-linux/lib \
+ && rm -rf /tmp/cuda /tmp/wheels /var/lib/apt/lists/* \
+ && /usr/local/cuda/bin/nvcc --version | tail -2
