@@ -92,3 +92,16 @@ def test_a_gpu_release_compiles_its_stub_gpu_on_linking_the_carried_python_and_c
     assert "libpython3.11.so.1.0" in needed, needed
     assert cudart in needed, f"the GPU-on stub links no {cudart}: {needed}"
     assert "RUNPATH" not in dynamic and "RPATH" not in dynamic
+
+
+def test_the_host_compiler_probe_names_the_missing_toolkit(tmp_path):
+    """Run as the stage runs it: without nvcc where NGC images keep it, the build stops naming
+    the path and why, before CMake's own less direct failure."""
+    from builder.environment.stub_build import CUDA_HOST_COMPILER_SCRIPT
+
+    result = subprocess.run(["python3", str(CUDA_HOST_COMPILER_SCRIPT),
+                             str(tmp_path / "cuda" / "bin" / "nvcc")],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and not result.stdout
+    assert f"no nvcc at {tmp_path}/cuda/bin/nvcc" in result.stderr
+    assert "/usr/local/cuda" in result.stderr

@@ -3,7 +3,8 @@
 This machine reaches no source host, so the sources come from ``../shared/triton-sources`` beside
 the repository checkout (``git archive`` tarballs of python_backend, common, core, backend,
 pybind11 and dlpack for r24.10 and r22.12); the tests skip, saying so, where it is absent.
-Stubs are built with ``TRITON_ENABLE_GPU=OFF`` (no CUDA toolkit here) and cached by content.
+Stubs here are built with ``TRITON_ENABLE_GPU=OFF`` (GPU on: ``test_gpu_stub_build.py``, on
+CUDA stand-ins) and cached by content.
 """
 
 from __future__ import annotations
