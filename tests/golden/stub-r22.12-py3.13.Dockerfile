@@ -12,13 +12,19 @@ RUN apt-get update \
      || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost-dev) \
  && rm -rf /var/lib/apt/lists/*
 COPY cmake/ /opt/cmake/
+COPY cuda_host_compiler.py /cuda_host_compiler.py
 COPY --from=python /opt/python /opt/python
 COPY pybind11/ /opt/pybind11/
 RUN git clone --depth 1 --branch r22.12 https://github.com/triton-inference-server/python_backend /src/python_backend
 RUN python3 -c 'import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.read_text(); s = re.sub(r'"'"'ExternalProject_Add\(\s*boostorg.*?\n\)\n'"'"', '"'"'add_custom_target(boostorg)\n'"'"', s, flags=re.S); s = s.replace('"'"'set(boostorg_INCLUDE_DIRS "${CMAKE_BINARY_DIR}/boost/")'"'"', '"'"'set(boostorg_INCLUDE_DIRS "/usr/include")'"'"'); p.write_text(s)' /src/python_backend/CMakeLists.txt
 WORKDIR /src/python_backend/build
-RUN /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
+RUN CUDAHOSTCXX="$(python3 /cuda_host_compiler.py /usr/local/cuda/bin/nvcc)" \
+ && export CUDAHOSTCXX && echo "CUDA host compiler: $CUDAHOSTCXX" \
+ && /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
       '-DCMAKE_CXX_FLAGS=-include functional' \
+      -DCUDAToolkit_ROOT=/usr/local/cuda -DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda \
+      -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDA_HOST_COMPILER="$CUDAHOSTCXX" \
+      -DCUDA_PROPAGATE_HOST_FLAGS=OFF \
       -DTRITON_BACKEND_REPO_TAG=r22.12 -DTRITON_COMMON_REPO_TAG=r22.12 \
       -DTRITON_CORE_REPO_TAG=r22.12 \
       -DPYTHON_EXECUTABLE=/opt/python/bin/python3.13-build \
