@@ -18,7 +18,11 @@
 #     glibc-2.31 stand-in covers the glibc).
 #   trixie, for 24.12 (Ubuntu 24.04, CUDA 12.6): CUDA 12.4.131, NOT 12.6 (the newest Debian
 #     packages); default GCC 14, which nvcc 12.4 refuses (g++-13 beside it, Ubuntu 24.04's
-#     default); Boost 1.83 as Ubuntu 24.04's; glibc 2.41 (Ubuntu 24.04: 2.39).
+#     default); Boost 1.83 as Ubuntu 24.04's; glibc 2.41 (Ubuntu 24.04: 2.39), whose math.h
+#     declares sinpi/cospi(f) noexcept, which CUDA 12.4's crt/math_functions.h contradicts (nvcc:
+#     "exception specification is incompatible"; CUDA 12.9 fixed it): GLIBC_2_41_MATH=1 marks the
+#     four CUDA declarations noexcept as well — a stand-in-only patch, 24.12's glibc 2.39 has no
+#     such declarations.
 # Not reproduced: NVIDIA's deb packaging and every CUDA library but libcudart, cuDNN, TensorRT,
 # Triton itself, and anything run on a GPU (compiling needs none).
 ARG BASE
@@ -26,6 +30,7 @@ FROM ${BASE}
 ARG SUITE
 ARG HOST_GXX
 ARG BOOST_TOO_NEW=none
+ARG GLIBC_2_41_MATH=0
 COPY wheels/ /tmp/wheels/
 RUN echo "deb http://deb.debian.org/debian ${SUITE} contrib non-free" \
       > /etc/apt/sources.list.d/non-free.list \
@@ -50,6 +55,10 @@ RUN echo "deb http://deb.debian.org/debian ${SUITE} contrib non-free" \
       'LIBRARIES =+ $(_SPACE_) "-L$(TOP)/$(_TARGET_DIR_)/lib$(_TARGET_SIZE_)/stubs" "-L$(TOP)/$(_TARGET_DIR_)/lib$(_TARGET_SIZE_)"' \
       > /usr/local/cuda/bin/nvcc.profile \
  && chmod +x /usr/local/cuda/bin/* /usr/local/cuda/nvvm/bin/* \
+ && if [ "${GLIBC_2_41_MATH}" = 1 ]; then sed -i -E \
+      's/^(extern .*__device_builtin__ +(double|float) +(sinpif?|cospif?)\((double|float) x\));/\1 noexcept (true);/' \
+      /usr/local/cuda/include/crt/math_functions.h \
+    && [ "$(grep -c 'x) noexcept (true);' /usr/local/cuda/include/crt/math_functions.h)" = 4 ]; fi \
  && cd /usr/local/cuda && ln -s "$(basename lib/libcudart.so.*)" lib/libcudart.so && ln -s lib lib64 \
  && ln -s ../../include targets/x86_64-linux/include && ln -s ../../lib targets/x86_64-linux/lib \
  && rm -rf /tmp/cuda /tmp/wheels /var/lib/apt/lists/* \
