@@ -10,7 +10,9 @@ else rendered is the real build's (checked below). Compiling needs no GPU. The s
   which nvcc 11.8 refuses (the stage must find the g++-11 beside it); Boost 1.74 (Ubuntu: 1.71);
   glibc 2.36, not 2.31 (the GPU-off glibc-2.31 test in ``test_stub_build.py`` covers that).
 * 24.12 (CUDA 12.6, Ubuntu 24.04): Debian trixie + Debian's CUDA 12.4 (no 12.6 is packaged);
-  GCC 14 by default, refused by nvcc 12.4 (g++-13 beside it, Ubuntu 24.04's default); Boost 1.83.
+  GCC 14 by default, refused by nvcc 12.4 (g++-13 beside it, Ubuntu 24.04's default); Boost 1.83;
+  glibc 2.41, whose sinpi/cospi declarations CUDA 12.4's headers contradict (patched in the
+  stand-in only: 24.12's glibc 2.39 lacks them).
 * 25.11 (CUDA 13.0, Ubuntu 24.04): Debian trixie + CUDA 13.0 from PyPI's wheels; GCC 14 (nvcc
   13.0 accepts it); Boost 1.83.
 
