@@ -175,7 +175,8 @@ def cuda_12_4_release_image(docker_client) -> str:
 
     return _cuda_stand_in(docker_client, "cuda-debian-release.Dockerfile", "12.4",
                           {"BASE": debian_os_image(docker_client, suite="trixie"),
-                           "SUITE": "trixie", "HOST_GXX": "g++-13", "GLIBC_2_41_MATH": "1"})
+                           "SUITE": "trixie", "HOST_GXX": "g++-13", "GLIBC_2_41_MATH": "1",
+                           "STATIC_CUDART": "1"})
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,9 @@
 #   - PyPI's nvidia-cuda-runtime-cuXX (cuda.h, the runtime headers, libcudart) and
 #     nvidia-cuda-nvcc-cuXX (ptxas, nvcc's crt/ headers, libnvvm, libdevice), in wheels/ of the
 #     context (put there by tests/conftest.py).
-# HOST_GXX is the g++ Debian's toolkit depends on; BOOST_TOO_NEW a Boost package the release's
+# STATIC_CUDART=1 also takes libcudart_static.a and libcudadevrt.a out of Debian's nvidia-cuda-dev
+# (a large download: only for branches whose CMake runs enable_language(CUDA), r24.x onward, whose
+# compiler check links them; the NGC images have them). HOST_GXX is the g++ Debian's toolkit depends on; BOOST_TOO_NEW a Boost package the release's
 # Ubuntu lacks, refused here so the stub stage falls back to libboost-dev as on the release image.
 #   bookworm, for 22.12 (Ubuntu 20.04, CUDA 11.8): CUDA 11.8.89 as 22.12's; default GCC 12, which
 #     nvcc 11.8 refuses (Ubuntu 20.04's GCC 9 it accepts): the stage must find g++-11; Boost 1.74
@@ -31,6 +33,7 @@ ARG SUITE
 ARG HOST_GXX
 ARG BOOST_TOO_NEW=none
 ARG GLIBC_2_41_MATH=0
+ARG STATIC_CUDART=0
 COPY wheels/ /tmp/wheels/
 RUN echo "deb http://deb.debian.org/debian ${SUITE} contrib non-free" \
       > /etc/apt/sources.list.d/non-free.list \
@@ -59,6 +62,11 @@ RUN echo "deb http://deb.debian.org/debian ${SUITE} contrib non-free" \
       's/^(extern .*__device_builtin__ +(double|float) +(sinpif?|cospif?)\((double|float) x\));/\1 noexcept (true);/' \
       /usr/local/cuda/include/crt/math_functions.h \
     && [ "$(grep -c 'x) noexcept (true);' /usr/local/cuda/include/crt/math_functions.h)" = 4 ]; fi \
+ && if [ "${STATIC_CUDART}" = 1 ]; then apt-get download nvidia-cuda-dev \
+    && dpkg-deb --fsys-tarfile nvidia-cuda-dev_*.deb | tar -x --wildcards \
+         './usr/lib/x86_64-linux-gnu/libcudart_static.a' './usr/lib/x86_64-linux-gnu/libcudadevrt.a' \
+    && mv usr/lib/x86_64-linux-gnu/libcudart_static.a usr/lib/x86_64-linux-gnu/libcudadevrt.a \
+         /usr/local/cuda/lib/; fi \
  && cd /usr/local/cuda && ln -s "$(basename lib/libcudart.so.*)" lib/libcudart.so && ln -s lib lib64 \
  && ln -s ../../include targets/x86_64-linux/include && ln -s ../../lib targets/x86_64-linux/lib \
  && rm -rf /tmp/cuda /tmp/wheels /var/lib/apt/lists/* \
