@@ -5,7 +5,7 @@ asks for: Ubuntu 20.04 (22.12, the CUDA 11.8 release) has 3.16, r22.12's ``CMake
 says ``cmake_minimum_required(VERSION 3.17)``. The wheel's binaries are manylinux2014 (glibc
 2.17), so they run on every release image. CMake 4 refuses ``cmake_minimum_required`` below 3.5,
 which dependencies of the older branches still declare, and python_backend r25.08 onward asks
-for 3.31.8 (:mod:`builder.environment.python_backend_cmake` has what each branch requires): the
+for 3.31.8 (:mod:`builder.bridge.python_backend_cmake` has what each branch requires): the
 pin is the newest CMake 3 on PyPI, 3.31.10 (``pip index versions cmake``, 2026-11-24; 3.31.6, the
 pin before, stops r25.08 and later at configure).
 """

@@ -1,6 +1,6 @@
 """The CMake each python_backend branch requires, from its ``cmake_minimum_required``.
 
-The stub's build stage brings its own CMake (:mod:`builder.environment.cmake_wheel`); the version
+The stub's build stage brings its own CMake (:mod:`builder.bridge.cmake_wheel`); the version
 it pins must be at least what every branch the compile route can take asks for, and below 4
 (CMake 4 refuses the ``cmake_minimum_required`` below 3.5 that dependencies of the older branches
 still declare). The table below is what the pin is chosen from.

@@ -3,7 +3,7 @@
 The requirements are read from the branch tarballs in ``../shared/triton-sources`` where a branch
 is kept there (r22.12, r23.05, r24.10, r24.12, r25.11); for the other branches of the release
 table the test holds the pin against the table's value, which follows the documented rule
-(3.17 up to r25.02, 3.31.8 from r25.08; :mod:`builder.environment.python_backend_cmake`).
+(3.17 up to r25.02, 3.31.8 from r25.08; :mod:`builder.bridge.python_backend_cmake`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from builder.base.releases import RELEASES, compiled_stub
-from builder.environment.cmake_wheel import CMAKE_REQUIREMENT
-from builder.environment.python_backend_cmake import (
+from builder.base.releases import RELEASES
+from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT
+from builder.bridge.python_backend_cmake import (
     CMAKE_REQUIRED_FROM,
     cmake_required,
     newest_requirement,
     version_key,
 )
+from builder.bridge.routes import compiled_stub
+from tests.support.paths import TRITON_SOURCES
 
-SOURCES = Path(__file__).resolve().parents[1].parent / "shared" / "triton-sources"
+SOURCES = TRITON_SOURCES
 PIN = CMAKE_REQUIREMENT.split("==")[1]
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
