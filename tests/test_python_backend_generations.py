@@ -22,6 +22,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,22 @@ def test_bad_requests_in_a_dynamic_batch_fail_alone(served):
     assert executions < len(texts), "no dynamic batch was formed"
     print(f"{branch}: 8 bad among 64 in flight, in {executions} executions, every good one "
           f"answered")
+
+
+def test_per_operator_metrics_are_served_where_the_branch_has_custom_metrics(served):
+    """r23.05 binds ``MetricFamily`` (the pipeline model's counters reach the server's metrics
+    endpoint); r22.12 has none, and the model serves untimed."""
+    branch, server = served
+    metrics = PythonBackendApi.of(pb_utils_standin.generation(branch)).custom_metrics
+    pipeline, inputs = EXAMPLES["text_embedding"]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        infer(client, "pipeline", pipeline.signature(), [(inputs[0],)])
+    deadline = time.monotonic() + 10
+    while True:  # sent every second by the model's own thread
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as page:
+            text = page.read().decode()
+        found = 'triton_builder_operator_rows{model="pipeline"' in text
+        if found or not metrics or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert found == metrics, f"{branch}: per-operator metrics {'missing' if metrics else 'found'}"
