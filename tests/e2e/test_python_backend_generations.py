@@ -33,16 +33,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder import build_pipeline_model
-from builder.environment.stub_build import compile_stub
+from builder.bridge.stub_build import compile_stub
 from builder.runtime.pipeline_model import PythonBackendApi
 from builder.tritonserver.host_process import TritonServer
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND
 from builder.verify.equality import check_same
-from tests import pb_utils_standin
-from tests.example_inputs import EXAMPLES, TEXTS
-from tests.pipeline_client import infer, infer_concurrently
-from tests.test_reliability import GoodTraffic, _bad_requests
-from tests.test_stub_build import SOURCES, needs_sources
+from tests.e2e.test_reliability import GoodTraffic, _bad_requests
+from tests.e2e.test_stub_build import SOURCES, needs_sources
+from tests.support import pb_utils_standin
+from tests.support.example_inputs import EXAMPLES, TEXTS
+from tests.support.pipeline_client import infer, infer_concurrently
 
 pytestmark = [pytest.mark.slow, needs_sources]
 BRANCHES = ["r22.12", "r23.05"]
