@@ -45,6 +45,9 @@ CUDA_ROOT = "/usr/local/cuda"
 """Where the NGC release images keep the CUDA toolkit a GPU-on stub is compiled with."""
 CUDA_HOST_COMPILER_SCRIPT = Path(__file__).with_name("cuda_host_compiler.py")
 """Run in the stage (GPU on): picks the host compiler the image's nvcc accepts."""
+BACKEND_PATH = "/python_backend"
+"""With ``backend=True``, where the stage leaves the branch's :data:`BACKEND_FILES`."""
+BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
 """A directory of source tarballs used instead of fetching (as ``sources=``)."""
 
@@ -68,6 +71,7 @@ def compile_stub(
     pybind11: str | None = None,
     sources: str | os.PathLike | None = None,
     gpu: bool = False,
+    backend: bool = False,
     jobs: int = 2,
     on_log: Log | None = None,
 ) -> Path:
@@ -78,7 +82,10 @@ def compile_stub(
     PyPI source replaces the branch's pin (which cannot build newer Pythons). ``sources`` (default
     ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
     fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
-    toolkit is in their image, at :data:`CUDA_ROOT`).
+    toolkit is in their image, at :data:`CUDA_ROOT`). ``backend`` builds the branch's backend library as well:
+    ``libtriton_python.so`` and the branch's ``triton_python_backend_utils.py`` then lie beside
+    the returned stub, a whole python backend of that branch (the tests load it into the host
+    Triton to run each release's python backend API).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
@@ -87,7 +94,8 @@ def compile_stub(
     dockerfile = render_stub_dockerfile(branch=branch, python_version=python_version,
                                         build_image_name=build_image_name,
                                         python_image=python_image, pybind11=pybind11,
-                                        local_sources=bool(archives), gpu=gpu, jobs=jobs)
+                                        local_sources=bool(archives), gpu=gpu,
+                                        backend=backend, jobs=jobs)
     images = [_image(client, build_image_name, "the image to build the stub on")]
     scripts = []  # what the stages run (the interpreter copy, the host compiler probe)
     if python_image:
@@ -100,7 +108,8 @@ def compile_stub(
                        *(image.id for image in images), *(archive.name for archive in archives))
     entry = cache_dir("stubs") / key[:32]
     stub = entry / "triton_python_backend_stub"
-    if stub.is_file():
+    produced = (stub.name, *(BACKEND_FILES if backend else ()))
+    if all((entry / name).is_file() for name in produced):
         log(f"python_backend {branch} stub for Python {python_version} is cached: {stub}")
         return stub
     with tempfile.TemporaryDirectory(prefix="stub-build-") as workdir:
@@ -119,7 +128,7 @@ def compile_stub(
             f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
         built = build_image(client, context, [], network_mode="host", on_log=log)
         try:
-            _copy_out(client, built.id, entry)
+            _copy_out(client, built.id, entry, backend)
         finally:
             client.images.remove(built.id, force=True)
     return stub
@@ -127,12 +136,14 @@ def compile_stub(
 
 def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
                            local_sources: bool, gpu: bool, python_image: str | None = None,
-                           pybind11: str | None = None, jobs: int = 2) -> str:
+                           pybind11: str | None = None, backend: bool = False,
+                           jobs: int = 2) -> str:
     """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
     return render(TEMPLATE, branch=branch, python_version=python_version,
                   build_image=build_image_name, python_image=python_image, pybind11=pybind11,
                   local_sources=local_sources, patch_boost=PATCH_BOOST,
-                  gpu="ON" if gpu else "OFF", cuda_root=CUDA_ROOT if gpu else None, jobs=jobs)
+                  gpu="ON" if gpu else "OFF", cuda_root=CUDA_ROOT if gpu else None,
+                  backend=backend, jobs=jobs)
 
 
 def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = True) -> list[Path]:
@@ -198,18 +209,23 @@ def _image(client: docker.DockerClient, name: str, what: str) -> docker.models.i
         raise StubBuildError(f"{what}, {name}, is not on this engine") from error
 
 
-def _copy_out(client: docker.DockerClient, image_id: str, entry: Path) -> None:
+def _copy_out(client: docker.DockerClient, image_id: str, entry: Path, backend: bool) -> None:
     container = client.containers.create(image_id, command=["true"])
     try:
-        stream, _ = container.get_archive(STUB_PATH)
-        data = io.BytesIO(b"".join(stream))
+        archives = [io.BytesIO(b"".join(container.get_archive(path)[0]))
+                    for path in (STUB_PATH, *((BACKEND_PATH,) if backend else ()))]
     finally:
         container.remove(force=True)
     staging = entry.with_name(entry.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    with tarfile.open(fileobj=data) as archive:
-        archive.extractall(staging, filter="tar")
+    for data in archives:
+        with tarfile.open(fileobj=data) as archive:
+            archive.extractall(staging, filter="tar")
+    if backend:
+        for name in BACKEND_FILES:
+            (staging / Path(BACKEND_PATH).name / name).rename(staging / name)
+        (staging / Path(BACKEND_PATH).name).rmdir()
     (staging / "triton_python_backend_stub").chmod(0o755)
     shutil.rmtree(entry, ignore_errors=True)
     staging.rename(entry)

@@ -27,6 +27,7 @@ import platform
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,63 @@ class BlsError(RuntimeError):
     """A model operator's BLS request failed."""
 
 
+# -- the python backend API of the release this model runs on -------------------------------
+@dataclass(frozen=True)
+class PythonBackendApi:
+    """What ``triton_python_backend_utils`` offers in the release serving this model.
+
+    The same ``model.py`` runs on every release an image can be built on, 22.12 to 25.xx, and
+    the python backend binds more with each: the stub copies the names below from its
+    ``c_python_backend_utils`` module into ``triton_python_backend_utils`` (``src/pb_stub.cc``
+    of each branch). Each feature is found by the name that carries it, since nothing tells
+    the model its release; where one is missing the model does without it, as listed:
+
+    ====================  ======  ======  ======  =================================================
+    feature               r22.12  r23.05  r24.10  without it
+    ====================  ======  ======  ======  =================================================
+    ``Logger``            yes     yes     yes     warnings go to stderr (the server's log)
+    ``PreferredMemory``   no      yes     yes     BLS outputs may come in GPU memory: read them
+                                                  through dlpack (``InferenceRequest`` has no
+                                                  ``preferred_memory`` argument either)
+    ``MetricFamily``      no      yes     yes     no per-operator metrics
+    ``TritonError`` code  no      no      yes     a bad request is answered as a server error
+                                                  (``INTERNAL``); its message says "bad request"
+    ====================  ======  ======  ======  =================================================
+
+    Read from the python_backend branches r22.12, r23.05 and r24.10; the error codes came in
+    r23.09 (``TritonError(message, code)`` with ``TritonError.INVALID_ARG`` & co), r22.12 and
+    r23.05 bind ``TritonError(message)`` and ``message()`` alone.
+    """
+
+    logger: bool
+    preferred_memory: bool
+    custom_metrics: bool
+    error_codes: bool
+
+    @classmethod
+    def of(cls, pb: Any) -> PythonBackendApi:
+        """The features ``pb`` (``triton_python_backend_utils``, or a stand-in) offers."""
+        return cls(
+            logger=hasattr(pb, "Logger"),
+            preferred_memory=hasattr(pb, "PreferredMemory")
+            and hasattr(pb, "TRITONSERVER_MEMORY_CPU"),
+            custom_metrics=hasattr(pb, "MetricFamily"),
+            error_codes=hasattr(getattr(pb, "TritonError", None), "INVALID_ARG"),
+        )
+
+    def missing(self) -> list[str]:
+        """The features this release lacks, by name."""
+        return [name for name, present in vars(self).items() if not present]
+
+
 # -- the seam to Triton ----------------------------------------------------------------------
 class TritonApi:
-    """The few things the pipeline model does with ``triton_python_backend_utils``."""
+    """The few things the pipeline model does with ``triton_python_backend_utils``, in the
+    form the release's python backend offers (:class:`PythonBackendApi`)."""
 
     def __init__(self, pb: Any) -> None:
         self.pb = pb
+        self.features = PythonBackendApi.of(pb)
 
     def input_array(self, request: Any, name: str) -> np.ndarray | None:
         tensor = self.pb.get_input_tensor_by_name(request, name)
@@ -79,7 +131,7 @@ class TritonApi:
         """One BLS request; its outputs in ``output_names`` order."""
         pb = self.pb
         options = {}
-        if hasattr(pb, "PreferredMemory"):  # ask for host memory; dlpack covers the rest
+        if self.features.preferred_memory:  # ask for host memory; dlpack covers the rest
             options["preferred_memory"] = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0)
         request = pb.InferenceRequest(
             model_name=model_name,
@@ -106,17 +158,17 @@ class TritonApi:
 
     def error_response(self, message: str, *, bad_request: bool = False) -> Any:
         """An error response; ``bad_request`` makes it the client's fault (gRPC
-        ``INVALID_ARGUMENT``, HTTP 400) instead of the server's (``INTERNAL``, 500)."""
+        ``INVALID_ARGUMENT``, HTTP 400) instead of the server's (``INTERNAL``, 500) where the
+        release has error codes; before them every error is the server's."""
         error = self.pb.TritonError
-        if bad_request:
+        if bad_request and self.features.error_codes:
             return self.pb.InferenceResponse(output_tensors=[],
                                              error=error(message, error.INVALID_ARG))
         return self.pb.InferenceResponse(output_tensors=[], error=error(message))
 
     def log_warning(self, message: str) -> None:
-        logger = getattr(self.pb, "Logger", None)
-        if logger is not None:
-            logger.log_warn(message)
+        if self.features.logger:
+            self.pb.Logger.log_warn(message)
         else:
             print(message, file=sys.stderr)
 
@@ -287,7 +339,7 @@ class OperatorMetrics:
     @classmethod
     def create(cls, api: TritonApi, model: str, version: str,
                operators: Sequence[str]) -> OperatorMetrics | None:
-        if not hasattr(api.pb, "MetricFamily"):
+        if not api.features.custom_metrics:
             return None
         try:
             return cls(api, {"model": model, "version": version}, operators)

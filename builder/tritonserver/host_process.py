@@ -44,9 +44,13 @@ class TritonServer:
         env: dict[str, str] | None = None,
         ports: tuple[int, int, int] | None = None,
         exit_timeout: int = 5,
+        python_backend: Path | None = None,
     ) -> None:
         """``ports`` pins (http, grpc, metrics) — clients made before the server need them;
-        ``exit_timeout`` bounds how long a stop waits for idle keep-alive connections."""
+        ``exit_timeout`` bounds how long a stop waits for idle keep-alive connections;
+        ``python_backend`` is a directory holding another python_backend branch's library,
+        stub (built for this interpreter's Python) and ``triton_python_backend_utils.py``, to
+        serve with instead of the wheel's (see ``TritonDistribution.backend_directory``)."""
         self.model_repository = Path(model_repository).resolve()
         self._distribution = distribution
         self._log_verbose = log_verbose
@@ -54,6 +58,7 @@ class TritonServer:
         self._env = env or {}
         self._ports = ports
         self._exit_timeout = exit_timeout
+        self._python_backend = python_backend
         self._process: subprocess.Popen | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
@@ -81,7 +86,8 @@ class TritonServer:
         self._workdir = tempfile.TemporaryDirectory(prefix="tritonserver-")
         workdir = Path(self._workdir.name)
         python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        backends = distribution.backend_directory(workdir / "backends", python_version)
+        backends = distribution.backend_directory(workdir / "backends", python_version,
+                                                  self._python_backend)
         self.http_port, self.grpc_port, self.metrics_port = self._ports or free_ports(3)
         command = [
             str(distribution.tritonserver),
@@ -97,7 +103,8 @@ class TritonServer:
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT,
-                env=_server_environment(distribution, self._env), cwd=workdir,
+                env=_server_environment(distribution, self._env, (backends / "python",)),
+                cwd=workdir,
                 start_new_session=True,
             )
         try:
@@ -157,16 +164,19 @@ def triton_ready(http_url: str) -> bool:
         return False
 
 
-def _server_environment(distribution: TritonDistribution, extra: dict[str, str]) -> dict:
+def _server_environment(distribution: TritonDistribution, extra: dict[str, str],
+                        libraries: tuple[Path, ...] = ()) -> dict:
     """The stub links ``libpython3.X``: point it at this interpreter's, and at its packages.
 
     The embedded interpreter ignores ``PYTHONPATH`` and finds its prefix from the first
     ``python3`` on ``PATH`` (a virtual environment's ``pyvenv.cfg`` included), so this
     interpreter's directory goes first: a server started from an environment that is not
-    activated still sees that environment's packages.
+    activated still sees that environment's packages. ``libraries`` are more directories of
+    shared libraries (where a compiled python backend finds ``libtritonserver.so``).
     """
     env = dict(os.environ)
-    libdirs = [str(distribution.library_dir), sysconfig.get_config_var("LIBDIR") or ""]
+    libdirs = [str(distribution.library_dir), *map(str, libraries),
+               sysconfig.get_config_var("LIBDIR") or ""]
     env["LD_LIBRARY_PATH"] = _joined(libdirs, env.get("LD_LIBRARY_PATH", ""))
     env["PATH"] = _joined([os.path.dirname(sys.executable)], env.get("PATH", ""))
     env.update(extra)

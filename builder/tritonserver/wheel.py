@@ -29,6 +29,7 @@ PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 
 TRITON_VERSION = "2.51.0"
 STUB_PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 ONNXRUNTIME_BACKEND = Path(__file__).parents[1] / "runtime/backends/onnxruntime/model.py"
 
 
@@ -53,6 +54,12 @@ class TritonDistribution:
         return self.root / "nvidia_pytriton.libs"
 
     @property
+    def libtritonserver(self) -> Path:
+        """``libtritonserver.so``, renamed by auditwheel (``libtritonserver-<hash>.so``)."""
+        (library,) = self.library_dir.glob("libtritonserver*.so*")
+        return library
+
+    @property
     def python_backend(self) -> Path:
         return self.root / "pytriton" / "tritonserver" / "backends" / "python"
 
@@ -71,13 +78,26 @@ class TritonDistribution:
             "triton_python_backend_stub"
         )
 
-    def backend_directory(self, dest: Path, python_version: str) -> Path:
-        """Write a ``--backend-directory`` with the python and onnxruntime backends to ``dest``."""
+    def backend_directory(self, dest: Path, python_version: str,
+                          python_backend: Path | None = None) -> Path:
+        """Write a ``--backend-directory`` with the python and onnxruntime backends to ``dest``.
+
+        ``python_backend`` is a directory holding another branch's python backend
+        (``libtriton_python.so``, ``triton_python_backend_stub``, its
+        ``triton_python_backend_utils.py``) to use instead of the wheel's. Such a library asks
+        for ``libtritonserver.so``, which the wheel renamed: a link of that name is put beside
+        it, and the server's ``LD_LIBRARY_PATH`` must hold ``dest/python``.
+        """
         python = dest / "python"
         python.mkdir(parents=True, exist_ok=True)
-        for item in self.python_backend.iterdir():
-            shutil.copy2(item, python / item.name)
-        shutil.copy2(self.stub(python_version), python / "triton_python_backend_stub")
+        if python_backend is None:
+            for item in self.python_backend.iterdir():
+                shutil.copy2(item, python / item.name)
+            shutil.copy2(self.stub(python_version), python / "triton_python_backend_stub")
+        else:
+            for name in (*PYTHON_BACKEND_FILES, "triton_python_backend_stub"):
+                shutil.copy2(python_backend / name, python / name)
+            (python / "libtritonserver.so").symlink_to(self.libtritonserver)
         onnxruntime = dest / "onnxruntime"
         onnxruntime.mkdir(exist_ok=True)
         shutil.copy2(ONNXRUNTIME_BACKEND, onnxruntime / "model.py")

@@ -8,12 +8,17 @@ requests run the models of the repository under test in process (the exported ON
 through onnxruntime), so a unit test checks the runtime against the models it really calls.
 The end-to-end tests run the real server.
 
+This module itself plays python_backend r24.10; :func:`generation` gives the names and
+signatures another release's ``triton_python_backend_utils`` has (:data:`GENERATIONS`, read from
+each branch's ``src/pb_stub.cc``), e.g. r22.12's ``TritonError`` without error codes.
+
 :class:`GpuStandIn` STANDS IN FOR A GPU (none exists here, and torch is a CPU build): it makes
 torch report a CUDA device and records every move of a module or tensor to and from it.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +44,17 @@ class TritonError:
 
     def code(self) -> int:
         return self._code
+
+
+class MessageOnlyTritonError:
+    """``TritonError`` before r23.09: ``py::init<std::string>()`` and ``message()``, no codes
+    (r22.12 and r23.05 ``pb_stub.cc``)."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def message(self) -> str:
+        return self._message
 
 
 class Tensor:
@@ -104,6 +120,16 @@ def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor 
 class PreferredMemory:
     def __init__(self, kind: int, device: int) -> None:
         self.kind, self.device = kind, device
+
+
+class InferenceResponseR2212(InferenceResponse):
+    """r22.12 and r23.05: ``output_tensors`` has no default (``py::arg("output_tensors")
+    .none(false)``); r24.10 defaults it to ``[]``."""
+
+    def __init__(self, output_tensors: list[Tensor], error: Any = None) -> None:
+        if output_tensors is None:
+            raise TypeError("InferenceResponse(): output_tensors may not be None")
+        super().__init__(output_tensors, error)
 
 
 class Metric:
@@ -186,6 +212,45 @@ class InferenceRequest:
             Tensor(name, outputs[name], on_gpu=Models.outputs_on_gpu)
             for name in self.requested_output_names
         ])
+
+
+class InferenceRequestR2212(InferenceRequest):
+    """r22.12: no ``preferred_memory`` argument (``PreferredMemory`` came in r23.04)."""
+
+    def __init__(self, model_name: str, requested_output_names: list[str],
+                 inputs: list[Tensor]) -> None:
+        super().__init__(model_name, requested_output_names, inputs)
+
+
+GENERATIONS: dict[str, dict[str, Any]] = {
+    "r24.10": {},
+    "r23.05": {"TritonError": MessageOnlyTritonError,
+               "InferenceResponse": InferenceResponseR2212},
+    "r22.12": {"TritonError": MessageOnlyTritonError,
+               "InferenceResponse": InferenceResponseR2212,
+               "InferenceRequest": InferenceRequestR2212,
+               "PreferredMemory": None, "TRITONSERVER_MEMORY_CPU": None, "MetricFamily": None},
+}
+"""How each release's ``triton_python_backend_utils`` differs from this module's (r24.10): a
+name → its class there, or ``None`` where that release binds no such name. Read from
+``src/pb_stub.cc`` of python_backend r22.12, r23.05 and r24.10 (the names the stub copies from
+``c_python_backend_utils`` into ``triton_python_backend_utils``, and their ``py::init``)."""
+
+API_NAMES = ("TritonError", "Tensor", "InferenceRequest", "InferenceResponse", "Logger",
+             "PreferredMemory", "TRITONSERVER_MEMORY_CPU", "MetricFamily",
+             "get_input_tensor_by_name", "get_output_tensor_by_name")
+
+
+def generation(release: str) -> types.ModuleType:
+    """A ``triton_python_backend_utils`` stand-in with the names of python_backend ``release``
+    (a key of :data:`GENERATIONS`); the test helpers (``Request``, ``Models``) stay here."""
+    module = types.ModuleType(f"triton_python_backend_utils stand-in ({release})")
+    here = globals()
+    for name in API_NAMES:
+        value = GENERATIONS[release].get(name, here[name])
+        if value is not None:
+            setattr(module, name, value)
+    return module
 
 
 @dataclass

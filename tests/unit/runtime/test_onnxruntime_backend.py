@@ -137,3 +137,12 @@ def test_sessions_do_not_spin_and_share_the_cores_unless_the_config_says_so(monk
                                       "allow_spinning": {"string_value": "1"}}, instances=2)
     assert chosen.intra_op_num_threads == 3
     assert chosen.get_session_config_entry("session.inter_op.allow_spinning") == "1"
+
+
+def test_as_a_plain_python_model_the_onnx_file_is_model_onnx():
+    """On python backends without Python-based backends (r23.05 and before) this file serves
+    as a python model's ``1/model.py``, and Triton fills ``default_model_filename`` with
+    ``model.py``: the ONNX file is still ``model.onnx``, not this script."""
+    assert backend.onnx_file({"default_model_filename": "model.py"}) == "model.onnx"
+    assert backend.onnx_file({}) == "model.onnx"
+    assert backend.onnx_file({"default_model_filename": "net.onnx"}) == "net.onnx"

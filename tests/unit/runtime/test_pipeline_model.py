@@ -1,7 +1,8 @@
 """The served pipeline model's runtime, run without Triton against a stand-in ``pb_utils``.
 
 The repository is really built, and BLS requests really run its exported ONNX models (through
-onnxruntime); only Triton's plumbing is the stand-in of :mod:`tests.support.pb_utils_standin`.
+onnxruntime); only Triton's plumbing is the stand-in of :mod:`tests.support.pb_utils_standin`, which
+plays the python backend API of r22.12, r23.05 and r24.10 in turn (``generation``).
 """
 
 from __future__ import annotations
@@ -54,11 +55,21 @@ def built(tmp_path_factory):
     return pipeline, root
 
 
+GENERATIONS = list(pb.GENERATIONS)
+WITH_METRICS = ["r23.05", "r24.10"]  # MetricFamily and PreferredMemory: r23.05 on
+
+
+@pytest.fixture(params=GENERATIONS)
+def generation(request):
+    """The ``triton_python_backend_utils`` of one python backend release (a stand-in)."""
+    return pb.generation(request.param)
+
+
 @pytest.fixture
-def initialized(monkeypatch):
-    """Initialises pipeline models as Triton would; finalises them after the test, which stops
-    their metrics threads."""
-    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+def initialized(monkeypatch, generation):
+    """Initialises pipeline models as Triton would, on ``generation``'s API; finalises them
+    after the test, which stops their metrics threads."""
+    monkeypatch.setattr(pipeline_model, "pb_utils", generation)
     made = []
 
     def initialize(model_dir):
@@ -146,18 +157,39 @@ def test_a_failing_call_in_a_request_batch_is_located(served):
     assert response.error().message().endswith("(call 1 of the request's batch)")
 
 
-def test_a_bad_request_gets_an_error_response(served):
-    _, model = served
-    responses = model.execute([pb.Request({}), _request([1, 2, 3, 4])])
+def test_a_bad_request_gets_an_error_response(served, generation):
+    """Before r23.09 ``TritonError`` has no codes: the bad request still gets its own error
+    response (a server error, saying "bad request"), and the rest of its batch its results."""
+    pipeline, model = served
+    not_numbers = pb.Request({"v": np.array([[b"\xff"]], dtype=object)})
+    responses = model.execute([pb.Request({}), _request([1, 2, 3, 4]), not_numbers,
+                               _request([2, 2, 2, 2])])
     assert responses[0].error().message() == "bad request: input 'v' is missing"
-    assert responses[0].error().code() == pb.TritonError.INVALID_ARG
-    assert not responses[1].has_error()
+    assert responses[2].error().message().startswith("bad request: input 'v'")
+    if hasattr(generation.TritonError, "INVALID_ARG"):
+        assert responses[0].error().code() == generation.TritonError.INVALID_ARG
+    else:
+        assert not hasattr(responses[0].error(), "code")
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(responses[1]))
+    _assert_matches(pipeline, [[2, 2, 2, 2]], _outputs(responses[3]))
 
 
-def test_a_failing_operator_is_a_server_error_not_a_bad_request(served):
+def test_a_failing_operator_is_a_server_error_not_a_bad_request(served, generation):
     _, model = served
     (response,) = model.execute([_request([13, 0, 0, 0])])
-    assert response.error().code() == pb.TritonError.INTERNAL
+    assert response.error().message().startswith("operator '_refuse_13'")
+    if hasattr(generation.TritonError, "INTERNAL"):
+        assert response.error().code() == generation.TritonError.INTERNAL
+
+
+@pytest.mark.parametrize("release, missing", [
+    ("r22.12", ["preferred_memory", "custom_metrics", "error_codes"]),
+    ("r23.05", ["error_codes"]), ("r24.10", [])])
+def test_the_python_backend_api_of_each_release_is_found_by_its_names(release, missing):
+    api = pipeline_model.PythonBackendApi.of(pb.generation(release))
+    assert api.missing() == missing and api.logger
+    assert pipeline_model.PythonBackendApi.of(pb) == pipeline_model.PythonBackendApi.of(
+        pb.generation("r24.10"))
 
 
 def test_ragged_outputs_of_different_lengths_need_separate_requests(served):
@@ -225,6 +257,7 @@ def _rows_sent(pipeline, labels) -> dict[str, float]:
     return {label: sent[OperatorMetrics.ROWS, label] for label in labels}
 
 
+@pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
 def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
     pipeline, model = served
     labels = _metrics_every(model, pipeline, 3600)  # sent by hand below
@@ -244,6 +277,7 @@ def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
     assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 1)
 
 
+@pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
 def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
     """A thread sends them: the last requests before a quiet spell are not held back."""
     pipeline, model = served
@@ -255,12 +289,11 @@ def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
     assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 2)
 
 
-def test_without_custom_metrics_the_pipeline_model_serves_untimed(built, initialized,
-                                                                 monkeypatch):
+@pytest.mark.parametrize("generation", ["r22.12"], indirect=True)
+def test_without_custom_metrics_the_pipeline_model_serves_untimed(built, initialized):
     """Releases before 23.05 have no ``MetricFamily``."""
     pipeline, root = built
     _wire_bls(root)
-    monkeypatch.delattr(pb, "MetricFamily")
     model = initialized(root / "pipeline")
     assert model.metrics is None
     _assert_matches(pipeline, [[1.0, 2.0, 3.0, 4.0]],
@@ -299,19 +332,20 @@ def test_the_python_format_runtime_batches_and_isolates_bad_requests(tmp_path, m
     assert responses[1].has_error()
 
 
-def test_before_23_04_bls_asks_for_no_memory_and_reads_gpu_outputs_through_dlpack(
-        served, monkeypatch):
-    """Releases before 23.04 have no ``pb_utils.PreferredMemory``: a GPU model's outputs reach
-    the pipeline model in GPU memory. No GPU here: the stand-in marks them as device memory
-    that only dlpack may read (``as_numpy`` raises, as Triton's does)."""
+@pytest.mark.parametrize("generation", ["r22.12"], indirect=True)
+def test_before_23_04_bls_asks_for_no_memory_and_reads_gpu_outputs_through_dlpack(served):
+    """Releases before 23.04 have no ``pb_utils.PreferredMemory`` (and ``InferenceRequest`` no
+    ``preferred_memory``): a GPU model's outputs reach the pipeline model in GPU memory. No GPU
+    here: the stand-in marks them as device memory that only dlpack may read (``as_numpy``
+    raises, as Triton's does)."""
     pipeline, model = served
-    monkeypatch.delattr(pb, "PreferredMemory")
     pb.Models.outputs_on_gpu = True
     (response,) = model.execute([_request([1, 2, 3, 4])])
     _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
     assert pb.Models.preferred_memory == [None]
 
 
+@pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
 def test_from_23_04_bls_asks_for_host_memory(served):
     _, model = served
     model.execute([_request([1, 2, 3, 4])])

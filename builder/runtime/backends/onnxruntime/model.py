@@ -101,6 +101,17 @@ def providers(instance_kind: str) -> list[str]:
     return [p for p in wanted if p in available] + ["CPUExecutionProvider"]
 
 
+def onnx_file(config: dict) -> str:
+    """The model's ONNX file: ``default_model_filename``, else ``model.onnx``.
+
+    This file also serves as a plain python model's ``1/model.py`` beside ``model.onnx`` (how
+    the tests serve ONNX models on python backends older than Python-based backends, r23.05
+    and before); Triton then fills ``default_model_filename`` with ``model.py``, this script.
+    """
+    filename = config.get("default_model_filename") or ""
+    return "model.onnx" if not filename or filename.endswith(".py") else filename
+
+
 class TritonPythonModel:
     """The backend's entry point: one ONNX Runtime session per model instance."""
 
@@ -108,8 +119,7 @@ class TritonPythonModel:
         import onnxruntime as ort
 
         config = json.loads(args["model_config"])
-        filename = config.get("default_model_filename") or "model.onnx"
-        path = os.path.join(args["model_repository"], args["model_version"], filename)
+        path = os.path.join(args["model_repository"], args["model_version"], onnx_file(config))
         self._session = ort.InferenceSession(
             path,
             sess_options=session_options(config.get("parameters", {}), sum(
