@@ -60,7 +60,7 @@ def test_no_gpu_here_warns_with_the_driver_to_install():
     ("12.4", "12.4", H100_550, "ok", "runs on driver 550.54.15 (>= 550)"),
     ("12.4", "12.1", H100_550, "ok", "(>= 530)"),
     ("12.8", "12.8", TWO_GPUS_535, "ok", "minor version compatibility (>= 525"),
-    ("12.6", "13.0", A100_580, "fail", "CUDA runtime 13.0 needs driver >= 580, but 24.12"),
+    ("12.6", "13.0", A100_580, "fail", "CUDA runtime 13.0 needs driver >= 580, but 24.10"),
     ("11.8", "12.1", H100_550, "fail", "only needs driver >= 520"),
     ("13.0", "13.0", H100_550, "fail", "needs driver >= 580, this machine has 550.54.15"),
     ("12.4", None, H100_550, "ok", "no CUDA runtime"),

@@ -150,17 +150,19 @@ def test_labels_never_enter_the_dockerfile_and_keys_are_checked():
                            environment_hash="e", signature={}, extra={key: "v"})
 
 
-@pytest.mark.parametrize("cuda", ["11.8", "12.4", "12.6", "13.0"])
-def test_golden_dockerfile_with_the_bridge(cuda):
+@pytest.mark.parametrize("cuda, triton", [("11.8", None), ("12.4", None), ("12.6", None),
+                                          ("12.6", "24.12"), ("13.0", None)])
+def test_golden_dockerfile_with_the_bridge(cuda, triton):
     """A Python 3.11 pipeline on each release: the header says how its python models run;
-    where the stub is compiled, the stub's build stage is golden too."""
-    release = resolve(cuda, python_version="3.11")
+    where the stub is compiled, the stub's build stage is golden too. CUDA 12.6 resolves to
+    24.10 (a prebuilt wheel stub); 24.12, asked for by name, compiles r24.12."""
+    release = resolve(cuda, triton, python_version="3.11")
     plan = plan_python(release, "3.11", conda=False)
     assert plan.bridged
     text = render_serving_dockerfile(release, options=ServingOptions(
         python_models=plan.describe()))
     assert "# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver" in text
-    _golden(f"serving-{cuda}-bridged-py3.11.Dockerfile", text)
+    _golden(f"serving-{cuda}{'-' + triton if triton else ''}-bridged-py3.11.Dockerfile", text)
     if plan.stub.kind == "compile":
         stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.11",
                                       build_image_name=release.image, local_sources=False,
