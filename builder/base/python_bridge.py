@@ -18,7 +18,7 @@ the bridge is turned off. What a bridged build then needs (stub, interpreter, pa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from builder.base.releases import (
     DEBIAN_SUITES,
@@ -64,6 +64,9 @@ class PythonPlan:
     python_version: str
     stub: StubRoute
     interpreter: InterpreterRoute
+    options: dict = field(default_factory=dict, compare=False)
+    """The keyword arguments :func:`plan_python` was given, to plan again for a release whose
+    facts were corrected (:mod:`builder.base.base_python`)."""
 
     @property
     def bridged(self) -> bool:
@@ -105,13 +108,15 @@ def plan_python(
     :class:`PythonBridgeError` when the Pythons differ and no bridge exists or ``bridge`` is off.
     """
     python_version = python_version or builder_python()
+    options = dict(bridge=bridge, conda=conda, interpreter_image=interpreter_image,
+                   compile_stub=compile_stub)
     route = stub_route(release, python_version)
     if compile_stub:
         route = compiled_stub_route(release, python_version)
     if release.python_version == python_version and route is not None:
         return PythonPlan(release, python_version, route,
                           InterpreterRoute("release", f"the release's python3 "
-                                                      f"({release.python_version})"))
+                                                      f"({release.python_version})"), options)
     if not bridge:
         raise PythonBridgeError(
             f"{release.describe()} runs its python models on Python {release.python_version}, "
@@ -131,7 +136,7 @@ def plan_python(
         interpreter = InterpreterRoute(
             "interpreter-image", f"Python {python_version} taken from {image} (glibc no newer "
                                  f"than the release's {release.glibc})", image=image)
-    return PythonPlan(release, python_version, route, interpreter)
+    return PythonPlan(release, python_version, route, interpreter, options)
 
 
 def compiled_stub_route(release: Release, python_version: str) -> StubRoute:
