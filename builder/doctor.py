@@ -180,10 +180,10 @@ def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
     release's where it is the builder's, the builder's where the build bridges — a 3.11 build
     on 22.12 (Python 3.8) carries a 3.11 torch, not the one 3.8 would get.
     """
-    from builder.base.python_bridge import plan_python
-    from builder.environment.cuda_packages import resolve_cuda_packages
+    from builder.bridge import plan_python
     from builder.environment.spec import requirements_spec
     from builder.environment.target import platform_tags
+    from builder.environment.torch_for_cuda import resolve_cuda_packages
     from builder.errors import TritonBuilderError
 
     try:
