@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import docker
 
-from builder.base.image_probe import IMAGE_STUB, probe_image
+from builder.base.image_probe import IMAGE_STUB, ImageProbeError, probe_image
 from builder.base.releases import Release
 from builder.bridge.errors import PythonBridgeError
 from builder.bridge.plan import BridgeOptions, PythonPlan, plan_python, require_buildable
@@ -35,13 +35,17 @@ def fit_base_python(plan: PythonPlan, client: docker.DockerClient,
     """The release and Python plan for the base image ``image_id`` (``plan.release.image`` on
     this engine): unchanged where its stub's Python is the facts', else with that Python (and
     the image's glibc) adopted and the plan made again; raises :class:`BasePythonError` where
-    the pipeline's Python has no route to it."""
+    the pipeline's Python has no route to it. An image whose stub cannot be read (none at
+    :data:`IMAGE_STUB`, or no ``python3`` to read it with) keeps the facts."""
     facts = plan.release
-    probed = probe_image(client, facts.image, image_id, IMAGE_STUB,
-                         what="find python3 and the python backend stub")
-    found = probed["stub_python"] or probed["version"]
-    if found == facts.python_version:
-        return facts, plan
+    try:
+        probed = probe_image(client, facts.image, image_id, IMAGE_STUB,
+                             what="find python3 and the python backend stub")
+    except ImageProbeError:
+        return facts, plan  # no python3 to read the stub with (a bridged build brings its own)
+    found = probed["stub_python"]
+    if found is None or found == facts.python_version:
+        return facts, plan  # no stub where Triton images keep it: nothing says otherwise
     glibc = probed["glibc"].removeprefix("glibc ").strip() or facts.glibc
     release = replace(facts, python_version=found, glibc=glibc)
     try:

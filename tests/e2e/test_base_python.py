@@ -42,6 +42,15 @@ def test_the_probed_python_gives_the_plan_that_base_python_would(docker_client, 
     assert plan.bridged and plan.stub.kind == "pytriton-wheel"
 
 
+def test_an_image_without_a_stub_keeps_the_facts(docker_client, os_image):
+    """The Debian OS image (python3 3.11, no Triton): its python3 says nothing about a stub,
+    so 22.12's facts (Python 3.8) stand and the plan is unchanged."""
+    facts = resolve("11.8", base_image=os_image)
+    plan = plan_python(facts)
+    release, kept = fit_base_python(plan, docker_client, docker_client.images.get(os_image).id)
+    assert release == facts and kept == plan
+
+
 def test_a_base_python_with_no_route_is_refused_before_the_repository(docker_client, trixie):
     log: list[str] = []
     pipeline, _ = EXAMPLES["text_embedding"]
