@@ -174,23 +174,32 @@ def _engine():
 
 
 def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
-    """The torch a build for ``release`` would put in the environment, against the drivers."""
+    """The torch a build for ``release`` would put in the environment, against the drivers.
+
+    The environment's Python is the one the build's own plan gives (:func:`plan_python`): the
+    release's where it is the builder's, the builder's where the build bridges — a 3.11 build
+    on 22.12 (Python 3.8) carries a 3.11 torch, not the one 3.8 would get.
+    """
+    from builder.bridge import plan_python
     from builder.environment.spec import requirements_spec
     from builder.environment.target import platform_tags
     from builder.environment.torch_for_cuda import resolve_cuda_packages
     from builder.errors import TritonBuilderError
 
     try:
+        plan = plan_python(release, conda=False)
         resolution = resolve_cuda_packages(
             requirements_spec(["torch"], "doctor"), release,
-            python_version=release.python_version,
+            python_version=plan.python_version,
             platforms=platform_tags(release.glibc, "x86_64"))
     except TritonBuilderError as error:
         return Check("environment cuda", "warn", f"could not tell which torch a build would "
                      f"choose: {error}")
     (choice,) = resolution.choices
-    return environment_cuda_check(release, gpus, choice.cuda,
-                                  f"torch a build would choose ({choice.requirement})")
+    route = "bridged" if plan.bridged else "native"
+    return environment_cuda_check(
+        release, gpus, choice.cuda, f"torch a build would choose ({choice.requirement}, "
+        f"{choice.wheel}) for Python {plan.python_version} ({route})")
 
 
 def _query_gpus() -> tuple[list[Gpu], str | None]:

@@ -25,7 +25,7 @@ import docker
 from docker.models.images import Image
 
 from builder.base import Release, ensure_base_image, resolve
-from builder.bridge import BridgeOptions, plan_python, require_buildable
+from builder.bridge import BridgeOptions, fit_base_python, plan_python, require_buildable
 from builder.client import Client
 from builder.engine import docker_client
 from builder.engine.reference import tag_references
@@ -125,6 +125,7 @@ def build_docker_image(
     client = client or docker_client()
     with timed_step(f"base image {release.image}", on_log):
         base = ensure_base_image(client, release, on_log=on_log)
+    release, plan = fit_base_python(plan, client, base.id)
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,

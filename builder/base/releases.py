@@ -290,7 +290,9 @@ def resolve(
 
     ``cuda='11.8'`` gives, among the releases built on CUDA 11.8 that have no known defect, the
     newest whose own Python is ``python_version`` (default: this builder's) — else the newest
-    whose stub can be bridged to that Python (:meth:`Release.stub_source`), else the newest;
+    with a prebuilt stub for it in an ``nvidia-pytriton`` wheel, else the newest whose stub can
+    be compiled for it (:class:`StubSource`'s order, :meth:`Release.stub_source`), else the
+    newest;
     ``triton_version`` (``'2.29'``, ``'2.29.0'`` or the release ``'22.12'``) picks one exactly;
     ``base_image`` keeps the release's facts (Python above all) but builds on another image,
     e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base,
@@ -329,10 +331,21 @@ def resolve(
         release = matches[-1]
     else:
         healthy = [r for r in candidates if not r.known_issue] or candidates
-        native = [r for r in healthy if r.python_version == python_version]
-        bridged = [r for r in healthy if r.stub_source(python_version) is not None]
-        release = (native or bridged or healthy)[-1]
+        release = _preferred(healthy, python_version)
     return replace(release, image=base_image) if base_image else release
+
+
+def _preferred(releases: list[Release], python_version: str) -> Release:
+    """The newest release of the most preferred stub source, in :class:`StubSource`'s order:
+    the release's own Python, then a stub NVIDIA built and ships (``nvidia-pytriton``, GPU on),
+    then one we compile. A compile is the longest and least tested route, so a newer release
+    does not outweigh a prebuilt stub of an older one of the same CUDA. Where no source exists
+    for ``python_version``, the newest (the bridge refuses it with the reason)."""
+    for source in StubSource:
+        matching = [r for r in releases if r.stub_source(python_version) is source]
+        if matching:
+            return matching[-1]
+    return releases[-1]
 
 
 def _cuda_minor(cuda: str | float | None) -> str | None:

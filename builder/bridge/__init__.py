@@ -10,6 +10,7 @@ with CMake from PyPI: :mod:`.cmake_wheel`) — and the image whose interpreter t
 carries (:mod:`.interpreter`, copied by :mod:`.interpreter_copy`).
 """
 
+from builder.bridge.base_python import BasePythonError, fit_base_python
 from builder.bridge.errors import (
     BridgeBuildError,
     CMakeDownloadError,
@@ -21,6 +22,7 @@ from builder.bridge.plan import BridgeOptions, PythonPlan, plan_python, require_
 from builder.bridge.routes import StubRoute, stub_route
 
 __all__ = [
+    "BasePythonError",
     "BridgeBuildError",
     "BridgeOptions",
     "BridgeParts",
@@ -29,6 +31,7 @@ __all__ = [
     "PythonPlan",
     "StubBuildError",
     "StubRoute",
+    "fit_base_python",
     "plan_python",
     "prepare_bridge",
     "require_buildable",

@@ -18,7 +18,7 @@ the bridge is turned off. What a bridged build then needs (stub, interpreter, pa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from builder.base.releases import (
     PYBIND11_SUBSTITUTE,
@@ -53,6 +53,10 @@ class PythonPlan:
     python_version: str
     stub: StubRoute
     interpreter: InterpreterRoute
+    options: BridgeOptions | None = field(default=None, compare=False)
+    conda: bool | None = field(default=None, compare=False)
+    """What :func:`plan_python` was asked, to plan again for a release whose facts the base
+    image corrected (:mod:`builder.bridge.base_python`)."""
 
     @property
     def bridged(self) -> bool:
@@ -110,7 +114,8 @@ def plan_python(
     if release.python_version == python_version and route is not None:
         return PythonPlan(release, python_version, route,
                           InterpreterRoute("release", f"the release's python3 "
-                                                      f"({release.python_version})"))
+                                                      f"({release.python_version})"),
+                          options, conda)
     if not options.enabled:
         raise PythonBridgeError(
             f"{release.describe()} runs its python models on Python {release.python_version}, "
@@ -130,7 +135,7 @@ def plan_python(
         interpreter = InterpreterRoute(
             "interpreter-image", f"Python {python_version} taken from {image} (glibc no newer "
                                  f"than the release's {release.glibc})", image=image)
-    return PythonPlan(release, python_version, route, interpreter)
+    return PythonPlan(release, python_version, route, interpreter, options, conda)
 
 
 def compiled_stub_route(release: Release, python_version: str) -> StubRoute:

@@ -9,7 +9,6 @@ venv is made by the very interpreter that will run it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -21,32 +20,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.cache import cache_dir
+from builder.base.image_probe import IMAGE_STUB, PROBE, probe_image, run_in_image
 from builder.environment.errors import TargetError
 from builder.tritonserver.wheel import TRITON_VERSION
-
-IMAGE_STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
-"""Where NGC images (and our CPU base image) keep the python backend stub."""
-
-_PROBE = r"""
-import json, os, platform, re, sys
-stub = sys.argv[1]
-linked = None
-if stub and os.path.exists(stub):
-    with open(stub, "rb") as binary:
-        found = re.search(rb"libpython(3\.\d+)\.so", binary.read())
-    linked = found.group(1).decode() if found else None
-executable = sys.executable
-print(json.dumps({
-    "version": "%d.%d" % sys.version_info[:2], "full_version": platform.python_version(),
-    "executable": executable,
-    "interpreter_dirs": sorted({os.path.dirname(executable),
-                                os.path.dirname(os.path.realpath(executable))}),
-    "machine": platform.machine(), "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "",
-    "stub_found": bool(stub) and os.path.exists(stub), "stub_python": linked,
-    "triton_version": os.environ.get("TRITON_SERVER_VERSION"),
-}))
-"""
 
 _HOST_VARIABLES_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV",
                            "CONDA_PREFIX")
@@ -108,7 +84,8 @@ class EnvironmentTarget:
         if self.image is None:
             return _run_on_host(argv, what=what, env=env)
         assert self.client is not None, "an image target needs its Docker client"
-        return _run_in_image(self.client, self.image, argv, what=what, binds=binds, env=env)
+        return run_in_image(self.client, self.image, argv, what=what, binds=binds, env=env,
+                            error=TargetError)
 
 
 def platform_tags(glibc_version: str, machine: str) -> list[str]:
@@ -132,13 +109,8 @@ def image_target(client: docker.DockerClient, image: str, *,
     except docker.errors.ImageNotFound as error:
         raise TargetError(f"image {image} is not on this Docker engine: build or pull it "
                           f"first") from error
-    facts = _cached_image_facts(image_id, stub_path)
-    if facts is None:
-        output = _run_in_image(client, image, ["python3", "-c", _PROBE, stub_path],
-                               what="find python3 and the python backend stub", binds=(),
-                               env=None)
-        facts = _facts(output, f"image {image}")
-        _cache_image_facts(image_id, stub_path, facts)
+    facts = probe_image(client, image, image_id, stub_path,
+                        what="find python3 and the python backend stub", error=TargetError)
     if not facts["stub_found"]:
         raise TargetError(f"image {image} has no python backend stub at {stub_path}: is it a "
                           f"Triton image? Pass stub_path= if it lives elsewhere")
@@ -165,12 +137,7 @@ def interpreter_target(client: docker.DockerClient, image: str, *, python_versio
                 f"({error.explanation or error}): pass interpreter_image= (an image whose "
                 f"python3 is Python {python_version}) or set TRITON_BUILDER_INTERPRETER_IMAGE"
             ) from error
-    facts = _cached_image_facts(image_id, "")
-    if facts is None:
-        output = _run_in_image(client, image, ["python3", "-c", _PROBE, ""],
-                               what="find python3", binds=(), env=None)
-        facts = _facts(output, f"image {image}")
-        _cache_image_facts(image_id, "", facts)
+    facts = probe_image(client, image, image_id, "", what="find python3", error=TargetError)
     if facts["version"] != python_version:
         raise TargetError(f"the interpreter image {image} has Python {facts['version']}, not "
                           f"{python_version}: pick an image whose python3 is {python_version}")
@@ -186,7 +153,7 @@ def host_target(python: str | os.PathLike | None = None, *,
     server runs the stub for the Python running it, which is the default stub version.
     """
     python = str(python or sys.executable)
-    output = _run_on_host([python, "-c", _PROBE, ""], what="probe the host Python", env=None)
+    output = _run_on_host([python, "-c", PROBE, ""], what="probe the host Python", env=None)
     facts = _facts(output, "this host")
     stub = stub_python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
     facts["triton_version"] = facts["triton_version"] or TRITON_VERSION
@@ -208,25 +175,6 @@ def _target(facts: dict, stub: str, *, image: str | None, image_id: str | None,
     )
 
 
-def _facts_file(image_id: str, stub_path: str) -> Path:
-    key = hashlib.sha256("\0".join([image_id, stub_path, _PROBE]).encode()).hexdigest()
-    return cache_dir("targets") / f"{key[:32]}.json"
-
-
-def _cached_image_facts(image_id: str, stub_path: str) -> dict | None:
-    try:
-        return json.loads(_facts_file(image_id, stub_path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _cache_image_facts(image_id: str, stub_path: str, facts: dict) -> None:
-    path = _facts_file(image_id, stub_path)
-    partial = path.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text(json.dumps(facts, sort_keys=True))
-    partial.replace(path)
-
-
 def _facts(output: str, where: str) -> dict:
     try:
         return json.loads(output.strip().splitlines()[-1])
@@ -246,31 +194,6 @@ def _run_on_host(argv: list[str], *, what: str, env: Mapping[str, str] | None) -
         raise TargetError(f"could not {what} on this host (exit {result.returncode}):\n"
                           f"{_tail(result.stdout + result.stderr)}")
     return result.stdout
-
-
-def _run_in_image(client: docker.DockerClient, image: str, argv: list[str], *, what: str,
-                  binds: Iterable[Path], env: Mapping[str, str] | None) -> str:
-    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in binds}
-    try:
-        container = client.containers.run(
-            image, entrypoint=argv[:1], command=argv[1:], detach=True, volumes=volumes,
-            environment=dict(env or {}), network_disabled=True,
-            user=f"{os.getuid()}:{os.getgid()}", working_dir="/tmp",
-        )
-    except docker.errors.APIError as error:
-        raise TargetError(f"could not start a container of {image} to {what}: "
-                          f"{error.explanation or error}") from error
-    try:
-        status = container.wait()
-        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    code = status.get("StatusCode", -1)
-    if code != 0:
-        raise TargetError(f"could not {what} in image {image} (exit {code}):\n"
-                          f"{_tail(stdout + stderr)}")
-    return stdout
 
 
 def _tail(text: str, characters: int = 6000) -> str:

@@ -33,6 +33,19 @@ HEALTH_RUNTIME = Path(__file__).parents[1] / "runtime" / "health.py"
 HEALTH_SCRIPT_CONTEXT = "health.py"
 """Where the build context holds :mod:`builder.runtime.health` (copied to :data:`HEALTH_SCRIPT`)."""
 
+PYTHON_BACKEND_SHM = {"shm-default-byte-size": 4 * 1024 * 1024,
+                      "shm-growth-byte-size": 1024 * 1024}
+"""The python backend's shared memory per stub, set in every image's command.
+
+Each python model instance is a stub process with its own region in ``/dev/shm``. python_backend
+r22.12 and r23.05 reserve 64 MB per stub by default (``src/python_be.cc``) — all of Docker's
+default ``/dev/shm`` — so under a plain ``docker run IMAGE`` the second python model or instance
+fails to load; r24.10 and later reserve 1 MB. 4 MiB is the smallest r22.12 and r23.05 accept
+("shm-default-byte-size can't be smaller than 4 MiBs"; r24.10–r25.11: 1 MiB), and a region grows
+by multiples of the growth size when a request needs more (1 MiB: r24.10's own default;
+r22.12's 64 MB would not fit either). Both options exist under the same names in r22.12,
+r23.05, r24.10, r24.12 and r25.11."""
+
 Stage = Literal["full", "payload", "serving"]
 
 # useradd's default NAME_REGEX: what a portable user name may be.
@@ -82,7 +95,13 @@ class ServingOptions:
 
     @property
     def command(self) -> list[str]:
-        return ["tritonserver", f"--model-repository={self.model_repository}",
+        """``tritonserver`` with the repository, :data:`PYTHON_BACKEND_SHM` (each unless
+        ``server_args`` sets it) and ``server_args``."""
+        shm = [f"--backend-config=python,{key}={value}"
+               for key, value in PYTHON_BACKEND_SHM.items()
+               if not any(arg.startswith(f"--backend-config=python,{key}=")
+                          for arg in self.server_args)]
+        return ["tritonserver", f"--model-repository={self.model_repository}", *shm,
                 *self.server_args]
 
 

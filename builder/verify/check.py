@@ -152,8 +152,9 @@ def _placement(endpoint: Endpoint, on_gpu: list[str], gpus: bool) -> GpuPlacemen
         return GpuPlacement(tuple(on_gpu), False, (
             f"GPU placement was not exercised: this engine has no NVIDIA runtime, so "
             f"{', '.join(on_gpu)} (KIND_GPU) were verified on the CPU with KIND_CPU configs"))
-    return GpuPlacement(tuple(on_gpu), True,
-                        f"GPU placement verified: {check_ran_on_gpus(endpoint, on_gpu)}")
+    verdict = check_ran_on_gpus(endpoint, on_gpu)
+    return GpuPlacement(tuple(on_gpu), True, f"GPU placement verified: {verdict.detail}",
+                        evidence=verdict.evidence)
 
 
 def infer(

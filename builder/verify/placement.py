@@ -3,18 +3,27 @@
 A GPU image's model operators are ``KIND_GPU`` (:mod:`builder.repository.writer`). With an
 NVIDIA runtime the verification container gets the GPUs and, after the checks answered right,
 Triton's own accounting must show each such model ran on a GPU: its model statistics count the
-inferences, and its ``nv_inference_count`` metric carries the ``gpu_uuid`` label Triton gives the
-reporters of GPU instances. Without one Triton cannot load a ``KIND_GPU`` model at all, so the
-container gets CPU variants of exactly those configs (bind-mounted over the image's, nothing
-else changed): the image's server, environment, code and weights are verified on the CPU, and
-the result says that the GPU placement was not exercised.
+inferences, and either
+
+* its ``nv_inference_count`` metric carries the ``gpu_uuid`` label Triton gives the reporters of
+  GPU instances (:data:`METRICS_EVIDENCE`), or, where that label is absent because Triton's GPU
+  metrics did not start (MIG slices, vGPU, WSL2: the GPUs work, the metrics do not),
+* the model's config as Triton loaded it (``GET /v2/models/<m>/config``) has its instances on
+  GPUs: ``KIND_GPU`` groups with the GPU ids Triton filled in from the GPUs it can use
+  (:data:`INSTANCE_EVIDENCE`); the GPU memory the backend reports in the model statistics
+  (``memory_usage``, where it reports any) is named beside it.
+
+The result names the evidence per model. Without an NVIDIA runtime Triton cannot load a
+``KIND_GPU`` model at all, so the container gets CPU variants of exactly those configs
+(bind-mounted over the image's, nothing else changed): the image's server, environment, code and
+weights are verified on the CPU, and the result says that the GPU placement was not exercised.
 """
 
 from __future__ import annotations
 
 import json
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +34,8 @@ from builder.repository.model_config import CONFIG_FILE, dumps_config, read_conf
 from builder.verify.container import Endpoint
 
 INFERENCE_COUNT = ("nv_inference_count", "nv_inference_count_total")
+METRICS_EVIDENCE = "nv_inference_count gpu_uuid"
+INSTANCE_EVIDENCE = "loaded instance groups"
 
 
 class GpuPlacementError(TritonBuilderError, RuntimeError):
@@ -39,6 +50,17 @@ class GpuPlacement:
     """The repository's ``KIND_GPU`` models."""
     exercised: bool
     detail: str
+    evidence: dict[str, str] = field(default_factory=dict)
+    """``model → evidence`` that it ran on a GPU: :data:`METRICS_EVIDENCE` or
+    :data:`INSTANCE_EVIDENCE` (empty where the placement was not exercised)."""
+
+
+@dataclass(frozen=True)
+class PlacementVerdict:
+    """Where each GPU model ran, and on which evidence."""
+
+    detail: str
+    evidence: dict[str, str]
 
 
 def gpu_models(repository_dir: str | Path) -> list[str]:
@@ -92,33 +114,85 @@ def statistics_counts(stats: dict) -> dict[str, int]:
     return counts
 
 
+def loaded_instance_groups(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """``(kind, gpu ids)`` of each instance group of a loaded model's config (the JSON of
+    ``GET /v2/models/<m>/config``, where Triton has filled in the GPUs of ``KIND_GPU`` groups)."""
+    return [(group.get("kind", ""), tuple(int(gpu) for gpu in group.get("gpus", [])))
+            for group in config.get("instance_group", [])]
+
+
+def gpu_memory_usage(stats: dict) -> dict[str, dict[str, int]]:
+    """``model → {gpu id: bytes}`` of GPU memory its backend reported in ``GET /v2/models/stats``
+    (``memory_usage``, Triton 2.43 and later; many backends report none)."""
+    usage: dict[str, dict[str, int]] = {}
+    for entry in stats.get("model_stats", []):
+        for item in entry.get("memory_usage", []):
+            if item.get("type") == "GPU" and int(item.get("byte_size", 0)) > 0:
+                per_gpu = usage.setdefault(entry["name"], {})
+                gpu = str(item.get("id", 0))
+                per_gpu[gpu] = per_gpu.get(gpu, 0) + int(item["byte_size"])
+    return usage
+
+
 def placement_verdict(models: list[str], statistics: dict[str, int],
-                      metrics: dict[str, dict[str, float]]) -> str:
-    """Say where each GPU model ran; raise :class:`GpuPlacementError` for one that did not run
-    on a GPU (or did not run at all)."""
-    lines, problems = [], []
+                      metrics: dict[str, dict[str, float]],
+                      instance_groups: dict[str, list[tuple[str, tuple[int, ...]]]] | None = None,
+                      gpu_memory: dict[str, dict[str, int]] | None = None) -> PlacementVerdict:
+    """Say where each GPU model ran and on which evidence (see the module); raise
+    :class:`GpuPlacementError` for one that did not run on a GPU (or did not run at all)."""
+    instance_groups, gpu_memory = instance_groups or {}, gpu_memory or {}
+    lines, problems, evidence = [], [], {}
     for model in models:
         if statistics.get(model, 0) <= 0:
             problems.append(f"{model} served no inference (model statistics)")
             continue
         on_gpus = {device: count for device, count in metrics.get(model, {}).items()
                    if device != "cpu" and count > 0}
-        if not on_gpus:
-            problems.append(f"{model} ran {statistics[model]} inferences, none on a GPU "
-                            f"(metrics: {metrics.get(model) or 'none'})")
+        if on_gpus:
+            lines.append(f"{model} ran on {', '.join(sorted(on_gpus))}")
+            evidence[model] = METRICS_EVIDENCE
             continue
-        lines.append(f"{model} ran on {', '.join(sorted(on_gpus))}")
+        groups = instance_groups.get(model, [])
+        gpus = sorted({gpu for kind, ids in groups if kind == "KIND_GPU" for gpu in ids})
+        if not gpus:
+            kinds = ", ".join(kind for kind, _ in groups) or "not read"
+            problems.append(f"{model} ran {statistics[model]} inferences, none on a GPU "
+                            f"(metrics: {metrics.get(model) or 'none'}; loaded instance "
+                            f"groups: {kinds})")
+            continue
+        memory = "".join(f"; {size / 2**20:.1f} MiB of GPU {gpu} in use"
+                         for gpu, size in sorted(gpu_memory.get(model, {}).items()))
+        lines.append(f"{model} ran {statistics[model]} inferences on instances Triton placed on "
+                     f"GPU {', '.join(map(str, gpus))} (KIND_GPU in its loaded config{memory}; "
+                     f"no gpu_uuid on its nv_inference_count: Triton's GPU metrics are off, as "
+                     f"on MIG slices, vGPU and WSL2)")
+        evidence[model] = INSTANCE_EVIDENCE
     if problems:
         raise GpuPlacementError("GPU placement failed: " + "; ".join(problems))
-    return "; ".join(lines)
+    return PlacementVerdict("; ".join(lines), evidence)
 
 
-def check_ran_on_gpus(endpoint: Endpoint, models: list[str], timeout: float = 10.0) -> str:
-    """Read the running server's statistics and metrics; see :func:`placement_verdict`."""
-    with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/models/stats",
-                                timeout=timeout) as response:
-        statistics = statistics_counts(json.load(response))
-    with urllib.request.urlopen(f"http://{endpoint.metrics_url}/metrics",
-                                timeout=timeout) as response:
-        metrics = gpu_inference_counts(response.read().decode())
-    return placement_verdict(models, statistics, metrics)
+Evidence = tuple[dict[str, int], dict[str, dict[str, float]],
+                 dict[str, list[tuple[str, tuple[int, ...]]]], dict[str, dict[str, int]]]
+
+
+def read_placement_evidence(endpoint: Endpoint, models: list[str],
+                            timeout: float = 10.0) -> Evidence:
+    """``(statistics, metrics, instance groups, GPU memory)`` as the running server reports them
+    (the arguments of :func:`placement_verdict`)."""
+    def get(url: str):
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+
+    stats = json.loads(get(f"http://{endpoint.http_url}/v2/models/stats"))
+    metrics = gpu_inference_counts(get(f"http://{endpoint.metrics_url}/metrics").decode())
+    groups = {model: loaded_instance_groups(json.loads(
+        get(f"http://{endpoint.http_url}/v2/models/{model}/config"))) for model in models}
+    return statistics_counts(stats), metrics, groups, gpu_memory_usage(stats)
+
+
+def check_ran_on_gpus(endpoint: Endpoint, models: list[str],
+                      timeout: float = 10.0) -> PlacementVerdict:
+    """Read the running server's statistics, metrics and loaded configs; see
+    :func:`placement_verdict`."""
+    return placement_verdict(models, *read_placement_evidence(endpoint, models, timeout))

@@ -1,11 +1,11 @@
-# Triton 2.53.0 on CUDA 12.6 (tritonserver 24.12): Python 3.12, Ubuntu 24.04.
+# Triton 2.51.0 on CUDA 12.6 (tritonserver 24.10): Python 3.10, Ubuntu 22.04.
 # Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
 # Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
 
-# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver:24.12-py3 (Triton 2.53.0, CUDA 12.6, Python 3.12, Ubuntu 24.04, driver >= 560); stub compiled from python_backend r24.12 for Python 3.11 (pybind11 2.12); interpreter Python 3.11 taken from python:3.11-slim-bookworm (glibc no newer than the release's 2.39)
+# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51.0, CUDA 12.6, Python 3.10, Ubuntu 22.04, driver >= 560); stub nvidia-pytriton==0.7.0 (Triton 2.51.0, stub for Python 3.11); interpreter Python 3.11 taken from python:3.11-slim-bullseye (glibc no newer than the release's 2.35)
 # (their stub and environment are files of the model repository)
 
-FROM nvcr.io/nvidia/tritonserver:24.12-py3
+FROM nvcr.io/nvidia/tritonserver:24.10-py3
 # Read by the NVIDIA container runtime: NGC's full images set them, -min and custom bases may not.
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
@@ -17,7 +17,7 @@ COPY weights/ /models/
 
 EXPOSE 8000 8001 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
-CMD ["tritonserver", "--model-repository=/models"]
+CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
 
 # 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
 COPY health.py /opt/triton-builder/health.py

@@ -1,8 +1,8 @@
-# Triton 2.53.0 on CUDA 12.6 (tritonserver 24.12): Python 3.12, Ubuntu 24.04.
+# Triton 2.51.0 on CUDA 12.6 (tritonserver 24.10): Python 3.10, Ubuntu 22.04.
 # Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
 # Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
 
-FROM nvcr.io/nvidia/tritonserver:24.12-py3
+FROM nvcr.io/nvidia/tritonserver:24.10-py3
 # Read by the NVIDIA container runtime: NGC's full images set them, -min and custom bases may not.
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
@@ -14,4 +14,4 @@ COPY weights/ /models/
 
 EXPOSE 8000 8001 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
-CMD ["tritonserver", "--model-repository=/models"]
+CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]

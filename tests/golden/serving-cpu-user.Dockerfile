@@ -13,7 +13,7 @@ COPY weights/ /models/
 EXPOSE 8000 8001 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=9000"]
 USER triton
-CMD ["tritonserver", "--model-repository=/models", "--log-verbose=1", "--http-port=9000"]
+CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576", "--log-verbose=1", "--http-port=9000"]
 
 # 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
 COPY health.py /opt/triton-builder/health.py

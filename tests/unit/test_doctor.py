@@ -8,6 +8,8 @@ the container runtime check reads this machine's real ``docker info`` (no NVIDIA
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from builder.base.releases import resolve
@@ -60,7 +62,7 @@ def test_no_gpu_here_warns_with_the_driver_to_install():
     ("12.4", "12.4", H100_550, "ok", "runs on driver 550.54.15 (>= 550)"),
     ("12.4", "12.1", H100_550, "ok", "(>= 530)"),
     ("12.8", "12.8", TWO_GPUS_535, "ok", "minor version compatibility (>= 525"),
-    ("12.6", "13.0", A100_580, "fail", "CUDA runtime 13.0 needs driver >= 580, but 24.12"),
+    ("12.6", "13.0", A100_580, "fail", "CUDA runtime 13.0 needs driver >= 580, but 24.10"),
     ("11.8", "12.1", H100_550, "fail", "only needs driver >= 520"),
     ("13.0", "13.0", H100_550, "fail", "needs driver >= 580, this machine has 550.54.15"),
     ("12.4", None, H100_550, "ok", "no CUDA runtime"),
@@ -93,3 +95,15 @@ def test_run_checks_for_a_gpu_release_on_this_machine():
     chosen = checks["environment cuda"]  # the torch a build would choose, from PyPI here
     assert chosen.status == "ok" and "torch a build would choose (torch==" in chosen.detail
     assert "carries CUDA runtime 12.4" in chosen.detail
+
+
+def test_doctor_chooses_torch_for_the_python_the_build_carries():
+    """22.12 runs Python 3.8, but a 3.11 builder's image carries 3.11 through the bridge: the
+    torch doctor reports is the wheel for that Python (PyPI here, as the build resolves it)."""
+    python = "{}.{}".format(*sys.version_info[:2])
+    release = resolve("11.8")
+    assert release.python_version == "3.8" and python != "3.8"
+    chosen = {c.name: c for c in run_checks("11.8")}["environment cuda"]
+    tag = "cp" + python.replace(".", "")
+    assert f"for Python {python} (bridged)" in chosen.detail
+    assert f"-{tag}-" in chosen.detail and "-cp38-" not in chosen.detail

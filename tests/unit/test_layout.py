@@ -152,11 +152,13 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
 
 JOB_SOURCE = ast.parse((ROOT / "job.py").read_text())
 JOB_FUNCTIONS = {node.name: node for node in JOB_SOURCE.body if isinstance(node, ast.FunctionDef)}
-JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "base", "repository", "environment",
-              "image", "verify", "push"]
+JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "base", "bridge", "repository",
+              "environment", "image", "verify", "push"]
 """The in-process pipeline first (its answers are the reference), then the decisions, then one
-entry per stage; the bridge's parts are made by the environment stage
-(:func:`builder.environment.prepare.prepare_environment`)."""
+entry per stage: the base image; the bridge's plan held against the Python that image's stub
+really links (:func:`builder.bridge.base_python.fit_base_python`: it needs the image on the
+engine, and must refuse before the repository is written); then the rest. The bridge's parts
+are made by the environment stage (:func:`builder.environment.prepare.prepare_environment`)."""
 
 
 @pytest.mark.parametrize("entry", ["build_docker_image", "build_image_from_repository"])

@@ -40,7 +40,7 @@ def test_every_release_is_complete_and_in_order():
     ("11.8", "22.12", "2.29.0", "3.8"),
     ("12.1", "23.07", "2.36.0", "3.10"),
     ("12.4", "24.05", "2.46.0", "3.10"),
-    ("12.6", "24.12", "2.53.0", "3.12"),
+    ("12.6", "24.10", "2.51.0", "3.10"),  # from 3.11: 24.10's wheel stub beats compiling 24.12
     ("13.0", "25.11", "2.63.0", "3.12"),
 ])
 def test_cuda_resolves_to_the_newest_release(cuda, release, triton, python):

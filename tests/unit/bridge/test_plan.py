@@ -29,7 +29,7 @@ TABLE = {
     ("3.11", "11.8"): ("22.12", C, BULLSEYE),
     ("3.11", "12.1"): ("23.07", W, BULLSEYE),
     ("3.11", "12.4"): ("24.05", W, BULLSEYE),
-    ("3.11", "12.6"): ("24.12", C, BOOKWORM),
+    ("3.11", "12.6"): ("24.10", W, BULLSEYE),
     ("3.11", "12.8"): ("25.03", C, BOOKWORM),
     ("3.11", "13.0"): ("25.11", C, BOOKWORM),
     ("3.12", "11.8"): ("22.12", C, BULLSEYE),
@@ -41,7 +41,7 @@ TABLE = {
     ("3.13", "11.8"): ("22.12", C, BULLSEYE),
     ("3.13", "12.1"): ("23.07", C, BULLSEYE),
     ("3.13", "12.4"): ("24.05", C, BULLSEYE),
-    ("3.13", "12.6"): ("24.12", C, BOOKWORM),
+    ("3.13", "12.6"): ("24.10", W, BULLSEYE),
     ("3.13", "12.8"): ("25.03", C, BOOKWORM),
     ("3.13", "13.0"): ("25.11", C, BOOKWORM),
 }
@@ -77,6 +77,18 @@ def test_decision_table(python, cuda):
 def test_the_native_release_is_preferred_over_a_newer_bridged_one():
     assert resolve("12.6", python_version="3.10").release == "24.10"
     assert resolve("12.6", python_version="3.12").release == "24.12"
+
+
+def test_a_prebuilt_wheel_stub_is_preferred_over_a_newer_compiled_one():
+    """CUDA 12.6 from 3.11: 24.10's own stub is 3.10, but nvidia-pytriton 0.7.0 carries a 3.11
+    stub of it; 24.11 and 24.12 (3.12) would need a compile. Newest within each class."""
+    release = resolve("12.6", python_version="3.11")
+    assert release.release == "24.10"
+    assert stub_route(release, "3.11").kind == W
+    assert resolve("12.6", python_version="3.13").release == "24.10"  # 0.7.0 has 3.13 too
+    # where no wheel carries the Python, the newest compiled one wins
+    assert resolve("12.1", python_version="3.13").release == "23.07"
+    assert resolve("13.0", python_version="3.11").release == "25.11"
 
 
 def test_a_bridgeable_release_is_preferred_over_a_newer_one_without_a_bridge():

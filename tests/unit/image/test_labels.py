@@ -19,7 +19,8 @@ from builder.verify.container import docker_run_command
 
 
 def _labels(**changes):
-    values = dict(release=resolve("12.6"), image_name="registry.example.com:5000/team/embed:2",
+    values = dict(release=resolve("12.6", "24.12"),
+                  image_name="registry.example.com:5000/team/embed:2",
                   base_digest="sha256:abc", environment_hash="e1", signature={"x": 1})
     values.update(changes)
     return serving_labels(**values)

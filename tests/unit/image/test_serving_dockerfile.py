@@ -6,6 +6,7 @@ Golden files live in ``tests/golden/``; after an intended template change, regen
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -66,7 +67,9 @@ def test_layers_go_from_stable_to_volatile(cuda):
     assert "EXPOSE 8000 8001 8002" in lines
     assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
                for line in lines)
-    assert 'CMD ["tritonserver", "--model-repository=/models"]' in lines
+    assert ('CMD ["tritonserver", "--model-repository=/models", '
+            '"--backend-config=python,shm-default-byte-size=4194304", '
+            '"--backend-config=python,shm-growth-byte-size=1048576"]') in lines
 
 
 def test_the_healthcheck_follows_a_moved_http_port():
@@ -125,8 +128,8 @@ def test_server_args_with_quotes_stay_one_json_string():
     options = ServingOptions(server_args=('--backend-config=python,x="1" $(id) \\',))
     text = render_serving_dockerfile(resolve(None), options=options)
     cmd = [line for line in text.splitlines() if line.startswith("CMD")]
-    assert cmd == ['CMD ["tritonserver", "--model-repository=/models", '
-                   '"--backend-config=python,x=\\"1\\" $(id) \\\\"]']
+    assert cmd[0].endswith(', "--backend-config=python,x=\\"1\\" $(id) \\\\"]')
+    assert len(cmd) == 1 and cmd[0].startswith('CMD ["tritonserver", "--model-repository=/models"')
     assert text.count("\nRUN") == 0
 
 
@@ -150,17 +153,19 @@ def test_labels_never_enter_the_dockerfile_and_keys_are_checked():
                            environment_hash="e", signature={}, extra={key: "v"})
 
 
-@pytest.mark.parametrize("cuda", ["11.8", "12.4", "12.6", "13.0"])
-def test_golden_dockerfile_with_the_bridge(cuda):
+@pytest.mark.parametrize("cuda, triton", [("11.8", None), ("12.4", None), ("12.6", None),
+                                          ("12.6", "24.12"), ("13.0", None)])
+def test_golden_dockerfile_with_the_bridge(cuda, triton):
     """A Python 3.11 pipeline on each release: the header says how its python models run;
-    where the stub is compiled, the stub's build stage is golden too."""
-    release = resolve(cuda, python_version="3.11")
+    where the stub is compiled, the stub's build stage is golden too. CUDA 12.6 resolves to
+    24.10 (a prebuilt wheel stub); 24.12, asked for by name, compiles r24.12."""
+    release = resolve(cuda, triton, python_version="3.11")
     plan = plan_python(release, "3.11", conda=False)
     assert plan.bridged
     text = render_serving_dockerfile(release, options=ServingOptions(
         python_models=plan.describe()))
     assert "# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver" in text
-    _golden(f"serving-{cuda}-bridged-py3.11.Dockerfile", text)
+    _golden(f"serving-{cuda}{'-' + triton if triton else ''}-bridged-py3.11.Dockerfile", text)
     if plan.stub.kind == "compile":
         stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.11",
                                       build_image_name=release.image, local_sources=False,
@@ -183,3 +188,41 @@ def test_golden_stub_dockerfile_with_pybind11_from_pypi():
     assert "-Dpybind11_DIR=/opt/pybind11/pybind11/share/cmake/pybind11" in stub
     assert "FETCHCONTENT_SOURCE_DIR_PYBIND11" not in stub
     _golden("stub-r22.12-py3.13.Dockerfile", stub)
+
+
+MIB = 1024 * 1024
+SHM_DEFAULT_MINIMUM = {"r22.12": 4 * MIB, "r23.05": 4 * MIB, "r24.10": MIB, "r24.12": MIB,
+                       "r25.11": MIB}
+"""python_backend's ``src/python_be.cc`` of each branch in ../shared/triton-sources: r22.12 and
+r23.05 reserve 64 MB per stub by default and refuse ``shm-default-byte-size`` below 4 MiB;
+r24.10, r24.12 and r25.11 default to 1 MB and refuse below 1 MiB. All read
+``shm-growth-byte-size`` (> 0) from the same ``--backend-config=python,...``."""
+
+
+def _backend_config(command: list[str]) -> dict[str, int]:
+    prefix = "--backend-config=python,"
+    return {key: int(value) for arg in command if arg.startswith(prefix)
+            for key, value in [arg.removeprefix(prefix).split("=", 1)]}
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "12.1", "12.6", "13.0", None])
+def test_the_image_command_sizes_the_python_backends_shared_memory(cuda):
+    """Docker's default /dev/shm is 64 MB, all of what r22.12 reserves for one stub: the image's
+    own command sets every stub's region small enough for plain ``docker run IMAGE`` to load a
+    dozen python models or instances, within what each branch accepts."""
+    release = resolve(cuda)
+    text = render_serving_dockerfile(release)
+    cmd = next(line for line in text.splitlines() if line.startswith("CMD "))
+    config = _backend_config(json.loads(cmd.removeprefix("CMD ")))
+    default, growth = config["shm-default-byte-size"], config["shm-growth-byte-size"]
+    assert default >= max(SHM_DEFAULT_MINIMUM.values()) and growth > 0
+    assert 12 * (default + growth) <= 64 * MIB
+
+
+def test_a_users_own_shared_memory_flag_replaces_ours():
+    options = ServingOptions(server_args=(
+        "--backend-config=python,shm-default-byte-size=67108864",))
+    config = _backend_config(options.command)
+    assert config["shm-default-byte-size"] == 64 * MIB
+    assert options.command.count("--backend-config=python,shm-default-byte-size=67108864") == 1
+    assert "shm-growth-byte-size" in config

@@ -20,14 +20,18 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builder.job import build_image_from_repository
 from builder.repository.model_config import read_config, write_config
 from builder.verify.check import InferenceCheck, VerificationError, verify_image
-from builder.verify.container import ServingContainer
+from builder.verify.container import Endpoint, ServingContainer
 from builder.verify.placement import (
+    INSTANCE_EVIDENCE,
+    METRICS_EVIDENCE,
     GpuPlacementError,
     check_ran_on_gpus,
     cpu_config_mounts,
     gpu_inference_counts,
     gpu_models,
+    loaded_instance_groups,
     placement_verdict,
+    read_placement_evidence,
 )
 from tests.support.sample_repository import FEATURES, expected_linear, write_sample_repository
 
@@ -46,12 +50,48 @@ def test_gpu_instances_are_read_from_the_metrics_gpu_label():
     counts = gpu_inference_counts(TRITON_GPU_METRICS)
     assert counts["linear"] == {"GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11": 3.0}
     assert counts["pipeline"] == {"cpu": 3.0}
-    assert placement_verdict(["linear"], {"linear": 3}, counts) == (
-        "linear ran on GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11")
+    verdict = placement_verdict(["linear"], {"linear": 3}, counts)
+    assert verdict.detail == "linear ran on GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11"
+    assert verdict.evidence == {"linear": METRICS_EVIDENCE}
     with pytest.raises(GpuPlacementError, match="pipeline ran 3 inferences, none on a GPU"):
         placement_verdict(["pipeline"], {"pipeline": 3}, counts)
     with pytest.raises(GpuPlacementError, match="idle served no inference"):
         placement_verdict(["idle"], {"idle": 0}, counts)
+
+
+@pytest.mark.slow
+def test_without_gpu_uuid_the_loaded_instance_kind_is_the_evidence(tmp_path, triton_server):
+    """Triton labels ``nv_inference_count`` with ``gpu_uuid`` only where its GPU metrics start:
+    not on MIG slices, vGPU or WSL2. There the loaded model's own config
+    (``GET /v2/models/<m>/config``) says where Triton placed its instances.
+
+    Real: Triton 2.51 (host process, CPU) serves the sample repository; its metrics text (no
+    ``gpu_uuid``, as on a MIG slice), statistics and config responses are read as verification
+    reads them, and a KIND_CPU model is refused with that evidence named. Stand-in (no GPU here):
+    the GPU case takes the same real responses with the model's one instance group changed to
+    what Triton's core fills in for a loaded ``KIND_GPU`` group (``kind: KIND_GPU``, ``gpus``:
+    every GPU the server can use; core r24.10 ``model_config_utils.cc``) and a ``memory_usage``
+    entry of type GPU (core r24.10 ``tritonserver.cc``, model statistics).
+    """
+    server = triton_server(write_sample_repository(tmp_path / "models"))
+    endpoint = Endpoint(server.http_url, server.grpc_url, f"127.0.0.1:{server.metrics_port}",
+                        "host")
+    InferenceCheck("linear", {"INPUT": X}, {"OUTPUT": expected_linear(X)}, atol=1e-5)(endpoint)
+    with pytest.raises(GpuPlacementError) as refused:
+        check_ran_on_gpus(endpoint, ["linear"])
+    assert "linear ran 6 inferences, none on a GPU" in str(refused.value)
+    assert "loaded instance groups: KIND_CPU" in str(refused.value)
+    statistics, metrics, groups, memory = read_placement_evidence(endpoint, ["linear"])
+    assert groups == {"linear": [("KIND_CPU", ())]} and memory == {}
+    assert not any(device != "cpu" for device in metrics["linear"])
+
+    placed = {"linear": loaded_instance_groups({"instance_group": [
+        {"name": "linear_0", "kind": "KIND_GPU", "count": 1, "gpus": [0]}]})}
+    verdict = placement_verdict(["linear"], statistics, metrics, placed,
+                                {"linear": {"0": 52428800}})
+    assert verdict.evidence == {"linear": INSTANCE_EVIDENCE}
+    assert "linear ran 6 inferences on instances Triton placed on GPU 0" in verdict.detail
+    assert "no gpu_uuid" in verdict.detail and "50.0 MiB of GPU 0 in use" in verdict.detail
 
 
 @pytest.fixture(scope="module")
