@@ -52,6 +52,7 @@ from builder.environment.spec import (
 )
 from builder.errors import BuildError
 from builder.image.build import ServingImage, build_serving_image, discard_image
+from builder.image.sbom import PythonRuntime
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
@@ -184,6 +185,10 @@ def build_docker_image(
                 built.model_root, references, release, base, client=client, user=user,
                 environment_python=plan.python_version,
                 python_models=plan.describe() if plan.own_stub else None,
+                python_runtime=PythonRuntime(
+                    stub=plan.stub, python_version=target.full_python_version,
+                    interpreter_image=plan.interpreter.image if plan.bridged else None,
+                    interpreter_image_id=target.image_id if plan.bridged else None),
                 checks=checks if verify else None, push=push, started=started, on_log=on_log)
 
 
