@@ -213,7 +213,8 @@ def test_inspect_sbom_lists_every_package_of_the_images_environment_lock(
         text_embedding_image, ["sh", "-c", "find /models -name environment.lock.txt -type f "
                                "-exec cat {} +"], remove=True).decode()
     locked = read_lock(found)
-    assert len(locked) > 10 and all(package.hashes for package in locked)
+    assert {"cloudpickle", "numpy", "onnxruntime"} <= {package.name for package in locked}
+    assert all(package.hashes for package in locked)
     components = {c.get("purl"): c for c in json.loads(document)["components"]}
     for package in locked:
         component = components.get(f"pkg:pypi/{package.name.lower().replace('_', '-')}@"
