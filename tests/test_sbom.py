@@ -150,7 +150,7 @@ def test_a_bridged_image_names_its_stub_file_and_the_interpreter_it_carries(trit
     assert route is not None and route.kind == kind
     document = _sbom(release=release, os_packages=None,
                      stub=ShippedStub(("/models/pipeline/triton_python_backend_stub",),
-                                      "ab" * 32),
+                                      ("ab" * 32,)),
                      runtime=PythonRuntime(route, "3.11.2", "python:3.11-slim-bookworm",
                                            "sha256:" + "2" * 64))
     _validate(document)

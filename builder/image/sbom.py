@@ -92,7 +92,8 @@ class ShippedStub:
     """A python backend stub the model repository carries (one file, linked from other models)."""
 
     paths: tuple[str, ...]
-    sha256: str
+    sha256: tuple[str, ...]
+    """Of each distinct file (one, unless links were replaced by copies that differ)."""
 
 
 def shipped_environments(plan: ContextPlan,
@@ -122,7 +123,7 @@ def shipped_stub(plan: ContextPlan) -> ShippedStub | None:
                 digests.add(file_digest(entry.source))
     if not digests:
         return None
-    return ShippedStub(tuple(sorted(paths)), ",".join(sorted(digests)))
+    return ShippedStub(tuple(sorted(paths)), tuple(sorted(digests)))
 
 
 def image_sbom(
@@ -224,7 +225,7 @@ def _stub(release: Release, stub: ShippedStub | None, runtime: PythonRuntime | N
     if runtime is not None:
         properties.append(Property(name=PROPERTY + "python", value=runtime.python_version))
     hashes = [HashType(alg=HashAlgorithm.SHA_256, content=digest)
-              for digest in (stub.sha256.split(",") if stub else [])]
+              for digest in (stub.sha256 if stub else ())]
     return Component(name="triton_python_backend_stub", version=version,
                      type=ComponentType.APPLICATION, bom_ref="python-backend-stub",
                      description=description, hashes=hashes, properties=properties)
