@@ -9,7 +9,7 @@ lists, each as a component:
 * the python backend stub the python models run on — the release's own, one from an
   ``nvidia-pytriton`` wheel, or compiled from the release's python_backend branch — with the
   sha256 of the file where the image carries its own, and the interpreter a bridged environment
-  carries (:mod:`builder.base.python_bridge`);
+  carries (:mod:`builder.bridge`);
 * Triton (the release), the base image (reference, registry digest where it came from one, image
   ID) and the OS image below our CPU base where its labels name one;
 * the OS packages the base lists (dpkg: :mod:`builder.image.os_packages`), ``pkg:deb/…``.
@@ -37,7 +37,8 @@ from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
-from builder.base.releases import Release, StubRoute
+from builder.base.releases import Release, StubSource
+from builder.bridge.routes import StubRoute
 from builder.environment.attach import LOCK_FILE, STUB_FILE
 from builder.environment.lock import LockedPackage, read_lock
 from builder.environment.target import IMAGE_STUB
@@ -206,20 +207,21 @@ def _base(base: BaseImage, os_packages: OsPackages | None) -> Component:
 def _stub(release: Release, stub: ShippedStub | None, runtime: PythonRuntime | None) -> Component:
     route = runtime.stub if runtime is not None else None
     if stub is None:
-        route = route or StubRoute("release", "the release's own stub")
+        route = route or StubRoute(StubSource.RELEASE, "the release's own stub")
         paths: tuple[str, ...] = (IMAGE_STUB,)
     else:
         paths = stub.paths
     description = route.description if route else "a stub the model repository carries"
-    if route is not None and route.kind == "release" and not release.gpu:
+    if route is not None and route.kind is StubSource.RELEASE and not release.gpu:
         description += f" (the CPU base's, from {PYTRITON_REQUIREMENT})"
-    version = route.branch if route is not None and route.kind == "compile" else (
-        release.triton_version)
-    properties = [Property(name=PROPERTY + "stub-route", value=route.kind if route else "unknown")]
+    compiled = route is not None and route.kind is StubSource.COMPILE
+    version = route.branch if compiled and route.branch else release.triton_version
+    properties = [Property(name=PROPERTY + "stub-route",
+                           value=StubSource(route.kind).value if route else "unknown")]
     properties += [Property(name=PROPERTY + "path", value=path) for path in paths]
     if route is not None and route.requirement:
         properties.append(Property(name=PROPERTY + "from", value=route.requirement))
-    if route is not None and route.kind == "compile":
+    if compiled:
         properties.append(Property(name=PROPERTY + "from",
                                    value=f"python_backend {route.branch}"))
     if runtime is not None:

@@ -1,0 +1,352 @@
+"""What goes wrong in production, on the real engine, registry and Triton: interrupted builds,
+a registry that goes away during a push, bad requests among good ones, a load test.
+
+Lean on purpose (CI runs it whole): one image of the text-embedding pipeline, shared by the
+serving tests; the load test's size is :data:`LOAD_REQUESTS` at :data:`LOAD_CONCURRENCY`
+(10,000 at 32 in flight, as issue 14 asks; ``TRITON_BUILDER_LOAD_REQUESTS`` changes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.image.labels import OCI
+from tests.support.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+ROOT = REPO_ROOT
+PIPELINE = "pipelines/text_embedding.py:pipeline"
+
+
+def _images_titled(client, title: str) -> list:
+    return client.images.list(all=True, filters={"label": f"{OCI}title={title}"})
+
+
+@contextlib.contextmanager
+def _interruptible_children() -> Iterator[None]:
+    """Children started here take SIGINT as Ctrl-C at a terminal delivers it.
+
+    A job started in the background (``cmd &``, nohup, some CI runners) inherits SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler: the CLI under test would
+    never see the interrupt. A handler set here is reset to the default on exec, an ignored
+    signal is not.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupted_build_leaves_no_tag_and_no_image(docker_client, cpu_base_image):
+    """Ctrl-C (SIGINT) while the new image is being verified: the CLI stops, the verification
+    container and the untagged image are removed, no tag was set."""
+    title = f"tb-i14-interrupted-{uuid.uuid4().hex[:8]}"
+    reference = f"triton-builder-test/{title}:1"
+    program = Path(sys.executable).parent / "triton-builder"
+    with _interruptible_children():
+        process = subprocess.Popen([str(program), "image", PIPELINE, "-t", reference],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+    try:
+        deadline = time.monotonic() + 600
+        verifying = []
+        while not verifying and process.poll() is None and time.monotonic() < deadline:
+            verifying = [c for c in docker_client.containers.list()
+                         if c.image.labels.get(f"{OCI}title") == title]
+            time.sleep(0.2)
+        assert verifying, f"no verification container appeared:\n{process.stderr.read()}"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0, stderr
+    assert _images_titled(docker_client, title) == [], "the interrupted build left its image"
+    with pytest.raises(Exception, match="No such image|not found"):
+        docker_client.images.get(reference)
+    assert not [c for c in docker_client.containers.list(all=True)
+                if c.id == verifying[0].id], "the verification container was left behind"
+
+
+# -- a served image under stress --------------------------------------------------------------
+HEALTH_INTERVAL_S, HEALTH_RETRIES = 2, 3
+
+
+def _fast_healthcheck(client, image: str) -> dict:
+    """The image's own health check command, run every HEALTH_INTERVAL_S instead of 15 s."""
+    test = client.images.get(image).attrs["Config"]["Healthcheck"]["Test"]
+    return {"test": test, "interval": HEALTH_INTERVAL_S * 10**9, "timeout": 5 * 10**9,
+            "retries": HEALTH_RETRIES, "start_period": 60 * 10**9}
+
+
+def _health(container) -> str:
+    container.reload()
+    return container.attrs["State"]["Health"]["Status"]
+
+
+KILL_PIPELINE_STUB = (
+    "import os, signal\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "    if cmd[0].endswith(b'triton_python_backend_stub') and b'/pipeline/' in cmd[1]:\n"
+    "        os.kill(int(pid), signal.SIGKILL); print(pid)\n"
+)
+
+
+def test_a_dead_stub_turns_the_container_unhealthy(docker_client, text_embedding_image):
+    """Kill the pipeline model's stub inside a running container: requests fail, Triton still
+    says ready, and the health check turns the container unhealthy within interval x retries
+    (Docker's schedule: the bound is the acceptance criterion, the measured time is printed)."""
+    import urllib.request
+
+    from builder.client.errors import RemoteModelError
+    from builder.client.pipeline import Client
+    from builder.verify.container import ServingContainer
+
+    fast = _fast_healthcheck(docker_client, text_embedding_image)
+    with ServingContainer(docker_client, text_embedding_image, healthcheck=fast) as endpoint:
+        container = docker_client.containers.get(endpoint.container_id)
+        deadline = time.monotonic() + 60
+        while _health(container) != "healthy" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _health(container) == "healthy"
+        with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+            client("alive")
+            killed = container.exec_run(["python3", "-c", KILL_PIPELINE_STUB]).output.split()
+            assert len(killed) == 1, killed
+            started = time.monotonic()
+            with pytest.raises(RemoteModelError, match="is not healthy"):
+                client("dead")
+        with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/health/ready") as response:
+            assert response.status == 200, "Triton itself notices nothing: why the check exists"
+        bound = HEALTH_INTERVAL_S * HEALTH_RETRIES + 5
+        while _health(container) != "unhealthy" and time.monotonic() - started < 4 * bound:
+            time.sleep(0.2)
+        elapsed = time.monotonic() - started
+        print(f"unhealthy {elapsed:.1f}s after the kill (interval {HEALTH_INTERVAL_S}s x "
+              f"{HEALTH_RETRIES} retries)")
+        assert _health(container) == "unhealthy"
+        assert elapsed <= bound
+        log = container.attrs["State"]["Health"]["Log"][-1]["Output"]
+        assert "python backend stub process(es) died" in log
+
+
+# -- bad requests among good ones ---------------------------------------------------------------
+def _bad_requests(module) -> dict[str, tuple[str, list, str, str]]:
+    """name → (model, inputs, gRPC status, HTTP status) for the text-embedding pipeline
+    (input ``text``: BYTES ``[batch, 1]``, max_batch_size 64)."""
+    import numpy as np
+
+    def tensor(name, array, datatype):
+        made = module.InferInput(name, list(array.shape), datatype)
+        made.set_data_from_numpy(array)
+        return made
+
+    def text(*values):
+        return np.array([[v] for v in values], dtype=object)
+
+    bad = ("StatusCode.INVALID_ARGUMENT", "400")
+    return {
+        "wrong dtype": ("pipeline", [tensor("text", np.ones((1, 1), np.float32), "FP32")], *bad),
+        "wrong shape": ("pipeline", [tensor("text", np.array([[b"a", b"b"]], dtype=object),
+                                            "BYTES")], *bad),
+        "missing input": ("pipeline", [], *bad),
+        "unknown input": ("pipeline", [tensor("text", text(b"a"), "BYTES"),
+                                       tensor("bogus", text(b"a"), "BYTES")], *bad),
+        "unknown model": ("no-such-model", [tensor("text", text(b"a"), "BYTES")],
+                          "StatusCode.NOT_FOUND", "404"),
+        "invalid UTF-8": ("pipeline", [tensor("text", text(b"caf\xe9"), "BYTES")], *bad),
+        "oversized batch": ("pipeline", [tensor("text", text(*[b"a"] * 65), "BYTES")], *bad),
+    }
+
+
+class GoodTraffic:
+    """Good requests from ``threads`` threads until stopped; every answer checked."""
+
+    def __init__(self, url: str, texts: list[str], threads: int = 4) -> None:
+        import threading
+
+        from pipelines.text_embedding import pipeline
+
+        self.url, self.texts = url, texts
+        self.expected = {text: pipeline(text) for text in texts}
+        self.stop = threading.Event()
+        self.answers = 0
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        from builder.client.pipeline import Client
+        from builder.verify.equality import check_same
+
+        with Client(self.url) as client:
+            while not self.stop.is_set():
+                for text in self.texts:
+                    try:
+                        check_same(client(text), self.expected[text], where=text)
+                        self.answers += 1
+                    except Exception as error:  # noqa: BLE001 - counted, then asserted
+                        self.failures.append(f"{type(error).__name__}: {error}")
+
+    def __enter__(self) -> GoodTraffic:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client,
+                                                                  text_embedding_image, scheme):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from builder.verify.container import ServingContainer
+    from builder.verify.equality import check_same
+    from pipelines.text_embedding import pipeline
+    from tests.support.example_inputs import TEXTS
+
+    module = grpcclient if scheme == "grpc" else httpclient
+    with ServingContainer(docker_client, text_embedding_image) as endpoint:
+        address = endpoint.grpc_url if scheme == "grpc" else endpoint.http_url
+        with GoodTraffic(f"{scheme}://{address}/pipeline", list(TEXTS[:8])) as good, \
+                module.InferenceServerClient(address) as client:
+            for name, (model, inputs, grpc_status, http_status) in _bad_requests(module).items():
+                with pytest.raises(Exception) as refused:
+                    client.infer(model, inputs)
+                expected = grpc_status if scheme == "grpc" else http_status
+                assert refused.value.status() == expected, f"{name}: {refused.value}"
+            huge = "word " * (2 * 1024 * 1024)  # 10 MB of text: valid, answered like in process
+            tensor = module.InferInput("text", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[huge.encode()]], dtype=object))
+            answer = client.infer("pipeline", [tensor]).as_numpy("vec")[0]
+            check_same(answer, pipeline(huge), where="10 MB text")
+            deadline = time.monotonic() + 30
+            while good.answers < 50 and time.monotonic() < deadline:
+                time.sleep(0.1)
+    assert not good.failures, good.failures[:5]
+    assert good.answers >= 50
+    print(f"{scheme}: {good.answers} good answers alongside the bad requests, none failed")
+
+
+# -- load ---------------------------------------------------------------------------------------
+LOAD_REQUESTS = int(os.environ.get("TRITON_BUILDER_LOAD_REQUESTS", 10_000))
+LOAD_CONCURRENCY = 32
+
+
+def test_load_every_answer_equals_the_in_process_one(docker_client, text_embedding_image):
+    import asyncio
+
+    from builder.client.aio import AsyncClient
+    from builder.verify.container import ServingContainer
+    from builder.verify.equality import check_same
+    from pipelines.text_embedding import pipeline
+    from tests.support.example_inputs import TEXTS
+
+    texts = [TEXTS[i % len(TEXTS)] + f" #{i % 97}" for i in range(LOAD_REQUESTS)]
+    expected = {text: pipeline(text) for text in set(texts)}
+
+    async def load(url: str) -> list:
+        async with AsyncClient(url, max_in_flight=LOAD_CONCURRENCY) as client:
+            return await client.batch(texts, return_exceptions=True)
+
+    with ServingContainer(docker_client, text_embedding_image) as endpoint:
+        started = time.monotonic()
+        answers = asyncio.run(load(f"grpc://{endpoint.grpc_url}/pipeline"))
+        seconds = time.monotonic() - started
+    errors = [a for a in answers if isinstance(a, BaseException)]
+    assert not errors, f"{len(errors)} of {LOAD_REQUESTS} failed, e.g. {errors[0]!r}"
+    for text, answer in zip(texts, answers):
+        check_same(answer, expected[text], where=text)
+    print(f"{LOAD_REQUESTS} requests at concurrency {LOAD_CONCURRENCY}: 0 errors, all equal "
+          f"in-process ({seconds:.1f}s)")
+
+
+# -- a registry that goes away during a push ---------------------------------------------------
+def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client,
+                                                           text_embedding_image, tmp_path):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from builder.push import push_image
+    from builder.push.docker_push import PushError
+    from tests.support.testbed import LocalRegistry
+
+    registry = LocalRegistry(tmp_path).start()
+    reference = f"{registry.host}/tb-i14/interrupted-push:1"
+    docker_client.images.get(text_embedding_image).tag(reference.rsplit(":", 1)[0], "1")
+    uploads = tmp_path / "data/docker/registry/v2/repositories/tb-i14/interrupted-push/_uploads"
+    stopped = threading.Event()
+
+    def stop_once_layers_upload() -> None:
+        deadline = time.monotonic() + 120
+        while not (uploads.exists() and any(uploads.iterdir())):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        registry.stop()
+        stopped.set()
+
+    watcher = threading.Thread(target=stop_once_layers_upload, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(PushError) as failure:
+            push_image(docker_client, reference, retries=1, backoff=0.1)
+    finally:
+        watcher.join(130)
+        registry.stop()
+        docker_client.images.remove(reference)
+    assert stopped.is_set(), "the registry was not stopped during a layer upload"
+    assert registry.host in str(failure.value) or "refused" in str(failure.value)
+    assert failure.value.attempts == 2 and failure.value.transient
+    with LocalRegistry(tmp_path) as again:  # the same storage: no tag was written
+        url = f"http://{again.host}/v2/tb-i14/interrupted-push/manifests/1"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"))
+        assert missing.value.code == 404
+
+
+def test_a_build_interrupted_mid_step_removes_the_layers_it_made(docker_client, os_image,
+                                                                tmp_path):
+    """Ctrl-C while ``docker build`` runs a step: the layers committed before it go too."""
+    import docker.errors
+
+    from builder.engine.build import build_image
+
+    (tmp_path / "payload").write_text(uuid.uuid4().hex)  # a layer no cache holds
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {os_image}\nCOPY payload /payload\nRUN sleep 60\n")
+    layers: list[str] = []
+
+    def interrupt_at_the_slow_step(line: str) -> None:
+        if line.startswith(" ---> ") and "Running in" not in line:
+            layers.append(line.split()[-1])
+        if line.startswith("Step 3/3"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_image(docker_client, tmp_path, ["triton-builder-test/tb-i14-interrupted:1"],
+                    on_log=interrupt_at_the_slow_step)
+    base, copied = layers  # FROM's image, then the COPY layer this build committed
+    assert docker_client.images.get(base)  # not ours to remove
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(copied)
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get("triton-builder-test/tb-i14-interrupted:1")
