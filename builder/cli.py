@@ -273,13 +273,21 @@ def infer(
 
 
 @app.command()
-def inspect(reference: str = typer.Argument(..., help="Image to describe.")) -> None:
+def inspect(
+    reference: str = typer.Argument(..., help="Image to describe."),
+    sbom: bool = typer.Option(False, "--sbom", help="Print the image's bill of materials "
+                              "(CycloneDX JSON) instead of its labels."),
+) -> None:
     """Show what an image serves: signature, Triton, CUDA, environment (from its labels).
 
-    Example: triton-builder inspect embed:1
+    Example: triton-builder inspect embed:1; triton-builder inspect embed:1 --sbom
     """
     from builder.engine import ensure_engine
 
+    if sbom:
+        print(_run("reading the bill of materials",
+                   lambda: _image_sbom(ensure_engine(), reference)), end="")
+        return
     labels = _run("reading the image", lambda: _image_labels(ensure_engine(), reference))
     ours = {key: value for key, value in labels.items()
             if key.startswith(("ai.triton-builder.", "org.opencontainers.image."))}
@@ -480,6 +488,21 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
     return value
+
+
+def _image_sbom(client, reference: str) -> str:
+    """The SBOM the image's ``ai.triton-builder.sbom`` label points at, read from the image."""
+    from builder.engine.image_files import read_image_files
+    from builder.image.labels import SBOM
+
+    path = _image_labels(client, reference).get(SBOM)
+    if not path:
+        raise LookupError(f"{reference} has no {SBOM} label: it was not built by triton-builder, "
+                          f"or by a version that wrote no bill of materials")
+    content = read_image_files(client, reference, [path])[path]
+    if content is None:
+        raise LookupError(f"{reference} has no file {path}, where its {SBOM} label points")
+    return content.decode()
 
 
 def _image_labels(client, reference: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ from builder.engine.reference import tag_references
 from builder.environment import EnvironmentOptions, PackageIndex, prepare_environment
 from builder.environment.torch_for_cuda import PYTORCH_INDEX
 from builder.image.build import ServingImage, build_serving_image, discard_image
+from builder.image.sbom import PythonRuntime
 from builder.pipeline.dsl import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
@@ -131,14 +132,19 @@ def build_docker_image(
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, target=release, **pipeline_options)
         with timed_step("python environment", on_log):
-            prepare_environment(client, built, plan, operators=[node.op for node in pipe.nodes],
-                                options=environment, bridge=bridging, on_log=on_log)
+            prepared = prepare_environment(client, built, plan,
+                                           operators=[node.op for node in pipe.nodes],
+                                           options=environment, bridge=bridging, on_log=on_log)
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
             return _image_verify_push(
                 built.model_root, references, release, base, client=client, user=user,
                 environment_python=plan.python_version,
                 python_models=plan.describe() if plan.own_stub else None,
+                python_runtime=PythonRuntime(
+                    stub=plan.stub, python_version=prepared.target.full_python_version,
+                    interpreter_image=plan.interpreter.image if plan.bridged else None,
+                    interpreter_image_id=prepared.target.image_id if plan.bridged else None),
                 checks=checks if verify else None, push=push, started=started, on_log=on_log)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from builder.bridge.interpreter import COPY_SCRIPT
 from builder.environment.errors import PackError, TargetError
 from builder.environment.index import PackageIndex
+from builder.environment.lock import hash_lock
 from builder.environment.packers import ARCHIVE_NAME, Log, PackResult, fetch_wheels, pip_wheel
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
@@ -61,7 +62,7 @@ class CarriedInterpreterPacker:
                    "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
                    "--no-warn-script-location", "--target", site,
                    "-r", str(requirements), "-c", str(constraints)]
-        freeze = [python, pip, "freeze", "--disable-pip-version-check", "--path", site]
+        freeze = [python, pip, "freeze", "--all", "--disable-pip-version-check", "--path", site]
         script = (f"set -e; {shlex.join(copy)} > {shlex.quote(str(workdir / 'copied.json'))}"
                   f" && {shlex.join(install)} && {shlex.join(freeze)} > "
                   f"{shlex.quote(str(lock))}")
@@ -82,4 +83,4 @@ class CarriedInterpreterPacker:
         header = (f"# interpreter: Python {target.full_python_version} from {target.where}\n"
                   + "".join(f"# with {library.name} (the bridged stub's)\n"
                             for library in self.libraries))
-        return PackResult(archive=archive, lock=header + lock.read_text())
+        return PackResult(archive=archive, lock=header + hash_lock(lock.read_text(), wheels))

@@ -10,8 +10,9 @@
   when one is on ``PATH``, or an existing environment (``prefix=``), packed by ``conda-pack``.
   A conda environment brings its own Python, so it runs wherever the C library is new enough.
 
-Both return the archive and a lock (what is inside, pinned): ``pip freeze`` for a venv, the
-conda records plus the pip-installed distributions for conda. Every tool's failure is raised
+Both return the archive and a lock (what is inside, pinned): ``pip freeze --all`` for a venv,
+with the sha256 of each installed wheel (:mod:`builder.environment.lock`), the conda records
+plus the pip-installed distributions for conda. Every tool's failure is raised
 with its own output; conda-pack's warnings are passed on, never dropped.
 """
 
@@ -34,6 +35,7 @@ from typing import Protocol
 from builder.environment.check import numpy_constraint
 from builder.environment.errors import ArchiveCheckError, PackError, TargetError
 from builder.environment.index import PackageIndex
+from builder.environment.lock import hash_lock
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 from builder.progress import Log
@@ -109,7 +111,7 @@ class VenvPacker:
         install = [python, str(pip), "install", "--no-index", "--find-links", str(wheels),
                    "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
                    "--no-warn-script-location", "-r", str(requirements), "-c", str(constraints)]
-        freeze = [python, str(pip), "freeze", "--disable-pip-version-check"]
+        freeze = [python, str(pip), "freeze", "--all", "--disable-pip-version-check"]
         create = [target.python_executable, "-m", "venv", "--without-pip", str(venv)]
         script = (f"set -e; {shlex.join(create)} && {shlex.join(install)}"
                   f" && {shlex.join(freeze)} > {shlex.quote(str(lock))}")
@@ -127,7 +129,7 @@ class VenvPacker:
             venv_pack.pack(prefix=str(venv), output=str(archive), format="tar.gz", force=True)
         except venv_pack.VenvPackException as error:
             raise PackError(f"venv-pack could not pack {venv}: {error}") from error
-        return PackResult(archive=archive, lock=lock.read_text())
+        return PackResult(archive=archive, lock=hash_lock(lock.read_text(), wheels))
 
 
 class CondaPacker:

@@ -32,8 +32,9 @@ from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 
-RECIPE = "triton-builder environment 1"
-"""Bumped when the way environments are made changes, so old cache entries stop matching."""
+RECIPE = "triton-builder environment 2"
+"""Bumped when the way environments are made changes, so old cache entries stop matching
+(2: the lock names every distribution, setuptools too, with its wheel's sha256)."""
 
 LOCK_NAME = "environment.lock.txt"
 METADATA_NAME = "environment.json"

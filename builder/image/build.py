@@ -45,12 +45,22 @@ from builder.errors import TritonBuilderError
 from builder.image.context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
 from builder.image.labels import (
     CREATED,
+    OCI,
     PAYLOAD_HASH,
     STAGE,
     created_timestamp,
     hashed,
     repository_signature,
     serving_labels,
+)
+from builder.image.os_packages import image_os_packages
+from builder.image.sbom import (
+    SBOM_CONTEXT,
+    BaseImage,
+    PythonRuntime,
+    image_sbom,
+    shipped_environments,
+    shipped_stub,
 )
 from builder.image.serving_dockerfile import (
     HEALTH_SCRIPT_CONTEXT,
@@ -97,6 +107,7 @@ def build_serving_image(
     revision: str | None = None,
     user: str | None = None,
     server_args: Sequence[str] = (),
+    python_runtime: PythonRuntime | None = None,
     client: docker.DockerClient,
     on_log: Log | None = None,
 ) -> ServingImage:
@@ -108,7 +119,10 @@ def build_serving_image(
     ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
     ``environment_python`` is the Python of the environments (default: the release's; the
     builder's for a bridged image, whose python models carry their own stub); ``python_models``
-    says how they run, in the Dockerfile's header.
+    says how they run, in the Dockerfile's header; ``python_runtime`` says where their stub and
+    interpreter came from, for the bill of materials (:mod:`builder.image.sbom`, written to
+    :data:`~builder.image.sbom.SBOM_PATH`; without it the SBOM names the stub the repository
+    carries, or the release's own).
     An image already tagged ``image_name`` with the same content hash is returned as it is.
     """
     options = ServingOptions(user=user, server_args=tuple(server_args),
@@ -133,10 +147,17 @@ def build_serving_image(
         environment_hash=plan.digest("environment") if plan.has("environment") else "none",
         signature=signature if signature is not None else repository_signature(repository_dir),
         version=version, revision=revision, extra=labels)
+    sbom = image_sbom(
+        title=image_labels[OCI + "title"], version=image_labels[OCI + "version"],
+        release=release, base=BaseImage(release.image, base.id, _base_digest(base),
+                                        dict(base.labels or {})),
+        os_packages=image_os_packages(client, base.id),
+        environments=shipped_environments(plan, environments), stub=shipped_stub(plan),
+        runtime=python_runtime)
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
                                                 payload_image="payload"),
-        plan.digest("code"), health_script_source(), hashed(image_labels))
+        plan.digest("code"), health_script_source(), sbom, hashed(image_labels))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
@@ -154,6 +175,7 @@ def build_serving_image(
         context = plan.write(Path(workdir), ["code"])
         (context / "models").mkdir(exist_ok=True)
         (context / HEALTH_SCRIPT_CONTEXT).write_text(health_script_source())
+        (context / SBOM_CONTEXT).write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)
     return ServingImage(id=built.id, release=release, content_hash=digest, labels=image_labels,

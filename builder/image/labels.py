@@ -2,7 +2,8 @@
 
 Two families: the OCI annotation keys every registry UI and scanner reads
 (``org.opencontainers.image.*``), and ours (``ai.triton-builder.*``) — the served signature, the
-Triton/CUDA/Python it needs, the environment's hash and the content hash of the build inputs.
+Triton/CUDA/Python it needs, the environment's hash, where its bill of materials lies
+(``ai.triton-builder.sbom``) and the content hash of the build inputs.
 
 Labels reach the engine through the build API, never through the Dockerfile: a label value can
 hold anything (JSON, newlines) without any way to inject a build step, and the legacy builder
@@ -27,6 +28,7 @@ from builder.base.releases import Release
 from builder.engine.build import CONTENT_HASH_LABEL
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
+from builder.image.sbom import SBOM_PATH
 from builder.pipeline.signature_document import SIGNATURE_PARAMETER
 
 PREFIX = "ai.triton-builder."
@@ -36,6 +38,8 @@ SIGNATURE = PREFIX + "signature"
 ENVIRONMENT_HASH = PREFIX + "environment-hash"
 PAYLOAD_HASH = PREFIX + "payload-hash"
 STAGE = PREFIX + "stage"
+SBOM = PREFIX + "sbom"
+"""Where the image's CycloneDX bill of materials lies in it (:mod:`builder.image.sbom`)."""
 UNHASHED = frozenset({CREATED})
 """Labels that do not take part in the content hash."""
 
@@ -79,6 +83,7 @@ def serving_labels(
         ENVIRONMENT_HASH: environment_hash,
         SIGNATURE: signature if isinstance(signature, str) else _compact_json(signature),
         STAGE: "serving",
+        SBOM: SBOM_PATH,
     }
     if revision:
         labels[OCI + "revision"] = revision

@@ -11,6 +11,7 @@ The build context the templates expect (written by :mod:`builder.image.context`)
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
     health.py                     the health check (builder/runtime/health.py)
+    sbom.cdx.json                 the bill of materials (builder/image/sbom.py)
     models/<model>/...            configs and code, merged into the model repository last
 """
 
@@ -24,6 +25,7 @@ from typing import Literal
 
 from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
+from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -164,6 +166,8 @@ def render_serving_dockerfile(
         healthcheck=healthcheck_command(options.http_port),
         health_script=HEALTH_SCRIPT,
         health_script_context=HEALTH_SCRIPT_CONTEXT,
+        sbom_path=SBOM_PATH,
+        sbom_context=SBOM_CONTEXT,
         command=options.command,
         python_models=options.python_models,
         labels=dict(labels or {}),

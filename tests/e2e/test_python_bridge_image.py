@@ -11,6 +11,7 @@ which stands in for ``python:3.11-slim-trixie`` from Docker Hub.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import tempfile
 
@@ -20,6 +21,8 @@ import pytest
 from builder import build_docker_image
 from builder.bridge import PythonBridgeError
 from builder.bridge.stub_build import compile_stub
+from builder.engine.image_files import read_image_files
+from builder.image.sbom import SBOM_PATH
 from tests.e2e.test_custom_operator import TEXTS, user_pipeline
 from tests.e2e.test_stub_build import SOURCES, needs_sources
 from tests.support.example_inputs import EXAMPLES
@@ -47,6 +50,8 @@ def test_examples_serve_through_the_bridge(name, bridged):
         assert "pipeline" in built.verification.models
         stub_python = _stub_python(bridged["client"], reference)
         assert stub_python == "{}.{}".format(*sys.version_info[:2])
+        if name == "text_embedding":
+            _check_sbom(bridged["client"], reference, "pytriton-wheel")
     finally:
         bridged["client"].images.remove(reference, force=True)
 
@@ -106,6 +111,7 @@ def test_a_stub_compiled_against_the_interpreter_image_serves_through_the_bridge
                         "import sys; print(sys.version.split()[0])"],
             environment={"LD_LIBRARY_PATH": "/models/pipeline/environment/lib"}, remove=True)
         assert version.decode().strip() == "3.11.2", "the carried interpreter is the image's"
+        _check_sbom(client, reference, "compile")
     finally:
         client.images.remove(reference, force=True)
 
@@ -135,3 +141,17 @@ def _stub_python(client, image: str) -> str:
                 "(3\\.\\d+)\\.so', data).group(1).decode())"], remove=True)
     return output.decode().strip()
 
+
+
+def _check_sbom(client, image: str, route: str) -> None:
+    """The bill of materials names the stub the image carries (its sha256) and the interpreter
+    the environment carries (this builder's Python, as the interpreter image has it)."""
+    stub_path = "/models/pipeline/triton_python_backend_stub"
+    files = read_image_files(client, image, [SBOM_PATH, stub_path])
+    components = {c["bom-ref"]: c for c in json.loads(files[SBOM_PATH])["components"]}
+    stub = components["python-backend-stub"]
+    assert {"name": "triton-builder:stub-route", "value": route} in stub["properties"]
+    assert stub["hashes"] == [{"alg": "SHA-256",
+                               "content": hashlib.sha256(files[stub_path]).hexdigest()}]
+    interpreter = components["carried-interpreter"]
+    assert interpreter["version"].startswith("{}.{}.".format(*sys.version_info[:2]))

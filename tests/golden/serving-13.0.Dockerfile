@@ -19,5 +19,9 @@ CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-
 # 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
 COPY health.py /opt/triton-builder/health.py
 
-# 4. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
+# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py): before the code, so a
+#    code-only change, which leaves it as it is, rebuilds only the next layer.
+COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json
+
+# 5. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
 COPY models/ /models/

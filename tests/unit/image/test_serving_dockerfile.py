@@ -61,7 +61,9 @@ def test_layers_go_from_stable_to_volatile(cuda):
     lines = _instructions(render_serving_dockerfile(resolve(cuda)))
     copies = [line for line in lines if line.startswith("COPY")]
     assert copies == ["COPY environment/ /", "COPY weights/ /models/",
-                      "COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
+                      "COPY health.py /opt/triton-builder/health.py",
+                      "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
+                      "COPY models/ /models/"]
     assert lines[0].startswith("FROM ")
     assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
     assert "EXPOSE 8000 8001 8002" in lines
@@ -86,7 +88,9 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 def test_absent_layers_are_left_out():
     text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
+    assert copies == ["COPY health.py /opt/triton-builder/health.py",
+                      "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
+                      "COPY models/ /models/"]
 
 
 HOSTILE = [
