@@ -60,13 +60,23 @@ def test_layers_go_from_stable_to_volatile(cuda):
     lines = _instructions(render_serving_dockerfile(resolve(cuda)))
     copies = [line for line in lines if line.startswith("COPY")]
     assert copies == ["COPY environment/ /", "COPY weights/ /models/",
-                      "COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
+                      "COPY runtime/ /opt/triton-builder/", "COPY models/ /models/"]
     assert lines[0].startswith("FROM ")
     assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
-    assert "EXPOSE 8000 8001 8002" in lines
+    assert "EXPOSE 8000 8001 8002 8003" in lines
     assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
                for line in lines)
-    assert 'CMD ["tritonserver", "--model-repository=/models"]' in lines
+    assert ('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+            '"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"]'
+            in lines)
+
+
+def test_a_model_control_mode_of_the_users_own_is_kept():
+    """The supervisor can heal only with explicit model control: the image asks for it unless
+    the user chose a mode (the supervisor then only supervises, and says so)."""
+    options = ServingOptions(server_args=("--model-control-mode=poll",))
+    assert options.command == ["python3", "/opt/triton-builder/supervisor.py", "tritonserver",
+                               "--model-repository=/models", "--model-control-mode=poll"]
 
 
 def test_the_healthcheck_follows_a_moved_http_port():
@@ -83,7 +93,7 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 def test_absent_layers_are_left_out():
     text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY health.py /opt/triton-builder/health.py", "COPY models/ /models/"]
+    assert copies == ["COPY runtime/ /opt/triton-builder/", "COPY models/ /models/"]
 
 
 HOSTILE = [
@@ -125,8 +135,9 @@ def test_server_args_with_quotes_stay_one_json_string():
     options = ServingOptions(server_args=('--backend-config=python,x="1" $(id) \\',))
     text = render_serving_dockerfile(resolve(None), options=options)
     cmd = [line for line in text.splitlines() if line.startswith("CMD")]
-    assert cmd == ['CMD ["tritonserver", "--model-repository=/models", '
-                   '"--backend-config=python,x=\\"1\\" $(id) \\\\"]']
+    assert cmd == ['CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+                   '"--model-repository=/models", "--model-control-mode=explicit", '
+                   '"--load-model=*", "--backend-config=python,x=\\"1\\" $(id) \\\\"]']
     assert text.count("\nRUN") == 0
 
 
