@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -39,7 +40,8 @@ from pathlib import Path
 SERVER = "tritonserver"
 STUB = "triton_python_backend_stub"[:15]
 """The stub's name as ``/proc/PID/comm`` holds it (the kernel keeps 15 characters)."""
-HEALED_STUBS = Path("/tmp/triton-builder-healed-stubs.json")
+HEALED_STUBS = Path(os.environ.get("TRITON_BUILDER_HEALED_STUBS",
+                                   "/tmp/triton-builder-healed-stubs.json"))
 """The dead stubs whose model the supervisor has reloaded: ``[[pid, start time], ...]``."""
 
 

@@ -34,7 +34,7 @@ cannot carry them: custom metrics can only be registered from inside a model.
 Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervises),
 ``TRITON_BUILDER_HEAL_MAX_FAILURES`` (5), ``TRITON_BUILDER_HEAL_WINDOW_S`` (60),
 ``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
-endpoint off). Copied into the image beside ``health.py`` and run with the image's own
+endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check). Copied into the image beside ``health.py`` and run with the image's own
 ``python3`` (standard library only)::
 
     python3 /opt/triton-builder/supervisor.py tritonserver --model-repository=/models \\
@@ -298,7 +298,7 @@ class Supervisor:
         record.died_at = record.died_at or now
         if not self.heal:
             log(f"model {death.model!r}: stub pid {death.stub.pid} ({death.instance}) "
-                f"{death.why}; healing is off (TRITON_BUILDER_HEAL=off)")
+                f"{death.why}; healing is off")
             return
         due = record.fail(now, self.policy)
         if due is None:
