@@ -55,8 +55,8 @@ from builder.image.labels import (
 from builder.image.serving_dockerfile import (
     RUNTIME_SCRIPTS_CONTEXT,
     ServingOptions,
-    runtime_scripts,
     render_serving_dockerfile,
+    runtime_scripts,
     templates_source,
 )
 from builder.progress import step_log

@@ -11,7 +11,7 @@ The build context the templates expect (written by :mod:`builder.image.context`)
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
     runtime/health.py             the health check (builder/runtime/health.py)
-    runtime/supervisor.py         the first process: heals dead stubs (builder/runtime/supervisor.py)
+    runtime/supervisor.py         the first process, heals dead stubs (runtime/supervisor.py)
     models/<model>/...            configs and code, merged into the model repository last
 """
 

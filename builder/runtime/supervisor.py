@@ -34,8 +34,9 @@ cannot carry them: custom metrics can only be registered from inside a model.
 Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervises),
 ``TRITON_BUILDER_HEAL_MAX_FAILURES`` (5), ``TRITON_BUILDER_HEAL_WINDOW_S`` (60),
 ``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
-endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check). Copied into the image beside ``health.py`` and run with the image's own
-``python3`` (standard library only)::
+endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check).
+Copied into the image beside ``health.py`` and run with the image's own ``python3`` (standard
+library only)::
 
     python3 /opt/triton-builder/supervisor.py tritonserver --model-repository=/models \\
         --model-control-mode=explicit --load-model=* ...
