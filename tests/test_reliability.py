@@ -110,8 +110,10 @@ KILL_STUBS = (
 """Kill the model instance stubs of the models named as arguments (run inside the container)."""
 KILL_PIPELINE_STUB = KILL_STUBS.replace("sys.argv[1:]", "['pipeline']")
 """The same, for the pipeline model alone, without arguments (tests/test_swarm.py)."""
-CANNOT_HEAL_PIPELINE = ["mv", "/models/pipeline/1/model.py", "/models/pipeline/1/model.py.gone"]
-"""Run inside a container before killing the stub: every reload of the pipeline model fails."""
+CANNOT_HEAL_PIPELINE = ["sh", "-c", "echo 'raise RuntimeError(\"cannot start\")' "
+                        "> /models/pipeline/1/model.py"]
+"""Run inside a container before killing the stub: every reload of the pipeline model fails.
+(A missing model.py would not do: Triton 2.51's load then hangs, see RestartPolicy.)"""
 HEAL_KILLS = 20
 HEAL_BOUND_S = 60.0
 """The acceptance bound of each heal; the goal (5 s at the median) is reported, not asserted."""
@@ -122,8 +124,13 @@ RESULTS = ROOT / "build" / "results"
 
 def _kill(container, *models: str) -> list[str]:
     killed = container.exec_run(["python3", "-c", KILL_STUBS, *models]).output.split()
-    assert len(killed) == len(models), (models, killed)
+    assert len(killed) == len(models), (models, killed, _supervisor_log(container))
     return killed
+
+
+def _supervisor_log(container) -> str:
+    return "\n".join(line for line in container.logs().decode(errors="replace").splitlines()
+                     if "triton-builder supervisor" in line)
 
 
 class _Load:
@@ -227,8 +234,8 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
             for kill in range(HEAL_KILLS):
                 models = targets[kill % len(targets)]
                 time.sleep(2.5)  # beyond the window: each kill is a first failure
-                killed_at = time.monotonic()
                 _kill(container, *models)
+                killed_at = time.monotonic()  # SIGKILL is delivered before the exec returns
                 healed_at = _wait_for(
                     lambda since=killed_at: load.first_correct_after(since), HEAL_BOUND_S)
                 assert healed_at is not None, (
@@ -306,7 +313,8 @@ def test_a_stub_that_cannot_heal_turns_the_container_unhealthy_then_exits(
         assert _health(container) == "healthy"
         with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
             client("alive")
-            assert container.exec_run(CANNOT_HEAL_PIPELINE, user="root").exit_code == 0
+            assert container.exec_run(CANNOT_HEAL_PIPELINE, user="root").exit_code == 0, \
+                "could not break the pipeline model's code"
             _kill(container, "pipeline")
             started = time.monotonic()
             with pytest.raises(RemoteModelError, match="is not healthy"):
@@ -328,7 +336,7 @@ def test_a_stub_that_cannot_heal_turns_the_container_unhealthy_then_exits(
     assert unhealthy <= bound
     assert "python backend stub process(es) died" in check
     assert status == 75, log[-3000:]
-    assert "model 'pipeline': reload failed" in log
+    assert "model 'pipeline': reload failed (load answered 400" in log
     assert "giving up: model 'pipeline' failed more than 5 times within 60s" in log
 
 

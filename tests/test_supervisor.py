@@ -30,7 +30,7 @@ SUPERVISOR = Path(supervisor.__file__)
 
 FAKE_SERVER = textwrap.dedent('''
     """Stands for tritonserver: starts a stub per model and never reaps one that dies."""
-    import http.server, os, sys, threading
+    import http.server, os, sys, threading, time
 
     stub, repository, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     models = [arg for arg in sys.argv[4:] if not arg.startswith("--")]
@@ -45,6 +45,8 @@ FAKE_SERVER = textwrap.dedent('''
     class Load(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             model = self.path.split("/")[-2]
+            if os.path.exists(f"{repository}/{model}/hangs"):  # as Triton 2.51 without model.py
+                time.sleep(3600)
             if model not in loads or os.path.exists(f"{repository}/{model}/broken"):
                 self.send_response(400)
             else:
@@ -280,3 +282,26 @@ def test_healing_is_off_without_explicit_model_control(repository):
         log = _stop(running)
     assert "healing is off: the server runs with --model-control-mode=none" in log
     assert "OOM killer); healing is off" in log
+
+
+def test_a_reload_that_never_ends_gives_up_at_once(repository):
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    (repository / "models" / "pipeline" / "hangs").touch()
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_HEAL_LOAD_TIMEOUT_S="1")
+    try:
+        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+                       what="the server")[0]
+        _wait(lambda: len(_stubs_of(server.pid)) == 2, what="two stubs")
+        time.sleep(0.5)
+        (victim,) = [p for p in _stubs_of(server.pid)
+                     if b"/pipeline/" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]
+        os.kill(victim.pid, signal.SIGKILL)
+        assert running.wait(30) == supervisor.GAVE_UP
+    finally:
+        log = _stop(running)
+    assert ("giving up: model 'pipeline': the server is stuck loading it (no answer to the load "
+            "within 1s)") in log

@@ -70,7 +70,9 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
                      signal.SIGUSR1, signal.SIGUSR2)
 SCAN_INTERVAL_S = 0.1
 """How often ``/proc`` is read: a scan of a container's few processes takes about a millisecond."""
-LOAD_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+"""After giving up, how long the server may take to stop before SIGKILL (Triton waits up to its
+``--exit-timeout-secs``, 30 s, for models that will not unload)."""
 
 
 def log(message: str) -> None:
@@ -175,6 +177,9 @@ class RestartPolicy:
     first_delay_s: float = 1.0
     """The wait before the second reload within the window; it doubles with each failure."""
     max_delay_s: float = 16.0
+    load_timeout_s: float = 300.0
+    """A reload still running after this long gives up at once: Triton 2.51 never finishes a
+    load whose stub cannot start at all (a model file gone), and queues later loads behind it."""
 
     def delay(self, failures: int) -> float:
         """Seconds to wait before reloading, after the ``failures``-th failure in the window."""
@@ -191,7 +196,9 @@ class RestartPolicy:
                                              default.max_failures)),
                 window_s=float(environ.get("TRITON_BUILDER_HEAL_WINDOW_S", default.window_s)),
                 max_delay_s=float(environ.get("TRITON_BUILDER_HEAL_MAX_DELAY_S",
-                                              default.max_delay_s)))
+                                              default.max_delay_s)),
+                load_timeout_s=float(environ.get("TRITON_BUILDER_HEAL_LOAD_TIMEOUT_S",
+                                                 default.load_timeout_s)))
         except ValueError as error:
             raise SystemExit(f"triton-builder supervisor: bad TRITON_BUILDER_HEAL_* setting: "
                              f"{error}") from None
@@ -221,8 +228,13 @@ class ModelRecord:
 
 
 # -- talking to Triton -----------------------------------------------------------------------
-def load_model(http_port: int, model: str, timeout: float = LOAD_TIMEOUT_S) -> str | None:
-    """``POST /v2/repository/models/<model>/load``: None once loaded, else Triton's reason."""
+class LoadTimeout(Exception):
+    """Triton did not answer a load within the policy's ``load_timeout_s``."""
+
+
+def load_model(http_port: int, model: str, timeout: float) -> str | None:
+    """``POST /v2/repository/models/<model>/load``: None once loaded, else Triton's reason (its
+    first line). Raises :class:`LoadTimeout` when Triton does not answer within ``timeout``."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{http_port}/v2/repository/models/{model}/load", data=b"{}",
         method="POST", headers={"Content-Type": "application/json"})
@@ -234,8 +246,13 @@ def load_model(http_port: int, model: str, timeout: float = LOAD_TIMEOUT_S) -> s
             detail = json.loads(error.read() or b"{}").get("error", "")
         except ValueError:
             detail = ""
-        return f"load answered {error.code}: {detail}".rstrip(": ")
+        return f"load answered {error.code}: {detail.splitlines()[0] if detail else ''}".rstrip(
+            ": ")
+    except TimeoutError:
+        raise LoadTimeout(f"no answer to the load within {timeout:g}s") from None
     except (urllib.error.URLError, OSError) as error:
+        if isinstance(getattr(error, "reason", None), TimeoutError):
+            raise LoadTimeout(f"no answer to the load within {timeout:g}s") from None
         return f"load failed: {getattr(error, 'reason', error)}"
 
 
@@ -317,7 +334,12 @@ class Supervisor:
     def _reload(self, model: str, dead: list[tuple[int, int]]) -> None:
         """Reload ``model``; on success its stubs in ``dead`` (dead before the load) are healed."""
         started = time.monotonic()
-        problem = load_model(self.http_port, model)
+        try:
+            problem = load_model(self.http_port, model, self.policy.load_timeout_s)
+        except LoadTimeout as stuck:
+            with self.lock:
+                self._give_up(model, f"the server is stuck loading it ({stuck})", at_once=True)
+            return
         now = time.monotonic()
         with self.lock:
             record = self.records[model]
@@ -335,22 +357,23 @@ class Supervisor:
                 return
             due = record.fail(now, self.policy)
             if due is None:
-                self._give_up(model, f"reloading it failed: {problem}")
+                self._give_up(model, f"reloading it failed ({problem})")
                 return
             record.due = due if record.due is None else min(record.due, due)
             log(f"model {model!r}: reload failed ({problem}); next try {self._when(due, now)} "
                 f"(failure {len(record.failures)} of {self.policy.max_failures} allowed within "
                 f"{self.policy.window_s:g}s)")
 
-    def _give_up(self, model: str, why: str) -> None:
-        self.gave_up = (f"model {model!r} failed more than {self.policy.max_failures} times "
+    def _give_up(self, model: str, why: str, at_once: bool = False) -> None:
+        self.gave_up = (f"model {model!r}: {why}" if at_once else
+                        f"model {model!r} failed more than {self.policy.max_failures} times "
                         f"within {self.policy.window_s:g}s, last: {why}")
         log(f"giving up: {self.gave_up}; stopping the server so that a restart policy starts "
             f"a fresh container (exit status {GAVE_UP})")
-        try:
-            os.kill(self.watch.server_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        _forward(self.watch.server_pid, signal.SIGTERM)
+        timer = threading.Timer(STOP_GRACE_S, _forward, (self.watch.server_pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
 
     def _write_healed(self) -> None:
         """Keep only the healed stubs that are still zombies (a reaped pid may come back)."""
