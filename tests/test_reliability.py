@@ -336,7 +336,7 @@ def test_a_stub_that_cannot_heal_turns_the_container_unhealthy_then_exits(
     assert unhealthy <= bound
     assert "python backend stub process(es) died" in check
     assert status == 75, log[-3000:]
-    assert "model 'pipeline': reload failed (load answered 400" in log
+    assert "reload failed (repository/models/pipeline/load answered 400" in log
     assert "giving up: model 'pipeline' failed more than 5 times within 60s" in log
 
 

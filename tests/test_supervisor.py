@@ -30,7 +30,7 @@ SUPERVISOR = Path(supervisor.__file__)
 
 FAKE_SERVER = textwrap.dedent('''
     """Stands for tritonserver: starts a stub per model and never reaps one that dies."""
-    import http.server, os, sys, threading, time
+    import http.server, json, os, sys, threading, time
 
     stub, repository, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     models = [arg for arg in sys.argv[4:] if not arg.startswith("--")]
@@ -43,7 +43,15 @@ FAKE_SERVER = textwrap.dedent('''
         return os.posix_spawn(stub, argv, os.environ)
 
     class Load(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the model's configuration, sent back with the load
+            body = json.dumps({"name": self.path.split("/")[-2]}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self):
+            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert "config" in sent["parameters"], "a load without one reloads nothing"
             model = self.path.split("/")[-2]
             if os.path.exists(f"{repository}/{model}/hangs"):  # as Triton 2.51 without model.py
                 time.sleep(3600)
@@ -261,7 +269,8 @@ def test_a_model_that_keeps_failing_makes_it_give_up_and_exit_75(repository):
         log = _stop(running)
     # death (1), reload refused at once (2), again after 1 s (3 > 2): give up
     assert 1.0 <= elapsed < 10, elapsed
-    assert log.count("model 'text_encoder': reload failed (load answered 400)") == 1, log
+    assert log.count("model 'text_encoder': reload failed "
+                     "(repository/models/text_encoder/load answered 400)") == 1, log
     assert "giving up: model 'text_encoder' failed more than 2 times within 60s" in log
     assert "exiting 75" in log
 

@@ -233,27 +233,42 @@ class LoadTimeout(Exception):
 
 
 def load_model(http_port: int, model: str, timeout: float) -> str | None:
-    """``POST /v2/repository/models/<model>/load``: None once loaded, else Triton's reason (its
-    first line). Raises :class:`LoadTimeout` when Triton does not answer within ``timeout``."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{http_port}/v2/repository/models/{model}/load", data=b"{}",
-        method="POST", headers={"Content-Type": "application/json"})
+    """Reload ``model`` with the configuration it runs with: None once loaded, else Triton's
+    reason (its first line). Raises :class:`LoadTimeout` when Triton does not answer within
+    ``timeout``.
+
+    Why the configuration goes along: Triton reloads a loaded model on ``load`` only if its
+    files changed (the python backend's ``__pycache__`` made the pipeline model look changed,
+    an ONNX model never does, and its load returned at once with the dead stub still in
+    place); a load that carries a configuration is always a reload. Until the new instances
+    are ready the old version keeps its place, so the model never becomes unknown to its BLS
+    callers."""
+    base = f"http://127.0.0.1:{http_port}/v2"
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return None if response.status == 200 else f"load answered {response.status}"
+        config = _http(f"{base}/models/{model}/config", None, timeout).decode()
+        body = json.dumps({"parameters": {"config": config}}).encode()
+        _http(f"{base}/repository/models/{model}/load", body, timeout)
     except urllib.error.HTTPError as error:
         try:
             detail = json.loads(error.read() or b"{}").get("error", "")
         except ValueError:
             detail = ""
-        return f"load answered {error.code}: {detail.splitlines()[0] if detail else ''}".rstrip(
-            ": ")
+        first = detail.splitlines()[0] if detail else ""
+        return f"{error.url.split('/v2/', 1)[-1]} answered {error.code}: {first}".rstrip(": ")
     except TimeoutError:
         raise LoadTimeout(f"no answer to the load within {timeout:g}s") from None
     except (urllib.error.URLError, OSError) as error:
         if isinstance(getattr(error, "reason", None), TimeoutError):
             raise LoadTimeout(f"no answer to the load within {timeout:g}s") from None
         return f"load failed: {getattr(error, 'reason', error)}"
+    return None
+
+
+def _http(url: str, body: bytes | None, timeout: float) -> bytes:
+    request = urllib.request.Request(url, data=body, method="POST" if body else "GET",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
 
 
 def server_option(command: list[str], name: str) -> str | None:
