@@ -35,6 +35,7 @@ FAKE_SERVER = textwrap.dedent('''
     stub, repository, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     models = [arg for arg in sys.argv[4:] if not arg.startswith("--")]
     loads = {model: 0 for model in models}
+    stamps = set()
 
     def start(model, *, autocomplete=False):
         name = model if autocomplete else f"{model}_0_{loads[model]}"
@@ -51,7 +52,10 @@ FAKE_SERVER = textwrap.dedent('''
 
         def do_POST(self):
             sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            assert "config" in sent["parameters"], "a load without one reloads nothing"
+            config = json.loads(sent["parameters"]["config"])  # Triton reloads only a change
+            stamp = config["parameters"]["triton_builder_reloaded"]["string_value"]
+            assert stamp not in stamps, "the same configuration again: a no-op load"
+            stamps.add(stamp)
             model = self.path.split("/")[-2]
             if os.path.exists(f"{repository}/{model}/hangs"):  # as Triton 2.51 without model.py
                 time.sleep(3600)

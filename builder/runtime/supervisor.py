@@ -70,6 +70,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
                      signal.SIGUSR1, signal.SIGUSR2)
 SCAN_INTERVAL_S = 0.1
 """How often ``/proc`` is read: a scan of a container's few processes takes about a millisecond."""
+RELOAD_PARAMETER = "triton_builder_reloaded"
+"""The model parameter a heal sets (when it reloaded the model): see :func:`load_model`."""
 STOP_GRACE_S = 10.0
 """After giving up, how long the server may take to stop before SIGKILL (Triton waits up to its
 ``--exit-timeout-secs``, 30 s, for models that will not unload)."""
@@ -237,16 +239,20 @@ def load_model(http_port: int, model: str, timeout: float) -> str | None:
     reason (its first line). Raises :class:`LoadTimeout` when Triton does not answer within
     ``timeout``.
 
-    Why the configuration goes along: Triton reloads a loaded model on ``load`` only if its
-    files changed (the python backend's ``__pycache__`` made the pipeline model look changed,
-    an ONNX model never does, and its load returned at once with the dead stub still in
-    place); a load that carries a configuration is always a reload. Until the new instances
-    are ready the old version keeps its place, so the model never becomes unknown to its BLS
-    callers."""
+    Why the configuration goes along, stamped: Triton turns a ``load`` of a loaded model into a
+    reload only when something changed — its files (the python backend's ``__pycache__`` made
+    the pipeline model look changed once; an ONNX model never does, and its load returned at
+    once with the dead stub in place) or the configuration the load carries, compared with the
+    previous load's. So the supervisor sends the model's own configuration with one parameter
+    added, :data:`RELOAD_PARAMETER`, whose value differs on every reload. Until the new
+    instances are ready the old version keeps its place, so the model never becomes unknown to
+    its BLS callers."""
     base = f"http://127.0.0.1:{http_port}/v2"
     try:
-        config = _http(f"{base}/models/{model}/config", None, timeout).decode()
-        body = json.dumps({"parameters": {"config": config}}).encode()
+        config = json.loads(_http(f"{base}/models/{model}/config", None, timeout))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f" {time.monotonic_ns()}"
+        config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": stamp}
+        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
         _http(f"{base}/repository/models/{model}/load", body, timeout)
     except urllib.error.HTTPError as error:
         try:
