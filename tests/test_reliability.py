@@ -318,6 +318,40 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
     assert int(zombies.output) >= HEAL_KILLS, "the dead stubs stay zombies: the check skips them"
 
 
+BLS_KILLS = 3
+
+
+def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_base_image):
+    """The example built with its model operator called over BLS (``in_process=False``, as on
+    a GPU release): kill ``text_encoder``'s stub BLS_KILLS times; each time the pipeline model's
+    requests fail until ``text_encoder`` is reloaded, then answer correctly again without the
+    pipeline model being reloaded (Triton's BLS finds a model by name on every call)."""
+    from builder import build_docker_image
+    from builder.verify.container import ServingContainer
+    from pipelines.text_embedding import pipeline
+
+    reference = "triton-builder-test/text-embedding-bls:1"
+    build_docker_image(pipeline, reference, client=docker_client, in_process=False)
+    with ServingContainer(docker_client, reference) as endpoint:
+        container = docker_client.containers.get(endpoint.container_id)
+        with _Load(endpoint.grpc_url) as load:
+            assert _wait_for(lambda: load.first_correct_after(0.0, "pipeline"), 30)
+            for kill in range(BLS_KILLS):
+                time.sleep(1.0)
+                _kill(container, "text_encoder")
+                killed_at = time.monotonic()
+                failed_at = _wait_for(lambda since=killed_at: (
+                    load.failures_between(since, time.monotonic(), "pipeline") or None), 30)
+                assert failed_at, "the pipeline model did not notice: is it calling over BLS?"
+                healed_at = _wait_for(lambda since=killed_at: load.first_correct_after(
+                    since, "pipeline"), HEAL_BOUND_S)
+                assert healed_at is not None, _supervisor_log(container)
+                print(f"BLS kill {kill + 1}: the pipeline model answers correctly again "
+                      f"{healed_at - killed_at:.2f}s after text_encoder's stub was killed")
+        restarts = _metric(container, "triton_builder_stub_restarts_total")
+    assert restarts == {"pipeline": 0, "text_encoder": BLS_KILLS}, restarts
+
+
 def _wait_for(probe, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
