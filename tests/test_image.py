@@ -149,7 +149,8 @@ def test_a_code_only_change_rebuilds_only_the_last_layer(built, docker_client, r
         assert new_layers[:-1] == old_layers[:-1]
         assert new_layers[-1] != old_layers[-1]
         # The history says the same: from the payload down, the very same image IDs; above it,
-        # the health check's script (the same layer), one COPY of the code and metadata steps
+        # the health check and the supervisor (the same layer), one COPY of the code and metadata
+        # steps
         # without content.
         old_history, new_history = old_image.history(), new_image.history()
         old_ids = [h["Id"] for h in old_history]
@@ -157,7 +158,7 @@ def test_a_code_only_change_rebuilds_only_the_last_layer(built, docker_client, r
         below = new_ids.index(rebuilt.payload_id)
         assert new_ids[below:] == old_ids[old_ids.index(result.payload_id):]
         above = new_history[:below]
-        assert "health.py" in above[-1]["CreatedBy"] and above[-1]["Id"] in old_ids
+        assert "/opt/triton-builder/" in above[-1]["CreatedBy"] and above[-1]["Id"] in old_ids
         assert "COPY" in above[-2]["CreatedBy"] and above[-2]["Size"] > 0
         assert all(step["Size"] == 0 for step in above[:-2])
     finally:

@@ -457,9 +457,11 @@ def serve_metrics(supervisor: Supervisor, port: int) -> http.server.ThreadingHTT
 
 
 def exit_code(wait_status: int) -> int:
-    """A shell's ``$?`` for a child's wait status: its exit code, or 128 + the signal."""
-    code = os.waitstatus_to_exitcode(wait_status)
-    return 128 - code if code < 0 else code
+    """A shell's ``$?`` for a child's wait status: its exit code, or 128 + the signal.
+    (Not ``os.waitstatus_to_exitcode``: the Python of an Ubuntu 20.04 release image is 3.8.)"""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
 
 
 def main(argv: list[str] | None = None) -> int:
