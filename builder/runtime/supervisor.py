@@ -68,8 +68,10 @@ GAVE_UP = 75
 METRICS_PORT = 8003
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
-SCAN_INTERVAL_S = 0.1
-"""How often ``/proc`` is read: a scan of a container's few processes takes about a millisecond."""
+SCAN_INTERVAL_S = 0.25
+"""How often ``/proc`` is read. At 0.1 s the supervisor took 0.7 % of a core in the example's
+container (measured from ``/proc/1/stat`` over 30 s idle); a death is seen at most this late,
+against 2–4 s for the reload itself."""
 RELOAD_PARAMETER = "triton_builder_reloaded"
 """The model parameter a heal sets (when it reloaded the model): see :func:`load_model`."""
 STOP_GRACE_S = 10.0
