@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` (the whole suite), ``lint``, ``demo``, ``bench``, ``base``.
+"""Sessions: ``tests`` (the whole suite), ``unit`` (the fast tier), ``lint``, ``demo``, ``bench``,
+``base``.
 
 Every session installs the project into its own virtual environment; the ones that need Docker
 start the engine themselves (as root on Debian they install it), so a fresh machine needs
@@ -72,6 +73,18 @@ def tests(session: nox.Session) -> None:
     """The whole suite, slow end-to-end tests included (real dockerd, tritonserver, registry)."""
     _install(session)
     session.run("pytest", *(session.posargs or ["-q"]))
+
+
+UNIT_DESELECT = "not (slow or e2e or docker or registry or tritonserver or gpu)"
+"""What ``unit`` leaves out: every test that needs more than this Python process."""
+
+
+@nox.session(python=PYTHON)
+def unit(session: nox.Session) -> None:
+    """The fast tier: tests/unit without the tests that need Docker, a registry, a host
+    tritonserver or a GPU (under two minutes)."""
+    _install(session)
+    session.run("pytest", "tests/unit", "-m", UNIT_DESELECT, *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)

@@ -39,7 +39,7 @@ from builder.engine import ensure_engine  # noqa: E402
 from builder.image.build import payload_reference  # noqa: E402
 from builder.job import build_image_from_repository  # noqa: E402
 from builder.verify.check import InferenceCheck, verify_image  # noqa: E402
-from tests.sample_repository import (  # noqa: E402
+from tests.support.sample_repository import (  # noqa: E402
     FEATURES,
     expected_linear,
     expected_scale,

@@ -61,7 +61,7 @@ from builder.tritonserver.host_process import TritonServer, free_ports, triton_r
 from builder.verify.equality import check_same  # noqa: E402
 from pipelines import image_classification, text_embedding  # noqa: E402
 from pipelines.imaging import decode_image  # noqa: E402
-from tests.example_inputs import TEXTS, images  # noqa: E402
+from tests.support.example_inputs import TEXTS, images  # noqa: E402
 
 SECTION = "## Serving speed: served pipeline vs eager, raw ONNX Runtime and PyTriton"
 COMMAND = "python benchmarks/bench_serving.py"

@@ -37,7 +37,7 @@ from builder.job import ImageBuild, build_docker_image
 from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe, vectorized
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
-from builder.verify.check import VerificationError
+from builder.verify.check import NothingToVerifyError, VerificationError
 
 __all__ = [
     "Array",
@@ -55,6 +55,7 @@ __all__ = [
     "InvalidReferenceError",
     "List",
     "ModelOp",
+    "NothingToVerifyError",
     "OperatorError",
     "Pipeline",
     "PipelineError",

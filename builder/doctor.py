@@ -175,9 +175,9 @@ def _engine():
 
 def _chosen_torch_check(release: Release, gpus: list[Gpu]) -> Check:
     """The torch a build for ``release`` would put in the environment, against the drivers."""
-    from builder.environment.cuda_packages import resolve_cuda_packages
     from builder.environment.spec import requirements_spec
     from builder.environment.target import platform_tags
+    from builder.environment.torch_for_cuda import resolve_cuda_packages
     from builder.errors import TritonBuilderError
 
     try:

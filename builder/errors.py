@@ -5,7 +5,8 @@ the failure is ours, not a bug in its own code. Every error also derives from th
 category it belongs to (``ValueError`` for bad input, ``RuntimeError`` for a failed step,
 ``ConnectionError``/``TimeoutError`` for a server), as docker-py's do, so existing ``except``
 clauses and the CLI's exit codes keep working. Each stage keeps its family beside its code
-(``environment/errors.py``, ``client/errors.py``, ``ImageBuildError`` in ``image/``…); the
+(``environment/errors.py``, ``bridge/errors.py``, ``client/errors.py``,
+``ImageBuildError`` in ``engine/``, ``VerificationError`` in ``verify/``…); the
 pipeline's family lives here because every stage reports pipeline faults.
 
 Pipeline errors name the operator and the column involved, because "which step of my pipeline

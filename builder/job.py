@@ -13,7 +13,6 @@ an interrupt never leaves a tag on a broken image, and the image is removed agai
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -24,45 +23,22 @@ from typing import Any
 
 import docker
 from docker.models.images import Image
-from packaging.requirements import Requirement
 
 from builder.base import Release, ensure_base_image, resolve
-from builder.base.python_bridge import plan_python, require_buildable
+from builder.bridge import BridgeOptions, plan_python, require_buildable
 from builder.client import Client
 from builder.engine import docker_client
 from builder.engine.reference import tag_references
-from builder.environment import (
-    PackageIndex,
-    attach_environment,
-    image_target,
-    load_spec,
-    pack_environment,
-)
-from builder.environment.bridge import bridge_environment, cpu_backend_requirements
-from builder.environment.cuda_packages import (
-    PICKLE_SOURCE,
-    PYTORCH_INDEX,
-    resolve_cuda_packages,
-)
-from builder.environment.spec import (
-    EnvironmentSpec,
-    merge_specs,
-    missing_requirements,
-    requirements_spec,
-)
-from builder.errors import BuildError
+from builder.environment import EnvironmentOptions, PackageIndex, prepare_environment
+from builder.environment.torch_for_cuda import PYTORCH_INDEX
 from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
-from builder.progress import stderr_line, step_log, timed_step
+from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
-from builder.repository.writer import BuiltModel, build_pipeline_model
-from builder.verify.check import Check, Verification, verify_image
+from builder.repository.writer import build_pipeline_model
+from builder.verify.check import Check, NothingToVerifyError, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
-
-Log = Callable[[str], None]
-
-VERSIONS_FILE = "pipe.versions.json"
 
 
 @dataclass
@@ -113,7 +89,7 @@ def build_docker_image(
     ``triton_version`` / ``base_image`` override it; ``base_python`` picks the CPU base
     (3.11: Debian bookworm; 3.13: Debian trixie).
     Where the release's Python is not this builder's, the python models are *bridged*
-    (:mod:`builder.base.python_bridge`): a stub for this Python from the release's branch and
+    (:mod:`builder.bridge`): a stub for this Python from the release's branch and
     an environment that carries this interpreter (taken from ``interpreter_image``, by default
     the official Python image on a glibc no newer than the release's). ``bridge=False``, or a
     release no bridge reaches, fails before anything is pulled or built. Stubs that no wheel
@@ -125,7 +101,7 @@ def build_docker_image(
     torch is resolved for the release's CUDA (a CPU build for the CPU base) from
     ``pytorch_index`` (PyTorch's per-CUDA indexes; ``None`` skips it) or, where that cannot be
     reached, from the package index by each wheel's metadata
-    (:mod:`builder.environment.cuda_packages`).
+    (:mod:`builder.environment.torch_for_cuda`).
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
@@ -134,13 +110,17 @@ def build_docker_image(
     references = tag_references(image_name, tags)
     calls = [tuple(call) for call in (verify_calls if verify_calls is not None else pipe.examples)]
     if verify and not calls:
-        raise BuildError("verification needs at least one call: give the pipeline an example "
-                         "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
+        raise NothingToVerifyError(
+            "verification needs at least one call: give the pipeline an example "
+            "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
+    bridging = BridgeOptions(enabled=bridge, interpreter_image=interpreter_image,
+                             compile_stub=compile_stub, triton_sources=triton_sources)
+    environment = EnvironmentOptions(env_specs=tuple(env_specs),
+                                     requirements=tuple(requirements), packer=packer,
+                                     index=index, pytorch_index=pytorch_index)
     release = resolve(cuda, triton_version, base_image, base_python=base_python)
-    plan = plan_python(release, bridge=bridge,
-                       conda={"conda": True, "venv": False}.get(str(packer)),
-                       interpreter_image=interpreter_image, compile_stub=compile_stub)
+    plan = plan_python(release, options=bridging, conda=packer == "conda")
     require_buildable(plan)
     client = client or docker_client()
     with timed_step(f"base image {release.image}", on_log):
@@ -149,35 +129,9 @@ def build_docker_image(
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, target=release, **pipeline_options)
-        pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
-            bridged = bridge_environment(client, plan, triton_sources=triton_sources,
-                                         on_log=on_log) if plan.own_stub else None
-            target = bridged.target if bridged else image_target(client, base.id)
-            spec = merge_specs(
-                load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
-                requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
-                requirements_spec(_python_model_requirements(built.models),
-                                  "python-format model operators"),
-                requirements_spec(_in_process_requirements(built.models, target.python_version),
-                                  "ONNX model operators run in the pipeline model"),
-                _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
-            if bridged and bridged.requirements:
-                spec = merge_specs(spec, requirements_spec(
-                    missing_requirements(spec, bridged.requirements),
-                    "the CPU base's onnxruntime backend, bridged"))
-            resolution = resolve_cuda_packages(
-                spec, release, python_version=target.python_version,
-                platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
-                on_log=on_log or stderr_line)
-            tarball = pack_environment(resolution.spec, target,
-                                       packer=bridged.packer if bridged and bridged.packer
-                                       else packer,
-                                       index=resolution.index, on_log=on_log)
-            attach_environment(built.model_root, tarball,
-                               stub=bridged.stub if bridged else None,
-                               backends=bridged.backends if bridged else ("python",),
-                               unpacked=bool(bridged and bridged.unpacked))
+            prepare_environment(client, built, plan, operators=[node.op for node in pipe.nodes],
+                                options=environment, bridge=bridging, on_log=on_log)
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
             return _image_verify_push(
@@ -281,48 +235,6 @@ def _image_verify_push(
     result.seconds = time.monotonic() - started
     (on_log or stderr_line)(f"run it: {result.run_command}")
     return result
-
-
-def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:
-    """torch, for releases whose BLS hands GPU outputs to the pipeline model in GPU memory.
-
-    Before 23.04 BLS requests cannot ask for host memory (``PreferredMemory``), so the outputs
-    of a ``KIND_GPU`` model reach the pipeline model on the GPU, readable only through dlpack:
-    the pipeline model reads them with torch (:mod:`builder.runtime.pipeline_model`).
-    """
-    needed = release.gpu and _release_key(release.release) < (23, 4) and gpu_models
-    return requirements_spec(
-        ["torch"] if needed else [],
-        f"Triton {release.release} BLS: GPU outputs of {', '.join(gpu_models)} read via dlpack")
-
-
-def _release_key(release: str) -> tuple[int, int]:
-    year, month = release.split(".")
-    return int(year), int(month)
-
-
-def _python_model_requirements(models: Sequence[BuiltModel]) -> list[str]:
-    """``python``-format model operators load their module with torch: the builder's torch."""
-    if not any(model.format == "python" for model in models):
-        return []
-    import torch
-
-    return [f"torch=={torch.__version__.split('+')[0]}"]
-
-
-def _in_process_requirements(models: Sequence[BuiltModel], python_version: str) -> list[str]:
-    """ONNX Runtime where the pipeline model runs model operators itself: the version the CPU
-    base's onnxruntime backend runs (the same numerics, one pin when that backend is bridged)."""
-    if not any(model.in_process for model in models):
-        return []
-    return [line for line in cpu_backend_requirements(python_version)
-            if Requirement(line).name == "onnxruntime"]
-
-
-def _pickle_requirements(pipeline_dir: Path) -> list[str]:
-    """Pins for what ``pipe.pickle`` imports, from the versions recorded beside it."""
-    recorded = json.loads((pipeline_dir / "1" / VERSIONS_FILE).read_text())
-    return [f"{name}=={version}" for name, version in sorted(recorded["libraries"].items())]
 
 
 def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any],

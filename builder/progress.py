@@ -19,6 +19,9 @@ from typing import IO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+Log = Callable[[str], None]
+"""How every step reports progress: one line at a time (``on_log=`` everywhere)."""
+
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
 

@@ -23,7 +23,23 @@ from pathlib import Path
 import pytest
 
 from builder.tritonserver.host_process import TritonServer
-from tests.testbed import LocalRegistry
+from tests.support.paths import IMAGES
+from tests.support.testbed import LocalRegistry
+
+NEEDS = {"docker_client": "docker", "registry": "registry", "triton_server": "tritonserver"}
+"""Fixture → the marker of what a test that uses it (at any depth) needs of the machine."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with what it needs (``docker``, ``registry``, ``tritonserver``), read from
+    the fixtures it uses, and every test under ``tests/e2e`` as ``e2e``: ``nox -s unit``
+    deselects them all, ``nox -s tests`` runs everything."""
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in NEEDS:
+                item.add_marker(NEEDS[fixture])
+        if "e2e" in item.path.parts:
+            item.add_marker("e2e")
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +98,6 @@ def trixie_base_image(docker_client) -> str:
 
     os_image = debian_os_image(docker_client, suite="trixie")
     return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]
-
-
-IMAGES = Path(__file__).with_name("images")
 
 
 def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""Stage 1, the base: which ``nvcr.io/nvidia/tritonserver`` release serves a CUDA version (and
+"""The base: which ``nvcr.io/nvidia/tritonserver`` release serves a CUDA version (and
 with which Python), and the image found, pulled or — for the CPU base — built here."""
 
 from builder.base.ensure import BaseImageUnavailableError, ensure_base_image

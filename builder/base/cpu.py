@@ -171,3 +171,9 @@ def _python_packages(requirements: str, python_version: str) -> Path:
         )
     (target / ".complete").touch()
     return staging
+
+
+def cpu_backend_requirements(python_version: str) -> tuple[str, ...]:
+    """The pinned packages of the CPU base's onnxruntime backend, for ``python_version``."""
+    return tuple(requirements_for(
+        (resources.files("builder.envs") / REQUIREMENTS).read_text(), python_version).split())

@@ -7,8 +7,6 @@ a build; a base that can be neither found nor pulled is reported with what would
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import docker
 import docker.errors
 from docker.models.images import Image
@@ -17,8 +15,7 @@ from builder.base.cpu import build_cpu_base, cpu_base_tag
 from builder.base.releases import Release
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
-
-Log = Callable[[str], None]
+from builder.progress import Log
 
 
 class BaseImageUnavailableError(TritonBuilderError, RuntimeError):

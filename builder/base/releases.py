@@ -13,9 +13,9 @@ Sources:
   was gathered from the Triton release notes,
   https://docs.nvidia.com/deeplearning/triton-inference-server/release-notes/ (rel-YY-MM.html).
 * Minimum driver: the "Driver Requirements" paragraph of each release's note, where we read it
-  (column ``NOTES``). Where we did not find the note, the value is the CUDA toolkit's minimum
-  driver for that CUDA minor (CUDA Toolkit release notes, "CUDA Toolkit and Corresponding
-  Driver Versions"; column ``TOOLKIT``) — :attr:`Release.driver_source` says which.
+  (``driver_source`` ``release-notes``). Where we did not find the note, the value is the CUDA
+  toolkit's minimum driver for that CUDA minor (CUDA Toolkit release notes, "CUDA Toolkit and
+  Corresponding Driver Versions"; ``cuda-toolkit``) — :attr:`Release.driver_source` says which.
 * The notes are not always consistent with the toolkit: 24.03, 24.04 (CUDA 12.4) and 24.06
   (12.5) say 545, 25.03 (12.8) says 560, 25.08 and 25.10 (13.0) say 575, lower than the
   toolkit's 550 / 555 / 570 / 580. We keep what the note says; :attr:`Release.toolkit_driver`
@@ -38,8 +38,11 @@ Sources:
 
 from __future__ import annotations
 
+import csv
 import sys
 from dataclasses import dataclass, replace
+from enum import Enum
+from importlib import resources
 
 from builder.base.cpu import cpu_base_tag
 from builder.errors import TritonBuilderError
@@ -49,6 +52,7 @@ NGC_IMAGE = "nvcr.io/nvidia/tritonserver"
 CPU_PYTHON = "3.11"
 
 NOTES, TOOLKIT = "release-notes", "cuda-toolkit"
+"""The two values of the table's ``driver_source`` column."""
 
 TOOLKIT_DRIVER = {
     "11.4": 470, "11.5": 495, "11.6": 510, "11.7": 515, "11.8": 520, "12.0": 525, "12.1": 530,
@@ -65,66 +69,11 @@ MINOR_VERSION_DRIVER = {"11": 450, "12": 525, "13": 580}
 """Driver branch from which any CUDA runtime of that major runs ("minor version compatibility",
 CUDA Compatibility guide: 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580)."""
 
-# release, Triton, CUDA, Python, Ubuntu, minimum driver, where that driver value comes from,
-# known defect of the release (such releases are skipped unless asked for by version).
-# Triton = 2.(7 + months since 21.02) until 25.06; 25.07 is a patch release (2.59.1), so from
-# 25.08 the minor runs one behind the month rule (REFERENCE.md: 25.08–25.11 = 2.60–2.63).
-RELEASES_TABLE: tuple[tuple[str, str, str, str, str, int, str, str], ...] = (
-    ("21.07", "2.12.0", "11.4", "3.8", "20.04", 470, NOTES, ""),
-    ("21.08", "2.13.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
-    ("21.09", "2.14.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
-    ("21.10", "2.15.0", "11.4", "3.8", "20.04", 470, TOOLKIT, ""),
-    ("21.11", "2.16.0", "11.5", "3.8", "20.04", 495, NOTES, ""),
-    ("21.12", "2.17.0", "11.5", "3.8", "20.04", 495, NOTES, ""),
-    ("22.01", "2.18.0", "11.6", "3.8", "20.04", 510, NOTES, ""),
-    ("22.02", "2.19.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
-    ("22.03", "2.20.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
-    ("22.04", "2.21.0", "11.6", "3.8", "20.04", 510, TOOLKIT, ""),
-    ("22.05", "2.22.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
-    ("22.06", "2.23.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
-    ("22.07", "2.24.0", "11.7", "3.8", "20.04", 515, TOOLKIT, ""),
-    ("22.08", "2.25.0", "11.7", "3.8", "20.04", 515, NOTES, ""),
-    ("22.09", "2.26.0", "11.8", "3.8", "20.04", 520, TOOLKIT, ""),
-    ("22.10", "2.27.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
-    ("22.11", "2.28.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
-    ("22.12", "2.29.0", "11.8", "3.8", "20.04", 520, NOTES, ""),
-    ("23.01", "2.30.0", "12.0", "3.8", "20.04", 525, TOOLKIT, ""),
-    ("23.02", "2.31.0", "12.0", "3.8", "20.04", 525, TOOLKIT, ""),
-    ("23.03", "2.32.0", "12.1", "3.8", "20.04", 530, TOOLKIT, ""),
-    ("23.04", "2.33.0", "12.1", "3.8", "20.04", 530, NOTES, ""),
-    ("23.05", "2.34.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
-    ("23.06", "2.35.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
-    ("23.07", "2.36.0", "12.1", "3.10", "22.04", 530, NOTES, ""),
-    ("23.08", "2.37.0", "12.2", "3.10", "22.04", 535, NOTES, ""),
-    ("23.09", "2.38.0", "12.2", "3.10", "22.04", 535, TOOLKIT, ""),
-    ("23.10", "2.39.0", "12.2", "3.10", "22.04", 535, TOOLKIT, ""),
-    ("23.11", "2.40.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
-    ("23.12", "2.41.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
-    ("24.01", "2.42.0", "12.3", "3.10", "22.04", 545, NOTES, ""),
-    ("24.02", "2.43.0", "12.3", "3.10", "22.04", 545, TOOLKIT,
-     "shipped without the onnxruntime backend (triton-inference-server/server#6991)"),
-    ("24.03", "2.44.0", "12.4", "3.10", "22.04", 545, NOTES, ""),
-    ("24.04", "2.45.0", "12.4", "3.10", "22.04", 545, NOTES, ""),
-    ("24.05", "2.46.0", "12.4", "3.10", "22.04", 550, TOOLKIT, ""),
-    ("24.06", "2.47.0", "12.5", "3.10", "22.04", 545, NOTES, ""),
-    ("24.07", "2.48.0", "12.5", "3.10", "22.04", 555, NOTES, ""),
-    ("24.08", "2.49.0", "12.6", "3.10", "22.04", 560, NOTES, ""),
-    ("24.09", "2.50.0", "12.6", "3.10", "22.04", 560, TOOLKIT, ""),
-    ("24.10", "2.51.0", "12.6", "3.10", "22.04", 560, NOTES, ""),
-    ("24.11", "2.52.0", "12.6", "3.12", "24.04", 560, TOOLKIT, ""),
-    ("24.12", "2.53.0", "12.6", "3.12", "24.04", 560, TOOLKIT, ""),
-    ("25.01", "2.54.0", "12.8", "3.12", "24.04", 570, TOOLKIT, ""),
-    ("25.02", "2.55.0", "12.8", "3.12", "24.04", 570, TOOLKIT, ""),
-    ("25.03", "2.56.0", "12.8", "3.12", "24.04", 560, NOTES, ""),
-    ("25.04", "2.57.0", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
-    ("25.05", "2.58.0", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
-    ("25.06", "2.59.0", "12.9", "3.12", "24.04", 575, NOTES, ""),
-    ("25.07", "2.59.1", "12.9", "3.12", "24.04", 575, TOOLKIT, ""),
-    ("25.08", "2.60.0", "13.0", "3.12", "24.04", 575, NOTES, ""),
-    ("25.09", "2.61.0", "13.0", "3.12", "24.04", 580, TOOLKIT, ""),
-    ("25.10", "2.62.0", "13.0", "3.12", "24.04", 575, NOTES, ""),
-    ("25.11", "2.63.0", "13.0", "3.12", "24.04", 580, TOOLKIT, ""),
-)
+RELEASES_FILE = "releases.csv"
+"""The release table, one named record a release (``builder/base/releases.csv``; its columns:
+release, triton, cuda, python, ubuntu, min_driver, driver_source, known_issue). Triton =
+2.(7 + months since 21.02) until 25.06; 25.07 is a patch release (2.59.1), so from 25.08 the
+minor runs one behind the month rule (REFERENCE.md: 25.08–25.11 = 2.60–2.63)."""
 
 
 DEBIAN_SUITES: dict[str, tuple[str, str]] = {
@@ -168,20 +117,14 @@ class UnsupportedCudaError(TritonBuilderError, ValueError):
     """No release matches the requested CUDA version, Triton version or base image."""
 
 
-@dataclass(frozen=True)
-class StubRoute:
-    """Where the python backend stub of an image comes from."""
+class StubSource(str, Enum):
+    """Where the python backend stub of an image can come from, in the order a build prefers them:
+    the release's own, a prebuilt one from the ``nvidia-pytriton`` wheel of the same Triton, or
+    compiled from the release's python_backend branch."""
 
-    kind: str
-    """``release`` (its own), ``pytriton-wheel`` or ``compile``."""
-    description: str
-    requirement: str | None = None
-    """The wheel to take it from (``pytriton-wheel``)."""
-    branch: str | None = None
-    """The python_backend branch to compile (``compile``)."""
-    pybind11: str | None = None
-    """The pybind11 to build it with instead of the branch's pin (``compile``; see
-    :data:`PYBIND11_SUBSTITUTE`)."""
+    RELEASE = "release"
+    WHEEL = "pytriton-wheel"
+    COMPILE = "compile"
 
 
 @dataclass(frozen=True)
@@ -224,6 +167,25 @@ class Release:
         """The pybind11 the python_backend branch builds its stub with."""
         return [pin for first, pin in PYBIND11_OF_BRANCH
                 if self.branch.removeprefix("r") >= first][-1]
+
+    def compile_pybind11(self, python_version: str) -> str | None:
+        """The pybind11 a stub of this release's branch compiles ``python_version`` with: the
+        branch's own pin, else :data:`PYBIND11_SUBSTITUTE`; None where neither builds it."""
+        return next((pybind11 for pybind11 in (self.pybind11, PYBIND11_SUBSTITUTE)
+                     if version_key(python_version)
+                     <= version_key(pybind11_newest_python(pybind11))), None)
+
+    def stub_source(self, python_version: str) -> StubSource | None:
+        """Where a stub for ``python_version`` comes from on this release; None: nowhere.
+
+        Stubs speak their branch's shared-memory protocol only, so a wheel's stub serves the
+        release whose Triton the wheel bundles, and a compiled one comes from the same branch.
+        """
+        if python_version == self.python_version:
+            return StubSource.RELEASE
+        if python_version in self.wheel_stub_pythons:
+            return StubSource.WHEEL
+        return StubSource.COMPILE if self.compile_pybind11(python_version) else None
 
     @property
     def toolkit_driver(self) -> int | None:
@@ -270,12 +232,19 @@ class Release:
                 f"{self.python_version}, Ubuntu {self.ubuntu}, driver >= {self.safe_driver})")
 
 
-RELEASES: tuple[Release, ...] = tuple(
-    Release(release=r, triton_version=t, cuda=c, python_version=p,
-            ubuntu=u, min_driver=d, driver_source=s, image=f"{NGC_IMAGE}:{r}-py3", gpu=True,
-            known_issue=k, glibc=UBUNTU_GLIBC[u])
-    for r, t, c, p, u, d, s, k in RELEASES_TABLE
-)
+def _read_releases() -> tuple[Release, ...]:
+    text = (resources.files("builder.base") / RELEASES_FILE).read_text()
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    return tuple(
+        Release(release=row["release"], triton_version=row["triton"], cuda=row["cuda"],
+                python_version=row["python"], ubuntu=row["ubuntu"],
+                min_driver=int(row["min_driver"]), driver_source=row["driver_source"],
+                image=f"{NGC_IMAGE}:{row['release']}-py3", gpu=True,
+                known_issue=row["known_issue"], glibc=UBUNTU_GLIBC[row["ubuntu"]])
+        for row in rows)
+
+
+RELEASES: tuple[Release, ...] = _read_releases()
 
 
 def cpu_release(python_version: str = CPU_PYTHON) -> Release:
@@ -295,7 +264,7 @@ def cpu_release(python_version: str = CPU_PYTHON) -> Release:
 
 
 def supported_cuda_versions() -> list[str]:
-    return sorted({r.cuda for r in RELEASES if r.cuda}, key=_version_key)
+    return sorted({r.cuda for r in RELEASES if r.cuda}, key=version_key)
 
 
 def builder_python() -> str:
@@ -303,57 +272,10 @@ def builder_python() -> str:
     return "{}.{}".format(*sys.version_info[:2])
 
 
-def stub_route(release: Release, python_version: str) -> StubRoute | None:
-    """Where a python backend stub for ``python_version`` on ``release`` comes from; None: nowhere.
-
-    The release's own stub when the Pythons match; else the ``nvidia-pytriton`` wheel that
-    bundles the same Triton (stubs speak their branch's shared-memory protocol only); else
-    compiled from the release's python_backend branch, where its pybind11 supports the Python.
-    """
-    if python_version == release.python_version:
-        return StubRoute("release", f"the release's own stub (Python {python_version})")
-    if python_version in release.wheel_stub_pythons:
-        return StubRoute("pytriton-wheel",
-                         f"nvidia-pytriton=={release.pytriton_wheel} (Triton "
-                         f"{release.triton_version}, stub for Python {python_version})",
-                         requirement=f"nvidia-pytriton=={release.pytriton_wheel}")
-    return compiled_stub(release, python_version)
-
-
-def compiled_stub(release: Release, python_version: str) -> StubRoute | None:
-    """The stub compiled from the release's python_backend branch, with its own pybind11 or,
-    where that cannot build ``python_version``, :data:`PYBIND11_SUBSTITUTE`; None where
-    neither can."""
-    described = f"compiled from python_backend {release.branch} for Python {python_version}"
-    if _builds(release.pybind11, python_version):
-        return StubRoute("compile", f"{described} (pybind11 {release.pybind11})",
-                         branch=release.branch)
-    if _builds(PYBIND11_SUBSTITUTE, python_version):
-        return StubRoute("compile", f"{described} (pybind11 {PYBIND11_SUBSTITUTE} from PyPI: "
-                                    f"the branch's {release.pybind11} builds Python up to "
-                                    f"{pybind11_newest_python(release.pybind11)})",
-                         branch=release.branch, pybind11=PYBIND11_SUBSTITUTE)
-    return None
-
-
 def pybind11_newest_python(pybind11: str) -> str:
     """The newest Python ``pybind11`` (a series like ``2.10``, or a release like ``2.13.6``)
     builds."""
     return PYBIND11_NEWEST_PYTHON[".".join(pybind11.split(".")[:2])]
-
-
-def _builds(pybind11: str, python_version: str) -> bool:
-    return _version_key(python_version) <= _version_key(pybind11_newest_python(pybind11))
-
-
-def no_stub_reason(release: Release, python_version: str) -> str:
-    wheel = (f"nvidia-pytriton=={release.pytriton_wheel} bundles stubs for Python "
-             f"{', '.join(release.wheel_stub_pythons)} only" if release.pytriton_wheel else
-             f"no nvidia-pytriton wheel bundles Triton {release.triton_version}")
-    return (f"{release.release} (Triton {release.triton_version}) runs Python "
-            f"{release.python_version}; {wheel}, and no pybind11 a stub of python_backend "
-            f"{release.branch} is compiled with (its own {release.pybind11}, or "
-            f"{PYBIND11_SUBSTITUTE}) supports Python {python_version}")
 
 
 def resolve(
@@ -368,7 +290,7 @@ def resolve(
 
     ``cuda='11.8'`` gives, among the releases built on CUDA 11.8 that have no known defect, the
     newest whose own Python is ``python_version`` (default: this builder's) — else the newest
-    whose stub can be bridged to that Python (:func:`stub_route`), else the newest;
+    whose stub can be bridged to that Python (:meth:`Release.stub_source`), else the newest;
     ``triton_version`` (``'2.29'``, ``'2.29.0'`` or the release ``'22.12'``) picks one exactly;
     ``base_image`` keeps the release's facts (Python above all) but builds on another image,
     e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base,
@@ -408,7 +330,7 @@ def resolve(
     else:
         healthy = [r for r in candidates if not r.known_issue] or candidates
         native = [r for r in healthy if r.python_version == python_version]
-        bridged = [r for r in healthy if stub_route(r, python_version) is not None]
+        bridged = [r for r in healthy if r.stub_source(python_version) is not None]
         release = (native or bridged or healthy)[-1]
     return replace(release, image=base_image) if base_image else release
 
@@ -436,5 +358,6 @@ def _normal_triton(version: str) -> str:
     return text
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """``"3.10"`` → ``(3, 10)``: versions, CUDA minors and ``YY.MM`` releases compare as numbers."""
     return tuple(int(p) for p in version.split("."))

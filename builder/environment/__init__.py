@@ -1,9 +1,13 @@
 """Custom Python environments: one packed tarball per image, shared by its python models.
 
-The steps of a build, in order: :func:`image_target` (probe the image the environment must
-run in) → :func:`load_spec` (``envs/`` files, extra requirements, the operators' own) →
-:func:`pack_environment` (venv-pack or conda-pack, checked, cached by content) →
-:func:`attach_environment` (one file in the repository, ``EXECUTION_ENV_PATH`` everywhere).
+:func:`prepare_environment` is the stage's entry (:mod:`.prepare`). Its steps, in order:
+the bridge's parts where the plan has a stub of its own (:mod:`builder.bridge`) →
+:func:`image_target` or :func:`interpreter_target` (probe where the environment must run) →
+:func:`load_spec` (``envs/`` files, extra requirements, the operators' own, and what the
+repository needs) → torch for the release's CUDA (:mod:`.torch_for_cuda`) →
+:func:`pack_environment` (venv-pack, conda-pack or the carried interpreter; checked, cached by
+content) → :func:`attach_environment` (one file in the repository, ``EXECUTION_ENV_PATH``
+everywhere).
 """
 
 from builder.environment.attach import attach_environment
@@ -16,19 +20,31 @@ from builder.environment.errors import (
 )
 from builder.environment.index import PackageIndex
 from builder.environment.packers import CondaPacker, VenvPacker
+from builder.environment.prepare import (
+    EnvironmentOptions,
+    PreparedEnvironment,
+    prepare_environment,
+)
 from builder.environment.spec import EnvironmentSpec, load_spec, requires
 from builder.environment.tarball import EnvironmentTarball, pack_environment
-from builder.environment.target import EnvironmentTarget, host_target, image_target
+from builder.environment.target import (
+    EnvironmentTarget,
+    host_target,
+    image_target,
+    interpreter_target,
+)
 
 __all__ = [
     "ArchiveCheckError",
     "CondaPacker",
     "EnvironmentBuildError",
+    "EnvironmentOptions",
     "EnvironmentSpec",
     "EnvironmentTarball",
     "EnvironmentTarget",
     "PackError",
     "PackageIndex",
+    "PreparedEnvironment",
     "SpecError",
     "TargetError",
     "VenvPacker",
@@ -36,6 +52,8 @@ __all__ = [
     "host_target",
     "image_target",
     "load_spec",
+    "interpreter_target",
     "pack_environment",
+    "prepare_environment",
     "requires",
 ]

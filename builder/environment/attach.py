@@ -12,7 +12,7 @@ relative symlink to it, and every python model's ``config.pbtxt`` gets the same
 Copy the repository with its symlinks kept (``shutil.copytree(..., symlinks=True)``, Docker's
 ``COPY`` does): dereferenced, each link becomes a copy and is extracted on its own.
 
-A bridged image (:mod:`builder.base.python_bridge`) also gets one python backend stub, built
+A bridged image (:mod:`builder.bridge`) also gets one python backend stub, built
 for the environment's Python: the backend launches ``<model directory>/triton_python_backend_stub``
 instead of its own when that file exists, so it goes beside the archive in the same model and is
 linked from the others.

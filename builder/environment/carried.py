@@ -4,7 +4,7 @@ When the release's Python is not the builder's, the image has no interpreter the
 load in; the environment brings it. :class:`CarriedInterpreterPacker` takes it from an
 *interpreter image* (a target from :func:`builder.environment.target.interpreter_target`, whose
 glibc the release's is not older than): a container of that image copies its own Python into a
-relocatable prefix (:mod:`builder.environment.interpreter_copy`), and that Python installs the
+relocatable prefix (:mod:`builder.bridge.interpreter_copy`), and that Python installs the
 wheels fetched on this host into the prefix's ``site-packages``. The prefix's ``lib/`` is what the
 python backend puts on the stub's ``LD_LIBRARY_PATH``, so ``libpythonX.Y`` and the shared
 libraries the bridged stub itself needs (``libraries``) go there.
@@ -19,13 +19,12 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from builder.bridge.interpreter import COPY_SCRIPT
 from builder.environment.errors import PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.packers import ARCHIVE_NAME, Log, PackResult, fetch_wheels, pip_wheel
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
-
-COPY_SCRIPT = Path(__file__).with_name("interpreter_copy.py")
 
 
 class CarriedInterpreterPacker:

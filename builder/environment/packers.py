@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,12 +36,11 @@ from builder.environment.errors import ArchiveCheckError, PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
+from builder.progress import Log
 
 ARCHIVE_NAME = "environment.tar.gz"
 PIP_FOR_TARGET = "pip"
 """Run from its wheel by the target's Python: base images often lack pip and python3-venv."""
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

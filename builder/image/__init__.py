@@ -1,2 +1,2 @@
-"""Stage 4, the image: the release table, base images, Dockerfile rendering, the layered build
-context, the SDK build and the image's labels."""
+"""The image: the serving Dockerfile, the layered build context (environment, repository,
+runtime code, each its own layer), the SDK build and the image's labels."""

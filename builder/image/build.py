@@ -23,7 +23,7 @@ import os
 import re
 import tarfile
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,8 @@ from builder.image.serving_dockerfile import (
     runtime_scripts,
     templates_source,
 )
-from builder.progress import step_log
+from builder.progress import Log, step_log
 
-Log = Callable[[str], None]
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
 
 

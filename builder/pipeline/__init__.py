@@ -1,4 +1,4 @@
-"""Stage 1, the pipeline: the DSL, its DAG and executor, operators, typed signatures, and the
+"""The pipeline: the DSL, its DAG and executor, operators, typed signatures, and the
 capture of all of it (user code included) into ``pipe.pickle``."""
 
 from builder.pipeline.dsl import Pipeline, pipe

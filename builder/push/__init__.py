@@ -1,4 +1,4 @@
-"""Stage 7, publishing: a verified image tagged, then pushed through the Docker SDK and confirmed
+"""Publishing: a verified image tagged, then pushed through the Docker SDK and confirmed
 with the registry."""
 
 from builder.push.docker_push import PushError, PushResult, push_image

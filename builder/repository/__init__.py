@@ -1,4 +1,4 @@
-"""Stage 2, the model repository: model operators exported, configs written as protobuf, the
+"""The model repository: model operators exported, configs written as protobuf, the
 pipeline model beside them."""
 
 from builder.repository.writer import BuildResult, build_pipeline_model

@@ -47,7 +47,6 @@ PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
 IN_PROCESS_PARAMETER = "in_process_models"
 """Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
 ONNX_FILE = "model.onnx"
-SERVERS = ("triton",)
 DEFAULT_OP_CONFIG: dict[str, Any] = {
     "instance_count": 1,
     "max_batch_size": 64,
@@ -97,7 +96,6 @@ def build_pipeline_model(
     model_root: str | os.PathLike = "models",
     format_priority: Sequence[str] = ("onnx",),
     parallelism: int = 1,
-    server: str = "triton",
     *,
     name: str = "pipeline",
     op_defaults: Mapping[str, Any] | None = None,
@@ -124,8 +122,6 @@ def build_pipeline_model(
     operator keeps its own Triton model either way. Raises a :class:`PipelineError` subclass,
     before anything is written, for a bad pipeline or option.
     """
-    if server not in SERVERS:
-        raise BuildError(f"server {server!r} is not supported; supported: {list(SERVERS)}")
     if isinstance(pipe, PipeBuilder):
         raise BuildError("the pipeline is unfinished: end it with .output(...)")
     if not isinstance(pipe, Pipeline):

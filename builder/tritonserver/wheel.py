@@ -99,8 +99,8 @@ def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
     ``wheel`` (or ``$TRITON_BUILDER_PYTRITON_WHEEL``) points at a wheel already on disk, for
     machines that reach no package index.
     """
-    wheel = wheel or _env_path("TRITON_BUILDER_PYTRITON_WHEEL") or _download_wheel()
-    digest = _sha256(wheel)[:16]
+    wheel = wheel or _env_path("TRITON_BUILDER_PYTRITON_WHEEL") or download_wheel()
+    digest = wheel_digest(wheel)[:16]
     root = cache_dir("tritonserver") / f"{TRITON_VERSION}-{digest}"
     if not (root / ".complete").exists():
         unpack_wheel(wheel, root)
@@ -110,40 +110,8 @@ def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
     return distribution
 
 
-@dataclass(frozen=True)
-class WheelStub:
-    """A python backend stub taken out of an ``nvidia-pytriton`` wheel, for a bridged image."""
-
-    path: Path
-    libraries: tuple[Path, ...]
-    """The wheel's vendored libraries the stub loads (``libcudart-<hash>.so``): its RPATH points
-    into the wheel, so they travel in the environment's ``lib/``."""
-    requirement: str
-
-
-def wheel_stub(requirement: str, python_version: str) -> WheelStub:
-    """The stub for ``python_version`` from the wheel ``requirement`` (``nvidia-pytriton==X``)."""
-    if requirement == PYTRITON_REQUIREMENT:
-        root = triton_distribution().root
-    else:
-        wheel = _download_wheel(requirement)
-        root = cache_dir("tritonserver") / f"stubs-{_sha256(wheel)[:16]}"
-        if not (root / ".complete").exists():
-            unpack_wheel(wheel, root, ("pytriton/tritonserver/python_backend_stubs/",
-                                  "nvidia_pytriton.libs/"))
-    stub = root / "pytriton/tritonserver/python_backend_stubs" / python_version / (
-        "triton_python_backend_stub")
-    if not stub.is_file():
-        held = sorted(p.name for p in stub.parent.parent.iterdir())
-        raise DistributionError(f"{requirement} has no python backend stub for Python "
-                                f"{python_version} (it holds {', '.join(held)})")
-    binary = stub.read_bytes()
-    libraries = tuple(library for library in sorted((root / "nvidia_pytriton.libs").iterdir())
-                      if library.name.encode() + b"\0" in binary)
-    return WheelStub(path=stub, libraries=libraries, requirement=requirement)
-
-
-def _download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
+def download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
+    """The ``nvidia-pytriton`` wheel ``requirement`` for x86-64 Linux, downloaded once."""
     platforms = ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64")
     try:
         return cached_download(
@@ -182,7 +150,8 @@ def _env_path(name: str) -> Path | None:
     return Path(value) if value else None
 
 
-def _sha256(path: Path) -> str:
+def wheel_digest(path: Path) -> str:
+    """The SHA-256 of a wheel file: what its unpacked copies in the cache are named by."""
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):

@@ -1,1 +1,1 @@
-"""Stage 5, verification: a built image run as users run it and compared with the pipeline."""
+"""Verification: a built image run as users run it and compared with the pipeline."""

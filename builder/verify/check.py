@@ -42,6 +42,10 @@ from builder.verify.placement import (
 LOG_TAIL_LINES = 80
 
 
+class NothingToVerifyError(TritonBuilderError, ValueError):
+    """Verification was asked for without a call to send (bad input, refused before a build)."""
+
+
 class VerificationError(TritonBuilderError, RuntimeError):
     """The image did not start, did not become ready, or answered wrongly; ``logs`` says why."""
 

@@ -1,0 +1,209 @@
+"""Compile a python backend stub for another Python from the release's python_backend branch.
+
+The stub and the server's python backend talk through shared memory whose layout changes between
+branches, so a stub for the builder's Python must come from exactly the release's branch
+(``r<YY.MM>``). Where no ``nvidia-pytriton`` wheel bundles one, :func:`compile_stub` builds it in a
+Docker build stage on ``build_image`` (the release image itself: the stub links its glibc), with
+that distribution's compiler and Boost headers, CMake from PyPI's wheel
+(:mod:`builder.bridge.cmake_wheel`) and Python's development files from the release's
+``pythonX.Y-dev`` — or, for a bridged image, from the interpreter image whose Python the
+environment carries (``python_image``), which also serves releases whose distribution packages
+no such Python (``dockerfiles/python-backend-stub.Dockerfile.j2``).
+
+Sources are fetched by the build (``git clone`` of the branch; CMake's FetchContent fetches
+common, core, backend, pybind11 and dlpack) unless ``sources`` names a directory of ``git
+archive`` tarballs — ``python_backend-r24.10.tar.gz``, ``common-r24.10.tar.gz``, …,
+``pybind11-<tag>.tar.gz``, ``dlpack-<tag>.tar.gz`` — for builders that reach no source host.
+Boost comes from the distribution in both cases (the branch's own Boost download is patched out;
+the stub uses Boost's headers only). The result is cached by everything that went into it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
+from builder.bridge.errors import StubBuildError
+from builder.bridge.interpreter import COPY_SCRIPT
+from builder.cache import DownloadError, cache_dir, cached_download, content_hash
+from builder.engine.build import build_image
+from builder.engine.dockerfile import render, template_source
+from builder.progress import Log
+
+TEMPLATE = "python-backend-stub.Dockerfile.j2"
+STUB_PATH = "/triton_python_backend_stub"
+SOURCE_DIRECTORY_VARIABLE = "TRITON_BUILDER_TRITON_SOURCES"
+"""A directory of source tarballs used instead of fetching (as ``sources=``)."""
+
+PATCH_BOOST = (
+    "import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.read_text(); "
+    "s = re.sub(r'ExternalProject_Add\\(\\s*boostorg.*?\\n\\)\\n', "
+    "'add_custom_target(boostorg)\\n', s, flags=re.S); "
+    "s = s.replace('set(boostorg_INCLUDE_DIRS \"${CMAKE_BINARY_DIR}/boost/\")', "
+    "'set(boostorg_INCLUDE_DIRS \"/usr/include\")'); p.write_text(s)"
+)
+"""Drop the branch's Boost download (unreachable offline) for the distribution's headers."""
+
+
+def compile_stub(
+    client: docker.DockerClient,
+    *,
+    branch: str,
+    python_version: str,
+    build_image_name: str,
+    python_image: str | None = None,
+    pybind11: str | None = None,
+    sources: str | os.PathLike | None = None,
+    gpu: bool = False,
+    jobs: int = 2,
+    on_log: Log | None = None,
+) -> Path:
+    """Build ``triton_python_backend_stub`` of ``branch`` for ``python_version``; return its path.
+
+    ``python_image`` holds the Python to build against (a bridged image's interpreter image);
+    without it, ``build_image_name``'s own ``pythonX.Y-dev``. ``pybind11`` is a version whose
+    PyPI source replaces the branch's pin (which cannot build newer Pythons). ``sources`` (default
+    ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
+    fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
+    toolkit is in their image).
+    """
+    log = on_log or (lambda line: None)
+    sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
+    archives = (source_archives(Path(sources), branch, pinned_pybind11=not pybind11)
+                if sources else [])
+    dockerfile = render_stub_dockerfile(branch=branch, python_version=python_version,
+                                        build_image_name=build_image_name,
+                                        python_image=python_image, pybind11=pybind11,
+                                        local_sources=bool(archives), gpu=gpu, jobs=jobs)
+    images = [_image(client, build_image_name, "the image to build the stub on")]
+    scripts = []  # what the first stage runs in the image holding the Python
+    if python_image:
+        images.append(_image(client, python_image, f"the image holding Python {python_version}"))
+        scripts.append(COPY_SCRIPT)
+    key = content_hash(dockerfile, template_source(TEMPLATE), CMAKE_REQUIREMENT,
+                       *(script.read_bytes() for script in scripts),
+                       *(image.id for image in images), *(archive.name for archive in archives))
+    entry = cache_dir("stubs") / key[:32]
+    stub = entry / "triton_python_backend_stub"
+    if stub.is_file():
+        log(f"python_backend {branch} stub for Python {python_version} is cached: {stub}")
+        return stub
+    with tempfile.TemporaryDirectory(prefix="stub-build-") as workdir:
+        context = Path(workdir)
+        (context / "Dockerfile").write_text(dockerfile)
+        (context / "sources").mkdir()
+        shutil.copytree(cmake_directory(images[0].attrs.get("Architecture", "amd64")),
+                        context / "cmake", symlinks=True)
+        for script in scripts:
+            shutil.copyfile(script, context / script.name)
+        if pybind11:
+            _unpack_source(pybind11_source(pybind11), context / "pybind11")
+        for archive in archives:
+            shutil.copyfile(archive, context / "sources" / archive.name)
+        log(f"compiling the python_backend {branch} stub for Python {python_version} on "
+            f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
+        built = build_image(client, context, [], network_mode="host", on_log=log)
+        try:
+            _copy_out(client, built.id, entry)
+        finally:
+            client.images.remove(built.id, force=True)
+    return stub
+
+
+def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
+                           local_sources: bool, gpu: bool, python_image: str | None = None,
+                           pybind11: str | None = None, jobs: int = 2) -> str:
+    """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
+    return render(TEMPLATE, branch=branch, python_version=python_version,
+                  build_image=build_image_name, python_image=python_image, pybind11=pybind11,
+                  local_sources=local_sources, patch_boost=PATCH_BOOST,
+                  gpu="ON" if gpu else "OFF", jobs=jobs)
+
+
+def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = True) -> list[Path]:
+    """The tarballs of ``branch`` and the pybind11 (unless replaced) and dlpack its
+    ``CMakeLists.txt`` pins."""
+    if not directory.is_dir():
+        raise StubBuildError(f"the source directory {directory} does not exist")
+    own = [directory / f"{name}-{branch}.tar.gz"
+           for name in ("python_backend", "common", "core", "backend")]
+    missing = [path.name for path in own if not path.is_file()]
+    if missing:
+        raise StubBuildError(f"{directory} lacks {', '.join(missing)} (python_backend {branch} "
+                             f"and the common, core and backend repositories of that branch)")
+    with tarfile.open(own[0]) as archive:
+        member = archive.extractfile("python_backend/CMakeLists.txt")
+        cmake = io.TextIOWrapper(member).read() if member else ""
+    pinned = []
+    for name in ("pybind11", "dlpack") if pinned_pybind11 else ("dlpack",):
+        found = re.search(rf'FetchContent_Declare\(\s*{name}.*?GIT_TAG\s+"?([^"\s)]+)', cmake,
+                          re.S)
+        tag = found.group(1) if found else ""
+        matches = sorted(directory.glob(f"{name}-{tag[:7]}*.tar.gz")) if tag else []
+        if not matches:
+            raise StubBuildError(f"{directory} has no {name}-{tag[:7]}*.tar.gz ({name} {tag!r} "
+                                 f"is what python_backend {branch} pins)")
+        pinned.append(matches[-1])
+    return own + pinned
+
+
+def pybind11_source(version: str) -> Path:
+    """PyPI's source distribution of pybind11 ``version``, cached: headers and the CMake
+    package (``pybind11/share/cmake/pybind11``), as ``pip install pybind11`` would install."""
+    try:
+        return cached_download(f"pybind11=={version}", "sources", f"pybind11-{version}.tar.gz",
+                               "--no-binary=:all:")
+    except DownloadError as error:
+        raise StubBuildError(f"could not download pybind11 {version}'s source from PyPI "
+                             f"(the stub's Python needs it):\n{error.output[-2000:]}") from error
+
+
+def _unpack_source(archive: Path, destination: Path) -> None:
+    """Unpack a source tarball's single top directory as ``destination``."""
+    with tarfile.open(archive) as tar:
+        members = []
+        for member in tar.getmembers():
+            _, _, inner = member.name.partition("/")
+            if inner:
+                member.name = inner
+                members.append(member)
+        tar.extractall(destination, members=members, filter="data")
+
+
+def stub_python(stub: Path) -> str | None:
+    """The ``X.Y`` of the ``libpythonX.Y`` a stub links."""
+    found = re.search(rb"libpython(3\.\d+)\.so", stub.read_bytes())
+    return found.group(1).decode() if found else None
+
+
+def _image(client: docker.DockerClient, name: str, what: str) -> docker.models.images.Image:
+    try:
+        return client.images.get(name)
+    except docker.errors.ImageNotFound as error:
+        raise StubBuildError(f"{what}, {name}, is not on this engine") from error
+
+
+def _copy_out(client: docker.DockerClient, image_id: str, entry: Path) -> None:
+    container = client.containers.create(image_id, command=["true"])
+    try:
+        stream, _ = container.get_archive(STUB_PATH)
+        data = io.BytesIO(b"".join(stream))
+    finally:
+        container.remove(force=True)
+    staging = entry.with_name(entry.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(fileobj=data) as archive:
+        archive.extractall(staging, filter="tar")
+    (staging / "triton_python_backend_stub").chmod(0o755)
+    shutil.rmtree(entry, ignore_errors=True)
+    staging.rename(entry)

@@ -1,0 +1,209 @@
+"""Deployment descriptions: the Swarm stack file and the Kubernetes / KServe manifests.
+
+Fast tests check them against the tools that read them — ``docker stack config`` (the Docker
+CLI's own compose schema, offline) and ``kubernetes-validate`` (the API's JSON schemas of every
+supported version, strict: unknown fields fail) — and that a broken one is refused. No cluster
+runs here: the slow test runs the real image and checks that the probes and the Prometheus
+annotation reach Triton's real endpoints, and that the liveness command sees a dead stub.
+The Swarm stacks run for real in ``tests/test_swarm.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+import yaml
+
+from builder.deploy import kubernetes
+from builder.deploy.serving import DeployError, ServingImage, serving_image, size_bytes
+from builder.deploy.swarm import SwarmOptions, stack_document, write_stack
+
+CPU = ServingImage("registry.example:5000/embed:2", gpu=False)
+GPU = ServingImage("registry.example:5000/embed-cuda:2", gpu=True)
+
+
+# -- Swarm ------------------------------------------------------------------------------------
+def test_the_stack_heals_updates_start_first_and_mounts_shared_memory():
+    service = stack_document(CPU, SwarmOptions(replicas=3))["services"]["triton"]
+    deploy = service["deploy"]
+    assert deploy["replicas"] == 3
+    assert deploy["update_config"]["order"] == "start-first"
+    assert deploy["rollback_config"]["order"] == "start-first"
+    assert deploy["restart_policy"]["condition"] == "any"
+    assert service["healthcheck"]["test"] == ["CMD", "python3", "/opt/triton-builder/health.py",
+                                              "--http-port=8000"]
+    assert service["volumes"] == [{"type": "tmpfs", "target": "/dev/shm",
+                                   "tmpfs": {"size": 1024**3}}]
+    assert [(p["target"], p["published"], p["mode"]) for p in service["ports"]] == [
+        (8000, 8000, "ingress"), (8001, 8001, "ingress"), (8002, 8002, "ingress")]
+    assert "resources" not in deploy
+    gpu = stack_document(GPU, SwarmOptions())["services"]["triton"]["deploy"]
+    assert gpu["resources"]["reservations"]["generic_resources"] == [
+        {"discrete_resource_spec": {"kind": "NVIDIA-GPU", "value": 1}}]
+
+
+def test_host_mode_publishes_random_ports_per_replica():
+    service = stack_document(CPU, SwarmOptions(replicas=3, publish="host",
+                                               ports=(None, None, None)))["services"]["triton"]
+    assert all(p["mode"] == "host" and "published" not in p for p in service["ports"])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(replicas=0), "replicas must be a positive integer"),
+    (dict(publish="mesh"), "publish must be 'ingress' or 'host'"),
+    (dict(publish="host", replicas=2), "one replica per node"),
+    (dict(ports=(None, 8001, 8002)), "needs a published port"),
+    (dict(shm_size="lots"), "not a size"),
+])
+def test_bad_swarm_options_are_refused(options, message):
+    with pytest.raises(DeployError, match=message):
+        SwarmOptions(**options)
+
+
+def _stack_config_cli() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "stack", "config", "--help"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _stack_config_cli(),
+                    reason="this docker CLI has no `stack config` (Debian's 20.10 lacks it; the "
+                           "real deploys in test_swarm.py still validate the file)")
+def test_docker_stack_config_accepts_the_stack_and_refuses_a_broken_one(tmp_path):
+    """The Docker CLI's compose schema; no engine needed."""
+    import os
+
+    document = stack_document(GPU, SwarmOptions(replicas=3))
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    good = subprocess.run(["docker", "stack", "config", "-c",
+                           str(write_stack(document, tmp_path / "good.yml"))],
+                          capture_output=True, text=True, env=env)
+    assert good.returncode == 0, good.stderr
+    assert yaml.safe_load(good.stdout)["services"]["triton"]["deploy"]["replicas"] == 3
+    broken = copy.deepcopy(document)
+    broken["services"]["triton"]["deploy"]["update_config"]["orderr"] = "start-first"
+    bad = subprocess.run(["docker", "stack", "config", "-c",
+                          str(write_stack(broken, tmp_path / "bad.yml"))],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "orderr" in bad.stderr
+
+
+def test_sizes_read_like_docker_run():
+    assert size_bytes("1g") == 1024**3 and size_bytes("512m") == 512 * 1024**2
+    assert size_bytes("2Gi") == 2 * 1024**3
+
+
+# -- Kubernetes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("image", [CPU, GPU], ids=["cpu", "gpu"])
+def test_manifests_validate_for_every_supported_kubernetes(image):
+    checked = kubernetes.validate(kubernetes.manifests(image))
+    assert len(checked) == 4 * len(kubernetes.SUPPORTED_KUBERNETES)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("deployment", "spec", "replicas"), "two", "'two' is not of type 'integer'"),
+    (("deployment", "spec", "template", "spec", "containers", 0, "livenesProbe"), {},
+     "Additional properties are not allowed"),
+    (("hpa", "spec", "maxReplicas"), None, "None is not of type 'integer'"),
+    (("inferenceservice", "spec", "predictor", "containers", 0, "ports", 0, "containerPort"),
+     "8000", "'8000' is not of type 'integer'"),
+])
+def test_a_broken_manifest_is_refused(path, value, message):
+    documents = kubernetes.manifests(CPU)
+    target = documents
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(kubernetes.ManifestInvalidError, match=message):
+        kubernetes.validate(documents, versions=["1.33"])
+
+
+def test_gpu_images_ask_for_gpus_and_every_pod_gets_memory_backed_shm():
+    for image, gpus in ((CPU, None), (GPU, 1)):
+        documents = kubernetes.manifests(image)
+        pod = documents["deployment"]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["resources"].get("limits", {}).get("nvidia.com/gpu") == gpus
+        assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                "sizeLimit": "1Gi"}}]
+        assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+        predictor = documents["inferenceservice"]["spec"]["predictor"]
+        assert predictor["volumes"] == pod["volumes"]
+        assert predictor["containers"][0]["resources"] == container["resources"]
+
+
+def test_probes_and_ports_name_tritons_endpoints():
+    documents = kubernetes.manifests(CPU)
+    pod = documents["deployment"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["exec"]["command"] == [
+        "python3", "/opt/triton-builder/health.py", "--http-port=8000", "--live"]
+    annotations = pod["metadata"]["annotations"]
+    assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (
+        "8002", "/metrics")
+    service_ports = documents["service"]["spec"]["ports"]
+    assert {p["targetPort"] for p in service_ports} == set(ports)
+    assert documents["hpa"]["spec"]["scaleTargetRef"]["name"] == (
+        documents["deployment"]["metadata"]["name"])
+
+
+def test_kubernetes_names_are_dns_labels():
+    with pytest.raises(DeployError, match="DNS label"):
+        kubernetes.KubernetesOptions(name="Triton_Server")
+
+
+# -- against the real image -------------------------------------------------------------------
+@pytest.mark.slow
+def test_probes_reach_the_real_endpoints_and_liveness_sees_a_dead_stub(docker_client,
+                                                                        text_embedding_image):
+    """Run the image as the pod would; ask what each probe asks, where it asks. Healing is off
+    (``TRITON_BUILDER_HEAL=off``) so that the killed stub stays dead while liveness looks: a
+    replica that cannot heal (tests/e2e/test_reliability.py heals one that can)."""
+    from builder.verify.container import ServingContainer
+    from tests.e2e.test_reliability import KILL_PIPELINE_STUB
+
+    image = serving_image(text_embedding_image, client=docker_client)
+    assert not image.gpu
+    container_spec = kubernetes.manifests(image)["deployment"]["spec"]["template"]
+    probes = container_spec["spec"]["containers"][0]
+    annotations = container_spec["metadata"]["annotations"]
+    with ServingContainer(docker_client, text_embedding_image,
+                          environment={"TRITON_BUILDER_HEAL": "off"}) as endpoint:
+        by_port = {8000: endpoint.http_url, 8002: endpoint.metrics_url}
+        ready = probes["readinessProbe"]["httpGet"]["path"]
+        with urllib.request.urlopen(f"http://{by_port[8000]}{ready}") as response:
+            assert response.status == 200
+        metrics = f"http://{by_port[int(annotations['prometheus.io/port'])]}" \
+                  f"{annotations['prometheus.io/path']}"
+        with urllib.request.urlopen(metrics) as response:
+            assert b"nv_inference_request_success" in response.read()
+        container = docker_client.containers.get(endpoint.container_id)
+        liveness = probes["livenessProbe"]["exec"]["command"]
+        alive = container.exec_run(liveness)
+        assert alive.exit_code == 0, alive.output
+        container.exec_run(["python3", "-c", KILL_PIPELINE_STUB])
+        dead = container.exec_run(liveness)
+        assert dead.exit_code == 1 and b"stub process(es) died" in dead.output
+        with urllib.request.urlopen(f"http://{by_port[8000]}{ready}") as response:
+            assert response.status == 200  # readiness alone would not notice
+
+
+def test_serving_image_refuses_an_image_without_our_health_check(docker_client):
+    from builder.base.cpu import cpu_base_tag
+
+    base = cpu_base_tag("3.11")
+    try:
+        docker_client.images.get(base)
+    except Exception:  # noqa: BLE001 - no base here: nothing to check against
+        pytest.skip(f"{base} is not on this engine")
+    with pytest.raises(DeployError, match="no triton-builder health check"):
+        serving_image(base, client=docker_client)

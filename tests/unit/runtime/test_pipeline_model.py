@@ -1,0 +1,453 @@
+"""The served pipeline model's runtime, run without Triton against a stand-in ``pb_utils``.
+
+The repository is really built, and BLS requests really run its exported ONNX models (through
+onnxruntime); only Triton's plumbing is the stand-in of :mod:`tests.support.pb_utils_standin`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import json_format
+
+from builder import build_pipeline_model, pipe
+from builder.repository.model_config import read_config
+from builder.runtime import pipeline_model, torch_model
+from builder.runtime.pipeline_model import OperatorMetrics, PipelineLoadError
+from tests.support import pb_utils_standin as pb
+from tests.support.tiny_models import affine_op
+
+
+def _refuse_13(v):
+    if v[0] == 13:
+        raise ValueError("13 is unlucky")
+    return v
+
+
+def _label(y):
+    return "pos" if float(y.sum()) > 0 else "neg"
+
+
+def _make_pipeline(op_config=None):
+    op = affine_op(op_config=op_config or {})
+    return (pipe.input("v")
+            .map("v", "checked", _refuse_13)
+            .map("checked", "y", op)
+            .map("y", "label", _label)
+            .flat_map("v", "part", lambda v: [float(x) for x in v if x > 0])
+            .output("y", "label", "part")
+            .with_example([1.0, 2.0, 3.0, 4.0]))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A repository whose pipeline model reaches its model operator through BLS."""
+    root = tmp_path_factory.mktemp("runtime") / "models"
+    pipeline = _make_pipeline({"max_batch_size": 3})
+    build_pipeline_model(pipeline, root, in_process=False)
+    return pipeline, root
+
+
+@pytest.fixture
+def initialized(monkeypatch):
+    """Initialises pipeline models as Triton would; finalises them after the test, which stops
+    their metrics threads."""
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    made = []
+
+    def initialize(model_dir):
+        model = pipeline_model.TritonPythonModel()
+        model.initialize(_args(model_dir))
+        made.append(model)
+        return model
+
+    yield initialize
+    for model in made:
+        model.finalize()
+
+
+@pytest.fixture
+def served(built, initialized):
+    """The pipeline model initialised as Triton would, BLS wired to the exported ONNX model."""
+    pipeline, root = built
+    _wire_bls(root)
+    return pipeline, initialized(root / "pipeline")
+
+
+def _wire_bls(root) -> None:
+    """BLS requests to ``affine`` reach its exported ONNX model, run by onnxruntime."""
+    pb.Models.reset()
+    session = ort.InferenceSession(str(root / "affine" / "1" / "model.onnx"))
+    pb.Models.registry["affine"] = lambda inputs: dict(
+        zip(["output_0"], session.run(["output_0"], inputs), strict=True))
+
+
+def _args(model_dir) -> dict:
+    """What Triton passes ``initialize``: paths, the config as JSON, the instance kind."""
+    config = read_config(model_dir)
+    return {
+        "model_name": model_dir.name, "model_repository": str(model_dir), "model_version": "1",
+        "model_config": json.dumps(json_format.MessageToDict(  # field names as Triton's
+            config, preserving_proto_field_name=True)),
+        "model_instance_kind": "CPU", "model_instance_device_id": "0",
+    }
+
+
+def _request(*vectors) -> pb.Request:
+    return pb.Request({"v": np.array(vectors, dtype=np.float64)})
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    assert not response.has_error(), response.error().message()
+    return {t.name(): t.as_numpy() for t in response.output_tensors}
+
+
+def _assert_matches(pipeline, vectors, outputs):
+    for i, vector in enumerate(vectors):
+        y, label, part = pipeline(vector)
+        np.testing.assert_allclose(outputs["y"][i], y, atol=1e-5)
+        assert outputs["label"][i, 0] == label.encode()
+        assert outputs["part"][i].tolist() == part
+
+
+def test_requests_of_a_dynamic_batch_share_one_bls_call_per_model(served):
+    pipeline, model = served
+    requests = [_request([1, 2, 3, 4]), _request([-1, 2, -3, 4], [0.5, -1, -1, 1]),
+                _request([4, 3, 2, 1])]
+    responses = model.execute(requests)
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(responses[0]))
+    _assert_matches(pipeline, [[-1, 2, -3, 4], [0.5, -1, -1, 1]], _outputs(responses[1]))
+    _assert_matches(pipeline, [[4, 3, 2, 1]], _outputs(responses[2]))
+    # 4 rows, the model's max_batch_size is 3: two BLS calls instead of four
+    assert [(c.model_name, c.batch_size) for c in pb.Models.calls] == [("affine", 3),
+                                                                       ("affine", 1)]
+
+
+def test_a_failing_call_fails_only_its_own_request(served):
+    pipeline, model = served
+    responses = model.execute([_request([1, 2, 3, 4]), _request([13, 0, 0, 0]),
+                               _request([2, 2, 2, 2])])
+    assert not responses[0].has_error() and not responses[2].has_error()
+    message = responses[1].error().message()
+    assert message == ("operator '_refuse_13' (map v -> checked) failed: ValueError: "
+                       "13 is unlucky")
+    _assert_matches(pipeline, [[2, 2, 2, 2]], _outputs(responses[2]))
+
+
+def test_a_failing_call_in_a_request_batch_is_located(served):
+    _, model = served
+    (response,) = model.execute([_request([1, 2, 3, 4], [13, 1, 1, 1])])
+    assert response.error().message().endswith("(call 1 of the request's batch)")
+
+
+def test_a_bad_request_gets_an_error_response(served):
+    _, model = served
+    responses = model.execute([pb.Request({}), _request([1, 2, 3, 4])])
+    assert responses[0].error().message() == "bad request: input 'v' is missing"
+    assert responses[0].error().code() == pb.TritonError.INVALID_ARG
+    assert not responses[1].has_error()
+
+
+def test_a_failing_operator_is_a_server_error_not_a_bad_request(served):
+    _, model = served
+    (response,) = model.execute([_request([13, 0, 0, 0])])
+    assert response.error().code() == pb.TritonError.INTERNAL
+
+
+def test_ragged_outputs_of_different_lengths_need_separate_requests(served):
+    _, model = served
+    (response,) = model.execute([_request([1, 2, 3, 4], [1, -2, 3, 4])])
+    assert "send them in separate requests" in response.error().message()
+
+
+def test_bls_errors_become_error_responses(served):
+    _, model = served
+
+    def broken(inputs):
+        raise RuntimeError("model crashed")
+
+    pb.Models.registry["affine"] = broken
+    responses = model.execute([_request([1, 2, 3, 4]), _request([2, 2, 2, 2])])
+    for response in responses:
+        assert "model 'affine': model crashed" in response.error().message()
+
+
+def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
+    """No GPU here: the stand-in marks BLS outputs as device memory that only dlpack may read."""
+    pipeline, model = served
+    pb.Models.outputs_on_gpu = True
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+
+
+def test_a_row_larger_than_the_models_max_batch_size_is_refused_alone_or_among_others(
+        served):
+    _, model = served
+    (op,) = model.pipeline.model_ops()  # served: max_batch_size 3
+    calls = []
+    runner = pipeline_model.BatchingRunner(lambda target, inputs: calls.append(inputs))
+    big, small = np.zeros((4, 4), np.float32), np.zeros((1, 4), np.float32)
+    for rows in ([(big,)], [(small,), (big,)]):
+        with pytest.raises(pipeline_model.BlsError, match=r"batch size 4, more than the "
+                                                           r"model's max_batch_size 3"):
+            runner.infer(op, rows)
+    assert calls == []
+
+
+def _sent(pipeline) -> dict[tuple[str, str], float]:
+    """What reached the stand-in's metrics, summed by (metric, operator); checks the labels."""
+    sent: dict[tuple[str, str], float] = {}
+    for name, labels, value in pb.MetricFamily.increments:
+        assert (labels["model"], labels["version"]) == ("pipeline", "1")
+        assert labels["operator"] in {node.label for node in pipeline.plan.nodes}
+        sent[name, labels["operator"]] = sent.get((name, labels["operator"]), 0) + value
+    return sent
+
+
+def _metrics_every(model, pipeline, interval: float) -> list[str]:
+    """Give ``model`` metrics sent every ``interval`` seconds, none sent yet; their operators."""
+    labels = [node.label for node in pipeline.plan.nodes]
+    model.metrics.close()
+    pb.MetricFamily.increments.clear()
+    model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
+                                    interval=interval)
+    return labels
+
+
+def _rows_sent(pipeline, labels) -> dict[str, float]:
+    sent = _sent(pipeline)
+    return {label: sent[OperatorMetrics.ROWS, label] for label in labels}
+
+
+def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
+    pipeline, model = served
+    labels = _metrics_every(model, pipeline, 3600)  # sent by hand below
+    vectors = [[1.0, -2.0, 3.0, 4.0], [2.0, 2.0, -1.0, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    model.execute([_request(vectors[0]), _request(*vectors[1:])])
+    model.execute([_request(vectors[0])])
+    assert pb.MetricFamily.increments == []  # accumulated: an increment is a message to Triton
+    model.metrics.send()
+    # four calls through every node, flat_map included
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 4)
+    assert all(_sent(pipeline)[OperatorMetrics.DURATION, label] > 0 for label in labels)
+    pb.MetricFamily.increments.clear()
+    model.metrics.send()
+    assert pb.MetricFamily.increments == []  # nothing new, nothing sent
+    model.execute([_request(vectors[1])])
+    model.finalize()  # what is left is sent when the model unloads
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 1)
+
+
+def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
+    """A thread sends them: the last requests before a quiet spell are not held back."""
+    pipeline, model = served
+    labels = _metrics_every(model, pipeline, 0.05)
+    model.execute([_request([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0])])
+    deadline = time.monotonic() + 10
+    while len(pb.MetricFamily.increments) < 2 * len(labels) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 2)
+
+
+def test_without_custom_metrics_the_pipeline_model_serves_untimed(built, initialized,
+                                                                 monkeypatch):
+    """Releases before 23.05 have no ``MetricFamily``."""
+    pipeline, root = built
+    _wire_bls(root)
+    monkeypatch.delattr(pb, "MetricFamily")
+    model = initialized(root / "pipeline")
+    assert model.metrics is None
+    _assert_matches(pipeline, [[1.0, 2.0, 3.0, 4.0]],
+                    _outputs(model.execute([_request([1.0, 2.0, 3.0, 4.0])])[0]))
+
+
+def test_the_runtime_refuses_a_pickle_from_another_python(built, monkeypatch, tmp_path):
+    _, root = built
+    copy = tmp_path / "pipeline"
+    (copy / "1").mkdir(parents=True)
+    for item in (root / "pipeline").rglob("*"):
+        if item.is_file():
+            (copy / item.relative_to(root / "pipeline")).write_bytes(item.read_bytes())
+    versions = copy / "1" / "pipe.versions.json"
+    record = json.loads(versions.read_text())
+    versions.write_text(json.dumps({**record, "python": "3.7.9"}))
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    with pytest.raises(PipelineLoadError, match=r"written by Python 3\.7\.9"):
+        pipeline_model.TritonPythonModel().initialize(_args(copy))
+
+
+def test_the_python_format_runtime_batches_and_isolates_bad_requests(tmp_path, monkeypatch):
+    pipeline = _make_pipeline({"format_priority": ["python"]})
+    build_pipeline_model(pipeline, tmp_path / "models")
+    monkeypatch.setattr(torch_model, "pb_utils", pb)
+    model = torch_model.TritonPythonModel()
+    model.initialize(_args(tmp_path / "models" / "affine"))
+    good = np.arange(8, dtype=np.float32).reshape(2, 4)
+    responses = model.execute([pb.Request({"x": good}), pb.Request({"x": good[:1, :3]}),
+                               pb.Request({"x": good[1:]})])
+    op = pipeline.model_ops()[0]
+    with torch.no_grad():
+        expected = op.module(torch.from_numpy(good)).numpy()
+    np.testing.assert_allclose(_outputs(responses[0])["output_0"], expected, atol=1e-6)
+    np.testing.assert_allclose(_outputs(responses[2])["output_0"], expected[1:], atol=1e-6)
+    assert responses[1].has_error()
+
+
+def test_before_23_04_bls_asks_for_no_memory_and_reads_gpu_outputs_through_dlpack(
+        served, monkeypatch):
+    """Releases before 23.04 have no ``pb_utils.PreferredMemory``: a GPU model's outputs reach
+    the pipeline model in GPU memory. No GPU here: the stand-in marks them as device memory
+    that only dlpack may read (``as_numpy`` raises, as Triton's does)."""
+    pipeline, model = served
+    monkeypatch.delattr(pb, "PreferredMemory")
+    pb.Models.outputs_on_gpu = True
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+    assert pb.Models.preferred_memory == [None]
+
+
+def test_from_23_04_bls_asks_for_host_memory(served):
+    _, model = served
+    model.execute([_request([1, 2, 3, 4])])
+    (asked,) = pb.Models.preferred_memory
+    assert (asked.kind, asked.device) == (pb.TRITONSERVER_MEMORY_CPU, 0)
+
+
+def test_gpu_outputs_without_torch_in_the_environment_are_a_clear_error(monkeypatch):
+    import sys
+
+    api = pipeline_model.TritonApi(pb)
+    monkeypatch.setitem(sys.modules, "torch.utils.dlpack", None)
+    with pytest.raises(pipeline_model.BlsError, match="GPU memory and torch.*not installed"):
+        api.to_numpy(pb.Tensor("y", np.ones(2), on_gpu=True))
+
+
+class DeviceChecked(torch.nn.Module):
+    """Fails unless its inputs are on the device it was moved to; leaves results there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        where = getattr(self, "standin_device", None)
+        if getattr(x, "standin_device", None) != where:
+            raise RuntimeError(f"input on {getattr(x, 'standin_device', 'cpu')}, module on "
+                               f"{where or 'cpu'}")
+        y = self.linear(x)
+        if where:
+            y.standin_device = where
+        return y
+
+
+def _python_format_gpu_model(tmp_path, monkeypatch, device_id: str):
+    from builder import ModelOp
+    from builder.base.releases import resolve
+
+    torch.manual_seed(0)
+    op = ModelOp(DeviceChecked(), torch.zeros(1, 4), name="checked",
+                 op_config={"format_priority": ["python"]})
+    pipeline = pipe.input("v").map("v", "y", op).output("y").with_example(
+        np.ones((1, 4), np.float32))
+    build_pipeline_model(pipeline, tmp_path / "models", target=resolve("12.4"))
+    (group,) = read_config(tmp_path / "models" / "checked").instance_group
+    assert group.kind == group.KIND_GPU
+    monkeypatch.setattr(torch_model, "pb_utils", pb)
+    args = {**_args(tmp_path / "models" / "checked"), "model_instance_kind": "GPU",
+            "model_instance_device_id": device_id}
+    return op, args
+
+
+def test_a_python_format_model_on_a_gpu_instance_runs_there_and_answers_in_host_memory(
+        tmp_path, monkeypatch):
+    """No GPU here: :class:`tests.support.pb_utils_standin.GpuStandIn` stands in for two GPUs."""
+    op, args = _python_format_gpu_model(tmp_path, monkeypatch, device_id="1")
+    gpu = pb.GpuStandIn(devices=2).install(monkeypatch)
+    model = torch_model.TritonPythonModel()
+    model.initialize(args)
+    assert gpu.moves == [("module", "cuda:1")]
+    host, device = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((1, 4), np.float32)
+    responses = model.execute([pb.Request({"x": host}),
+                               pb.Request({"x": device}, on_gpu=True)])  # read via dlpack
+    with torch.no_grad():
+        expected = op.module.linear(torch.from_numpy(np.concatenate([host, device]))).numpy()
+    np.testing.assert_allclose(_outputs(responses[0])["output_0"], expected[:2], atol=1e-6)
+    np.testing.assert_allclose(_outputs(responses[1])["output_0"], expected[2:], atol=1e-6)
+    # one batch: its input moved to the instance's GPU once, its result back to the host once
+    assert gpu.moves[1:] == [("tensor", "cuda:1"), ("tensor", "cpu")]
+
+
+def test_a_gpu_instance_whose_torch_has_no_cuda_fails_to_load(tmp_path, monkeypatch):
+    """torch here is a CPU build: exactly what a CPU wheel in a GPU image would be."""
+    _, args = _python_format_gpu_model(tmp_path, monkeypatch, device_id="0")
+    with pytest.raises(RuntimeError, match=r"KIND_GPU on cuda:0.*sees no CUDA device"):
+        torch_model.TritonPythonModel().initialize(args)
+
+
+class CountingSession:
+    """A real ONNX Runtime session that records the batch size of each run (a spy)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.runs: list[int] = []
+
+    def run(self, names, feeds):
+        self.runs.append(len(next(iter(feeds.values()))))
+        return self.session.run(names, feeds)
+
+
+@pytest.fixture(scope="module")
+def built_in_process(tmp_path_factory):
+    """The default build for a CPU target: the pipeline model runs the ONNX model itself."""
+    root = tmp_path_factory.mktemp("in-process") / "models"
+    pipeline = _make_pipeline({"max_batch_size": 3})
+    result = build_pipeline_model(pipeline, root)
+    assert [(m.name, m.in_process) for m in result.models] == [("affine", True)]
+    return pipeline, root
+
+
+def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
+        built_in_process, initialized):
+    pipeline, root = built_in_process
+    pb.Models.reset()
+    model = initialized(root / "pipeline")
+    spy = model.sessions["affine"] = CountingSession(model.sessions["affine"])
+    vectors = [[1, 2, 3, 4], [-1, 2, -3, 4], [0.5, -1, -1, 1], [4, 3, 2, 1]]
+    responses = model.execute([_request(vectors[0]), _request(*vectors[1:3]),
+                               _request(vectors[3])])
+    _assert_matches(pipeline, vectors[:1], _outputs(responses[0]))
+    _assert_matches(pipeline, vectors[1:3], _outputs(responses[1]))
+    _assert_matches(pipeline, vectors[3:], _outputs(responses[2]))
+    assert pb.Models.calls == []  # no BLS request at all
+    assert spy.runs == [3, 1]  # max_batch_size 3 still bounds one run
+    # the model operator keeps its Triton model: clients can call it directly
+    assert read_config(root / "affine").platform == "onnxruntime_onnx"
+
+
+def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
+        built_in_process, initialized, monkeypatch):
+    pipeline, root = built_in_process
+    _wire_bls(root)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when not installed
+    monkeypatch.setattr(pipeline_model, "check_versions", lambda record: [])
+    warnings = []
+    monkeypatch.setattr(pipeline_model.TritonApi, "log_warning",
+                        lambda self, message: warnings.append(message))
+    model = initialized(root / "pipeline")
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(response))
+    assert [c.model_name for c in pb.Models.calls] == ["affine"]
+    assert "go through BLS" in warnings[0]
+
+
+def test_in_process_sessions_do_not_spin(monkeypatch):
+    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 16)
+    options = pipeline_model.cpu_session_options(ort, instances=2)
+    assert options.intra_op_num_threads == 4 and options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

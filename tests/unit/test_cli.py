@@ -1,0 +1,206 @@
+"""``triton-builder`` as users run it: the installed console script, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.grpc import InferenceServerClient
+
+from builder.tritonserver.host_process import free_ports
+from pipelines import text_embedding
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+PIPELINE = "pipelines/text_embedding.py:pipeline"
+
+
+def cli(*args: str, env: dict | None = None, check: bool = True,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    program = shutil.which("triton-builder", path=str(Path(sys.executable).parent)) or (
+        shutil.which("triton-builder"))
+    assert program, "the triton-builder console script is not installed"
+    result = subprocess.run([program, *args], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=timeout)
+    if check:
+        assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stderr}"
+    return result
+
+
+def test_help_lists_every_command_with_examples():
+    result = cli("--help")
+    for command in ("build", "image", "push", "serve", "infer", "inspect", "doctor", "base"):
+        assert command in result.stdout
+    assert "Example: triton-builder image" in cli("image", "--help").stdout
+
+
+@pytest.mark.parametrize("reference, message", [
+    ("pipelines/text_embedding.py", "is not 'file.py:attr' or 'module:attr'"),
+    ("pipelines/nothing_here.py:pipeline", "no such pipeline file: pipelines/nothing_here.py"),
+    ("pipelines/text_embedding.py:nope", "pipelines.text_embedding has no attribute 'nope'"),
+    ("pipelines/text_embedding.py:Tokenizer", "is a type, not a finished pipeline"),
+])
+def test_bad_pipeline_reference_is_a_usage_error(reference, message, tmp_path):
+    result = cli("build", reference, "--model-root", str(tmp_path / "models"), check=False)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "models").exists()
+
+
+def test_doctor_reports_a_missing_engine_clearly():
+    port = free_ports(1)[0]
+    result = cli("doctor", env={"DOCKER_HOST": f"tcp://127.0.0.1:{port}"}, check=False)
+    assert result.returncode == 3
+    assert "fail docker engine: no Docker engine answers" in result.stderr
+    assert "start dockerd" in result.stderr
+
+
+def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
+    """No second dockerd, no 60 s wait: the error names DOCKER_HOST (and took
+    ``elapsed`` seconds, printed for the record, not asserted)."""
+    from builder.engine.daemon import running_dockerd
+
+    before = running_dockerd()
+    socket = tmp_path / "nothing-here.sock"
+    started = time.monotonic()
+    result = cli("inspect", "any:1", env={"DOCKER_HOST": f"unix://{socket}"}, check=False)
+    print(f"elapsed {time.monotonic() - started:.2f}s")
+    assert result.returncode == 3
+    assert f"DOCKER_HOST=unix://{socket}" in result.stderr and "does not exist" in result.stderr
+    assert running_dockerd() == before, "a dockerd was started although DOCKER_HOST names one"
+
+
+@pytest.mark.parametrize("options, message", [
+    (["-t", "Not A Name"], "not a valid image reference"),
+    (["-t", "tb-i14/ok:1", "-t", "bad tag!"], "not a valid image reference"),
+    (["-t", "tb-i14/ok:1", "--env", "envs/no-such-spec.txt"],
+     "'envs/no-such-spec.txt' does not exist"),
+    (["-t", "tb-i14/ok:1", "--parallelism", "0"], "'--parallelism'"),
+])
+def test_bad_image_options_are_usage_errors_before_any_step(options, message, docker_client):
+    result = cli("image", PIPELINE, *options, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    for step in ("> base image", "> model repository", "> python environment"):
+        assert step not in result.stderr
+
+
+def test_bad_input_syntax_is_a_usage_error():
+    result = cli("infer", "grpc://127.0.0.1:1/pipeline", "-i", "no-equals-sign", check=False)
+    assert result.returncode == 2
+    assert "expected name=value" in result.stderr
+
+
+def test_build_writes_the_repository(tmp_path):
+    result = cli("build", PIPELINE, "--model-root", str(tmp_path / "models"))
+    root = Path(result.stdout.strip())
+    assert (root / "pipeline" / "config.pbtxt").exists()
+    assert (root / "text_encoder" / "1" / "model.onnx").exists()
+    assert "model 'text_encoder': onnx" in result.stderr
+
+
+def test_build_for_a_cuda_release_places_the_model_on_the_gpus(tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from builder.repository.model_config import read_config
+
+    root = Path(cli("build", PIPELINE, "--model-root", str(tmp_path / "models"),
+                    "--cuda", "12.4").stdout.strip())
+    assert read_config(root / "text_encoder").instance_group[0].kind == (
+        mc.ModelInstanceGroup.KIND_GPU)
+    assert read_config(root / "pipeline").instance_group[0].kind == (
+        mc.ModelInstanceGroup.KIND_CPU)
+    bad = cli("build", PIPELINE, "--model-root", str(tmp_path / "other"), "--cuda", "10.2",
+              check=False)
+    assert bad.returncode == 2 and "no nvcr.io/nvidia/tritonserver release" in bad.stderr
+
+
+@pytest.mark.slow
+def test_image_serve_infer_inspect_push(docker_client, cpu_base_image, registry):
+    reference = f"{registry.host}/cli/text-embedding:1"
+    options = ("--tag", reference, "--parallelism", "2")
+    assert cli("image", PIPELINE, *options).stdout.strip() == reference
+    first = docker_client.images.get(reference).id
+    again = cli("image", PIPELINE, *options)  # a new process: nothing to build
+    assert again.stdout.strip() == reference and f"up to date {reference}" in again.stderr
+    assert docker_client.images.get(reference).id == first
+    http, grpc, metrics = free_ports(3)
+    container = cli("serve", reference, "--detach", "--http-port", str(http), "--grpc-port",
+                    str(grpc), "--metrics-port", str(metrics)).stdout.strip()
+    try:
+        for url in (f"grpc://127.0.0.1:{grpc}/pipeline", f"http://127.0.0.1:{http}/pipeline"):
+            served = json.loads(cli("infer", url, "-i", "text=hello from the cli").stdout)
+            np.testing.assert_allclose(served, text_embedding.pipeline("hello from the cli"),
+                                       atol=1e-4)
+        raw = json.loads(cli("infer", f"grpc://127.0.0.1:{grpc}/text_encoder",
+                             "-i", f"ids={[[1, 2] + [0] * 14]}",
+                             "-i", f"mask={[[1.0, 1.0] + [0.0] * 14]}").stdout)
+        assert np.asarray(raw["output_0"]).shape == (1, 16, 32)
+        config = InferenceServerClient(f"127.0.0.1:{grpc}").get_model_config("pipeline").config
+        assert [group.count for group in config.instance_group] == [2]
+    finally:
+        docker_client.containers.get(container).remove(force=True)
+
+    labels = json.loads(cli("inspect", reference).stdout)
+    pipeline = labels["ai.triton-builder.signature"]["pipelines"]["pipeline"]
+    assert pipeline["inputs"]["text"]["dtype"] == "TYPE_STRING"
+    assert pipeline["outputs"]["vec"]["dims"] == [32]
+    assert labels["ai.triton-builder.triton-version"] == "2.51.0"
+
+    pinned = cli("push", reference).stdout.strip()
+    assert pinned.startswith(f"{registry.host}/cli/text-embedding@sha256:")
+    docker_client.images.remove(reference, force=True)
+
+
+def test_deploy_k8s_writes_validated_manifests(tmp_path):
+    import yaml
+
+    target = tmp_path / "triton.yaml"
+    result = cli("deploy", "k8s", "registry.example:5000/embed:2", "--cpu", "-o", str(target))
+    assert "validated 3 manifest(s) against Kubernetes 1.29" in result.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(target.read_text())]
+    assert kinds == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+    kserve = cli("deploy", "k8s", "registry.example:5000/embed:2", "--gpu", "--kserve")
+    (service,) = list(yaml.safe_load_all(kserve.stdout))
+    predictor = service["spec"]["predictor"]["containers"][0]
+    assert service["kind"] == "InferenceService"
+    assert predictor["resources"]["limits"]["nvidia.com/gpu"] == 1
+    bad = cli("deploy", "k8s", "registry.example:5000/embed:2", "--name", "Bad_Name",
+              check=False)
+    assert bad.returncode == 2 and "DNS label" in bad.stderr
+
+
+def test_deploy_swarm_dry_run_prints_the_stack_and_refuses_bad_options():
+    import yaml
+
+    result = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "3",
+                 "--dry-run")
+    stack = yaml.safe_load(result.stdout)
+    assert stack["services"]["triton"]["deploy"]["replicas"] == 3
+    bad = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "0",
+              "--dry-run", check=False)
+    assert bad.returncode == 2 and "replicas must be a positive integer" in bad.stderr
+
+
+def test_deploy_swarm_on_an_engine_outside_a_swarm_says_what_to_run(docker_client):
+    if (docker_client.info().get("Swarm") or {}).get("LocalNodeState") == "active":
+        pytest.skip("this engine is in a swarm now")
+    result = cli("deploy", "swarm", "registry.example:5000/embed:2", check=False)
+    assert result.returncode == 1 and "docker swarm init" in result.stderr
+
+
+def test_no_bridge_is_refused_before_any_step_with_the_alternatives(docker_client):
+    result = cli("image", PIPELINE, "-t", "tb-i11/no-bridge:1", "--cuda", "11.8", "--no-bridge",
+                 check=False)
+    assert result.returncode == 2, result.stderr
+    assert "the bridge is turned off" in result.stderr
+    assert "through the bridge on" in result.stderr.replace("\n", " ")
+    for step in ("> base image", "> model repository", "> python environment"):
+        assert step not in result.stderr

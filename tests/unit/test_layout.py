@@ -1,0 +1,227 @@
+"""The layout as a contract: packages in layers, no import cycle, the job's stages in order,
+one error root — read from the source, so a change that breaks the map fails here."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import builder
+from builder import TritonBuilderError
+
+ROOT = Path(builder.__file__).parent
+
+# Lowest first: a unit may import only the units before it. The stages of the job, in their
+# order, sit between the plumbing (errors, cache, engine, ...) and the entry points (job, cli).
+LAYERS = [
+    "errors", "cache", "progress", "host_packages", "engine", "tritonserver",
+    "pipeline", "client",
+    "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",
+    "job", "doctor", "cli", "builder",
+]
+STAGES = ["pipeline", "base", "bridge", "repository", "environment", "image", "verify", "push"]
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("builder", *path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``builder`` module ``path`` imports, at any depth (imports inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("builder"):
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("builder"))
+    return found
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "builder"
+
+
+MODULES = _modules()
+GRAPH = {name: {target for target in _imports(path) if target in MODULES and target != name}
+         for name, path in MODULES.items()}
+
+
+def test_every_unit_has_its_place_in_the_layers():
+    units = {_unit(name) for name in MODULES} - {"runtime"}
+    assert units == set(LAYERS), f"place these in LAYERS: {sorted(units - set(LAYERS))}"
+
+
+def test_units_import_only_the_layers_below_them():
+    upward = sorted(
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items() if _unit(name) != "runtime"
+        for target in targets
+        if _unit(target) != _unit(name)
+        and LAYERS.index(_unit(target)) > LAYERS.index(_unit(name))
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_the_code_that_runs_inside_triton_imports_nothing_of_the_builder():
+    leaks = sorted(f"{name} imports {target}" for name, targets in GRAPH.items()
+                   if _unit(name) == "runtime" for target in targets if _unit(target) != "runtime")
+    assert not leaks, "\n".join(leaks)
+
+
+def test_no_module_import_cycle():
+    """Tarjan's strongly connected components over the module graph: all of size one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in GRAPH[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            # a package and the modules its __init__ re-exports are one unit, not a cycle
+            if len({m for m in component if m not in _packages_of(component)}) > 1:
+                cycles.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    assert not cycles, cycles
+
+
+def _packages_of(component: list[str]) -> set[str]:
+    return {m for m in component if MODULES[m].name == "__init__.py"}
+
+
+DECISIONS = {"resolve": "base", "plan_python": "bridge", "require_buildable": "bridge"}
+"""Calls that only decide (nothing pulled, built or written): the job makes them all before any
+stage does work, so bad input is refused before anything is written."""
+
+
+def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
+    """The stages ``function`` calls into on its success path, in source order (nested
+    functions, exception handlers and raised errors left out; calls to the job's own helpers
+    followed; option objects built on the way left out; decisions as ``decide:<stage>``)."""
+    stages = []
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.Lambda | ast.ExceptHandler):
+                continue
+            walk(child)
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name):
+                callee = child.func.id
+                if callee in JOB_FUNCTIONS:
+                    stages.extend(_stage_calls(JOB_FUNCTIONS[callee], names))
+                elif callee in DECISIONS:
+                    stages.append(f"decide:{DECISIONS[callee]}")
+                elif callee.endswith(("Options", "Error")):
+                    continue
+                elif names.get(callee) in STAGES:
+                    stages.append(names[callee])
+
+    walk(function)
+    return stages
+
+
+JOB_SOURCE = ast.parse((ROOT / "job.py").read_text())
+JOB_FUNCTIONS = {node.name: node for node in JOB_SOURCE.body if isinstance(node, ast.FunctionDef)}
+JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "base", "repository", "environment",
+              "image", "verify", "push"]
+"""The in-process pipeline first (its answers are the reference), then the decisions, then one
+entry per stage; the bridge's parts are made by the environment stage
+(:func:`builder.environment.prepare.prepare_environment`)."""
+
+
+@pytest.mark.parametrize("entry", ["build_docker_image", "build_image_from_repository"])
+def test_the_job_enters_each_stage_once_in_order(entry):
+    names = {alias.asname or alias.name: _unit(node.module)
+             for node in JOB_SOURCE.body if isinstance(node, ast.ImportFrom)
+             and node.module and node.module.startswith("builder.") for alias in node.names}
+    names["pipe"] = "pipeline"  # the in-process pipeline: the reference answers come first
+    visited = []
+    for stage in _stage_calls(JOB_FUNCTIONS[entry], names):
+        if not visited or visited[-1] != stage:
+            visited.append(stage)
+    assert len(visited) == len(set(visited)), f"a stage entered twice: {visited}"
+    expected = (JOB_STAGES if entry == "build_docker_image"
+                else ["decide:base", "base", "image", "verify", "push"])
+    assert visited == expected
+
+
+def test_the_environment_stage_makes_the_bridges_parts():
+    source = (ROOT / "environment" / "prepare.py").read_text()
+    assert "prepare_bridge(" in source
+
+
+def _our_exceptions() -> list[type[BaseException]]:
+    found = set()
+    for info in pkgutil.walk_packages(builder.__path__, "builder."):
+        if ".runtime" in info.name:
+            continue  # runs inside Triton: raises pb_utils.TritonError, not ours
+        module = importlib.import_module(info.name)
+        for _, value in inspect.getmembers(module, inspect.isclass):
+            if issubclass(value, BaseException) and value.__module__.startswith("builder."):
+                found.add(value)
+    return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
+
+
+def test_every_error_of_ours_has_the_root_and_a_builtin_category():
+    exceptions = _our_exceptions()
+    assert len(exceptions) >= 30
+    for error in exceptions:
+        assert issubclass(error, TritonBuilderError), error
+        if error is TritonBuilderError:
+            continue
+        builtin = [base for base in error.__mro__
+                   if base.__module__ == "builtins" and base not in (Exception, BaseException,
+                                                                     object)]
+        assert builtin, f"{error.__qualname__} has no built-in category"
+
+
+def test_the_public_face():
+    for name in ("build_docker_image", "build_pipeline_model", "ImageBuild", "Client",
+                 "AsyncClient", "TritonRemoteModel", "pipe", "ModelOp", "TritonBuilderError",
+                 "PipelineError", "EnvironmentBuildError", "ImageBuildError",
+                 "VerificationError", "PushError", "EngineError", "UnsupportedCudaError",
+                 "InvalidReferenceError", "InputError"):
+        assert name in builder.__all__, name
+        assert getattr(builder, name) is not None
+    errors = [getattr(builder, name) for name in builder.__all__ if name.endswith("Error")]
+    assert all(issubclass(error, TritonBuilderError) for error in errors)
+
+
+def test_every_package_is_in_the_distribution():
+    """An editable install finds any folder; a wheel holds only the packages pyproject lists."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {".".join(("builder", *path.parent.relative_to(ROOT).parts))
+                for path in ROOT.rglob("__init__.py")}
+    assert packages <= listed, f"add to pyproject.toml: {sorted(packages - listed)}"

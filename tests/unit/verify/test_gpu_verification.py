@@ -1,0 +1,102 @@
+"""GPU-aware verification: where ``KIND_GPU`` models ran, read from Triton's own accounting.
+
+No GPU and no NVIDIA runtime here, so the end-to-end test covers the CPU side: an image whose
+repository has a ``KIND_GPU`` model (as a GPU release build writes it) is verified on the CPU
+with that config swapped for a ``KIND_CPU`` one, and says the GPU placement was not exercised;
+the real server's statistics and metrics then show that model ran on no GPU. The GPU side is
+covered by parsing metrics in the exposition format Triton prints, with the ``gpu_uuid`` label
+its GPU instances carry: that part is not measured on a GPU here.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import docker.errors
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builder.job import build_image_from_repository
+from builder.repository.model_config import read_config, write_config
+from builder.verify.check import InferenceCheck, VerificationError, verify_image
+from builder.verify.container import ServingContainer
+from builder.verify.placement import (
+    GpuPlacementError,
+    check_ran_on_gpus,
+    cpu_config_mounts,
+    gpu_inference_counts,
+    gpu_models,
+    placement_verdict,
+)
+from tests.support.sample_repository import FEATURES, expected_linear, write_sample_repository
+
+X = np.random.default_rng(12).standard_normal((3, FEATURES)).astype(np.float32)
+
+TRITON_GPU_METRICS = """\
+# HELP nv_inference_count Number of inferences performed (does not include cached requests)
+# TYPE nv_inference_count counter
+nv_inference_count{gpu_uuid="GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11",model="linear",version="1"} 3
+nv_inference_count{model="pipeline",version="1"} 3
+nv_inference_count{gpu_uuid="GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11",model="idle",version="1"} 0
+"""
+
+
+def test_gpu_instances_are_read_from_the_metrics_gpu_label():
+    counts = gpu_inference_counts(TRITON_GPU_METRICS)
+    assert counts["linear"] == {"GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11": 3.0}
+    assert counts["pipeline"] == {"cpu": 3.0}
+    assert placement_verdict(["linear"], {"linear": 3}, counts) == (
+        "linear ran on GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11")
+    with pytest.raises(GpuPlacementError, match="pipeline ran 3 inferences, none on a GPU"):
+        placement_verdict(["pipeline"], {"pipeline": 3}, counts)
+    with pytest.raises(GpuPlacementError, match="idle served no inference"):
+        placement_verdict(["idle"], {"idle": 0}, counts)
+
+
+@pytest.fixture(scope="module")
+def gpu_repository(tmp_path_factory):
+    """The sample repository with ``linear`` placed as on a GPU release (``KIND_GPU``)."""
+    root = write_sample_repository(tmp_path_factory.mktemp("gpu-verify") / "models")
+    config = read_config(root / "linear")
+    del config.instance_group[:]
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_GPU)
+    write_config(config, root / "linear")
+    assert gpu_models(root) == ["linear"]
+    return root
+
+
+@pytest.mark.slow
+def test_without_an_nvidia_runtime_gpu_models_are_verified_on_the_cpu_and_said_so(
+        docker_client, cpu_base_image, gpu_repository, tmp_path):
+    check = InferenceCheck("linear", {"INPUT": X}, {"OUTPUT": expected_linear(X)}, atol=1e-5)
+    log: list[str] = []
+    reference = "triton-builder-test/i12-gpu-verify:1"
+    result = build_image_from_repository(gpu_repository, image_name=reference, checks=[check],
+                                         client=docker_client, on_log=log.append)
+    try:
+        placement = result.verification.gpu_placement
+        assert placement.models == ("linear",) and placement.exercised is False
+        assert "GPU placement was not exercised" in placement.detail
+        assert any("GPU placement was not exercised" in line for line in log)
+
+        # without the CPU configs the same image cannot load its KIND_GPU model here
+        with pytest.raises(VerificationError) as refused:
+            verify_image(docker_client, result.id, [check], timeout=60)
+        assert "has kind KIND_GPU but no GPUs are available" in str(refused.value)
+
+        # with them, the real server's accounting shows the model ran, and on no GPU
+        mounts = cpu_config_mounts(gpu_repository, ["linear"], tmp_path, "/models")
+        with ServingContainer(docker_client, result.id, gpus=False, volumes=mounts) as endpoint:
+            check(endpoint)
+            with urllib.request.urlopen(f"http://{endpoint.metrics_url}/metrics") as response:
+                counts = gpu_inference_counts(response.read().decode())
+            assert counts["linear"] == {"cpu": 2 * len(X)}  # gRPC and HTTP
+            with pytest.raises(GpuPlacementError, match="linear ran 6 inferences, none on a GPU"):
+                check_ran_on_gpus(endpoint, ["linear"])
+    finally:
+        for tag in result.tags:
+            try:
+                docker_client.images.remove(tag, force=True)
+            except docker.errors.ImageNotFound:
+                pass
