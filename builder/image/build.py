@@ -63,10 +63,10 @@ from builder.image.sbom import (
     shipped_stub,
 )
 from builder.image.serving_dockerfile import (
-    HEALTH_SCRIPT_CONTEXT,
+    RUNTIME_SCRIPTS_CONTEXT,
     ServingOptions,
-    health_script_source,
     render_serving_dockerfile,
+    runtime_scripts,
     templates_source,
 )
 from builder.progress import Log, step_log
@@ -157,7 +157,7 @@ def build_serving_image(
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
                                                 payload_image="payload"),
-        plan.digest("code"), health_script_source(), sbom, hashed(image_labels))
+        plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
@@ -174,7 +174,9 @@ def build_serving_image(
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
         context = plan.write(Path(workdir), ["code"])
         (context / "models").mkdir(exist_ok=True)
-        (context / HEALTH_SCRIPT_CONTEXT).write_text(health_script_source())
+        (context / RUNTIME_SCRIPTS_CONTEXT).mkdir()
+        for name, text in runtime_scripts().items():
+            (context / RUNTIME_SCRIPTS_CONTEXT / name).write_text(text)
         (context / SBOM_CONTEXT).write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)

@@ -10,7 +10,8 @@ The build context the templates expect (written by :mod:`builder.image.context`)
 
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
-    health.py                     the health check (builder/runtime/health.py)
+    runtime/health.py             the health check (builder/runtime/health.py)
+    runtime/supervisor.py         the first process, heals dead stubs (runtime/supervisor.py)
     sbom.cdx.json                 the bill of materials (builder/image/sbom.py)
     models/<model>/...            configs and code, merged into the model repository last
 """
@@ -30,10 +31,16 @@ from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-HEALTH_SCRIPT = "/opt/triton-builder/health.py"
-HEALTH_RUNTIME = Path(__file__).parents[1] / "runtime" / "health.py"
-HEALTH_SCRIPT_CONTEXT = "health.py"
-"""Where the build context holds :mod:`builder.runtime.health` (copied to :data:`HEALTH_SCRIPT`)."""
+HEALING_METRICS_PORT = 8003
+"""Where the supervisor serves ``triton_builder_stub_restarts_total`` (Prometheus text)."""
+RUNTIME_DIR = "/opt/triton-builder"
+HEALTH_SCRIPT = f"{RUNTIME_DIR}/health.py"
+SUPERVISOR_SCRIPT = f"{RUNTIME_DIR}/supervisor.py"
+RUNTIME_SOURCES = Path(__file__).parents[1] / "runtime"
+RUNTIME_SCRIPTS = ("health.py", "supervisor.py")
+"""The modules of :mod:`builder.runtime` the container itself runs (standard library only)."""
+RUNTIME_SCRIPTS_CONTEXT = "runtime"
+"""Where the build context holds :data:`RUNTIME_SCRIPTS` (copied to :data:`RUNTIME_DIR`)."""
 
 PYTHON_BACKEND_SHM = {"shm-default-byte-size": 4 * 1024 * 1024,
                       "shm-growth-byte-size": 1024 * 1024}
@@ -96,15 +103,23 @@ class ServingOptions:
         return HTTP_PORT
 
     @property
-    def command(self) -> list[str]:
-        """``tritonserver`` with the repository, :data:`PYTHON_BACKEND_SHM` (each unless
-        ``server_args`` sets it) and ``server_args``."""
+    def server_command(self) -> list[str]:
+        """``tritonserver`` with explicit model control and every model loaded at start (what
+        lets the supervisor reload one model) unless ``server_args`` choose another mode, and
+        :data:`PYTHON_BACKEND_SHM` (each unless ``server_args`` sets it)."""
+        control = [] if any(arg.startswith("--model-control-mode") for arg in self.server_args) \
+            else ["--model-control-mode=explicit", "--load-model=*"]
         shm = [f"--backend-config=python,{key}={value}"
                for key, value in PYTHON_BACKEND_SHM.items()
                if not any(arg.startswith(f"--backend-config=python,{key}=")
                           for arg in self.server_args)]
-        return ["tritonserver", f"--model-repository={self.model_repository}", *shm,
+        return ["tritonserver", f"--model-repository={self.model_repository}", *control, *shm,
                 *self.server_args]
+
+    @property
+    def command(self) -> list[str]:
+        """The container's command: the supervisor, which runs the server as its child."""
+        return ["python3", SUPERVISOR_SCRIPT, *self.server_command]
 
 
 def child_template(release: Release) -> str:
@@ -123,9 +138,9 @@ def healthcheck_command(http_port: int = HTTP_PORT, *, live: bool = False) -> li
     return ["python3", HEALTH_SCRIPT, f"--http-port={http_port}", *(["--live"] if live else [])]
 
 
-def health_script_source() -> str:
-    """The text of the health check script that every serving image carries."""
-    return HEALTH_RUNTIME.read_text()
+def runtime_scripts() -> dict[str, str]:
+    """The health check and the supervisor that every serving image carries: name → text."""
+    return {name: (RUNTIME_SOURCES / name).read_text() for name in RUNTIME_SCRIPTS}
 
 
 def render_serving_dockerfile(
@@ -164,8 +179,9 @@ def render_serving_dockerfile(
         has_environment=has_environment,
         has_weights=has_weights,
         healthcheck=healthcheck_command(options.http_port),
-        health_script=HEALTH_SCRIPT,
-        health_script_context=HEALTH_SCRIPT_CONTEXT,
+        runtime_dir=RUNTIME_DIR,
+        runtime_scripts_context=RUNTIME_SCRIPTS_CONTEXT,
+        healing_metrics_port=HEALING_METRICS_PORT,
         sbom_path=SBOM_PATH,
         sbom_context=SBOM_CONTEXT,
         command=options.command,

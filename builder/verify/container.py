@@ -49,7 +49,8 @@ class ServingContainer:
 
     ``host_ports`` maps (http, grpc, metrics) to fixed host ports; by default each is a free
     port on 127.0.0.1, so parallel runs never collide. ``healthcheck`` overrides the image's
-    (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...).
+    (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...); ``environment``
+    sets the container's variables (e.g. the supervisor's ``TRITON_BUILDER_HEAL_*``).
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
@@ -57,13 +58,14 @@ class ServingContainer:
                  bind: str = "127.0.0.1", name: str | None = None,
                  labels: dict[str, str] | None = None,
                  healthcheck: dict | None = None,
-                 volumes: dict[str, dict[str, str]] | None = None) -> None:
+                 volumes: dict[str, dict[str, str]] | None = None,
+                 environment: dict[str, str] | None = None) -> None:
         self.client = client
         self.image = image
         self.gpus = gpus_available(client) if gpus is None else gpus
         self._options = dict(
             shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
-            volumes=volumes,
+            volumes=volumes, environment=environment,
             device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
                              if self.gpus else None),
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)

@@ -1,6 +1,7 @@
 """``triton-builder deploy swarm`` on a real swarm (this engine, ``docker swarm init``): three
-replicas under load, a replica whose stub dies is replaced while the load goes on, a rolling
-update to a new image version under load.
+replicas under load, a replica whose stub dies and cannot heal (the image's supervisor heals a
+stub that merely died, see tests/e2e/test_reliability.py) is replaced while the load goes on, a
+rolling update to a new image version under load.
 
 This kernel has no IPVS, so the routing mesh refuses connections here: the stacks publish in
 host mode (a random host port per replica) and :class:`SpreadLoad` plays the load balancer —
@@ -22,7 +23,7 @@ import pytest
 
 from builder.deploy.serving import serving_image
 from builder.deploy.swarm import SwarmOptions, deploy_swarm, remove_stack, replicas
-from tests.e2e.test_reliability import KILL_PIPELINE_STUB
+from tests.e2e.test_reliability import CANNOT_HEAL_PIPELINE, KILL_PIPELINE_STUB
 
 pytestmark = pytest.mark.slow
 REPLICAS = 3
@@ -177,9 +178,14 @@ def test_three_replicas_answer_like_in_process_under_load(swarm, stack):
 
 
 def test_a_replica_whose_stub_dies_is_replaced_while_the_load_goes_on(swarm, stack):
+    """The victim's pipeline model cannot start again (its code broken first), so its
+    supervisor's reloads fail: the health check turns it unhealthy (and the supervisor gives
+    up and exits), and Swarm replaces it."""
     victim = replicas(swarm, stack)[0].container_id
     with SpreadLoad(swarm, stack) as load:
         load.wait_for(200)
+        broken = swarm.containers.get(victim).exec_run(CANNOT_HEAL_PIPELINE, user="root")
+        assert broken.exit_code == 0, broken.output
         killed_at = time.monotonic()
         killed = swarm.containers.get(victim).exec_run(["python3", "-c", KILL_PIPELINE_STUB])
         assert len(killed.output.split()) == 1, killed.output

@@ -12,6 +12,6 @@ COPY environment/ /
 # 2. Model weights.
 COPY weights/ /models/
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
-CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
+CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]

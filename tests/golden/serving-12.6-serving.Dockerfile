@@ -4,8 +4,9 @@
 
 FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 
-# 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
-COPY health.py /opt/triton-builder/health.py
+# 3. The health check (ready, and no dead python backend stub that is not healed) and the
+#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py.
+COPY runtime/ /opt/triton-builder/
 
 # 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py): before the code, so a
 #    code-only change, which leaves it as it is, rebuilds only the next layer.

@@ -10,13 +10,14 @@ COPY environment/ /
 # 2. Model weights.
 COPY weights/ /models/
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=9000"]
 USER triton
-CMD ["tritonserver", "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576", "--log-verbose=1", "--http-port=9000"]
+CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576", "--log-verbose=1", "--http-port=9000"]
 
-# 3. The health check: ready, and no dead python backend stub (builder/runtime/health.py).
-COPY health.py /opt/triton-builder/health.py
+# 3. The health check (ready, and no dead python backend stub that is not healed) and the
+#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py.
+COPY runtime/ /opt/triton-builder/
 
 # 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py): before the code, so a
 #    code-only change, which leaves it as it is, rebuilds only the next layer.

@@ -165,7 +165,9 @@ def test_kubernetes_names_are_dns_labels():
 @pytest.mark.slow
 def test_probes_reach_the_real_endpoints_and_liveness_sees_a_dead_stub(docker_client,
                                                                         text_embedding_image):
-    """Run the image as the pod would; ask what each probe asks, where it asks."""
+    """Run the image as the pod would; ask what each probe asks, where it asks. Healing is off
+    (``TRITON_BUILDER_HEAL=off``) so that the killed stub stays dead while liveness looks: a
+    replica that cannot heal (tests/e2e/test_reliability.py heals one that can)."""
     from builder.verify.container import ServingContainer
     from tests.e2e.test_reliability import KILL_PIPELINE_STUB
 
@@ -174,7 +176,8 @@ def test_probes_reach_the_real_endpoints_and_liveness_sees_a_dead_stub(docker_cl
     container_spec = kubernetes.manifests(image)["deployment"]["spec"]["template"]
     probes = container_spec["spec"]["containers"][0]
     annotations = container_spec["metadata"]["annotations"]
-    with ServingContainer(docker_client, text_embedding_image) as endpoint:
+    with ServingContainer(docker_client, text_embedding_image,
+                          environment={"TRITON_BUILDER_HEAL": "off"}) as endpoint:
         by_port = {8000: endpoint.http_url, 8002: endpoint.metrics_url}
         ready = probes["readinessProbe"]["httpGet"]["path"]
         with urllib.request.urlopen(f"http://{by_port[8000]}{ready}") as response:

@@ -1,7 +1,7 @@
 """The serving Dockerfile: golden renders per CUDA version, layer order, and hostile values.
 
 Golden files live in ``tests/golden/``; after an intended template change, regenerate them with
-``TRITON_BUILDER_UPDATE_GOLDEN=1 pytest tests/test_serving_dockerfile.py`` and review the diff.
+``TRITON_BUILDER_UPDATE_GOLDEN=1 pytest tests/unit/image/test_serving_dockerfile.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -61,17 +61,29 @@ def test_layers_go_from_stable_to_volatile(cuda):
     lines = _instructions(render_serving_dockerfile(resolve(cuda)))
     copies = [line for line in lines if line.startswith("COPY")]
     assert copies == ["COPY environment/ /", "COPY weights/ /models/",
-                      "COPY health.py /opt/triton-builder/health.py",
+                      "COPY runtime/ /opt/triton-builder/",
                       "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
                       "COPY models/ /models/"]
     assert lines[0].startswith("FROM ")
     assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
-    assert "EXPOSE 8000 8001 8002" in lines
+    assert "EXPOSE 8000 8001 8002 8003" in lines
     assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
                for line in lines)
-    assert ('CMD ["tritonserver", "--model-repository=/models", '
+    assert ('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+            '"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", '
             '"--backend-config=python,shm-default-byte-size=4194304", '
-            '"--backend-config=python,shm-growth-byte-size=1048576"]') in lines
+            '"--backend-config=python,shm-growth-byte-size=1048576"]' in lines)
+
+
+def test_a_model_control_mode_of_the_users_own_is_kept():
+    """The supervisor can heal only with explicit model control: the image asks for it unless
+    the user chose a mode (the supervisor then only supervises, and says so)."""
+    options = ServingOptions(server_args=("--model-control-mode=poll",))
+    assert options.command == ["python3", "/opt/triton-builder/supervisor.py", "tritonserver",
+                               "--model-repository=/models",
+                               "--backend-config=python,shm-default-byte-size=4194304",
+                               "--backend-config=python,shm-growth-byte-size=1048576",
+                               "--model-control-mode=poll"]
 
 
 def test_the_healthcheck_follows_a_moved_http_port():
@@ -88,7 +100,7 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 def test_absent_layers_are_left_out():
     text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY health.py /opt/triton-builder/health.py",
+    assert copies == ["COPY runtime/ /opt/triton-builder/",
                       "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
                       "COPY models/ /models/"]
 
@@ -132,8 +144,10 @@ def test_server_args_with_quotes_stay_one_json_string():
     options = ServingOptions(server_args=('--backend-config=python,x="1" $(id) \\',))
     text = render_serving_dockerfile(resolve(None), options=options)
     cmd = [line for line in text.splitlines() if line.startswith("CMD")]
+    assert len(cmd) == 1
     assert cmd[0].endswith(', "--backend-config=python,x=\\"1\\" $(id) \\\\"]')
-    assert len(cmd) == 1 and cmd[0].startswith('CMD ["tritonserver", "--model-repository=/models"')
+    assert cmd[0].startswith('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+                             '"--model-repository=/models", "--model-control-mode=explicit"')
     assert text.count("\nRUN") == 0
 
 

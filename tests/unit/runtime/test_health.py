@@ -3,7 +3,7 @@ the ``/proc`` reading on this machine's real ``/proc`` and on a written one (for
 test cannot make a real ``tritonserver`` show on demand), the HTTP side against a real server.
 
 The container end to end — a stub killed inside a running image turns it unhealthy — is in
-``tests/test_reliability.py``.
+``tests/e2e/test_reliability.py``.
 """
 
 from __future__ import annotations
@@ -68,11 +68,36 @@ def test_check_wants_ready_and_no_dead_stub(triton_like, tmp_path):
                                             (7, "triton_python_b", "S", 1)])
     dead = _write_proc(tmp_path / "dead", [(1, "tritonserver", "S", 0),
                                           (7, "triton_python_b", "Z", 1)])
-    assert health.check(port, proc=alive) is None
-    assert "1 python backend stub process(es) died (pid 7)" in health.check(port, proc=dead)
+    nothing_healed = tmp_path / "healed.json"
+    assert health.check(port, proc=alive, healed=nothing_healed) is None
+    assert "1 python backend stub process(es) died (pid 7)" in health.check(
+        port, proc=dead, healed=nothing_healed)
     status["/v2/health/ready"] = 400
     assert health.check(port, proc=alive).endswith("/v2/health/ready answered 400")
     assert health.check(port, live=True, proc=alive) is None
+
+
+def test_a_dead_stub_the_supervisor_healed_does_not_count(triton_like, tmp_path):
+    """The healed list names a zombie by pid *and* start time (field 22): a zombie with that pid
+    but another start time is another process, and still counts."""
+    port, _ = triton_like
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for pid, name, state, parent, started in [(1, "tritonserver", "S", 0, 100),
+                                              (7, "triton_python_b", "Z", 1, 200),
+                                              (8, "triton_python_b", "Z", 1, 300)]:
+        (proc / str(pid)).mkdir()
+        fields = [state, str(parent)] + ["0"] * 17 + [str(started)] + ["0"] * 30
+        (proc / str(pid) / "stat").write_text(f"{pid} ({name}) {' '.join(fields)}\n")
+    healed = tmp_path / "healed.json"
+    assert health.healed_stubs(healed) == frozenset(), "no file: nothing healed"
+    healed.write_text("[[7, 200], [8, 299]]")
+    assert health.check(port, proc=proc, healed=healed).startswith(
+        "1 python backend stub process(es) died (pid 8) and are not healed")
+    healed.write_text("[[7, 200], [8, 300]]")
+    assert health.check(port, proc=proc, healed=healed) is None
+    healed.write_text("not json")
+    assert health.check(port, proc=proc, healed=healed).startswith("2 python backend stub")
 
 
 def test_a_server_that_does_not_answer_is_unhealthy(tmp_path):

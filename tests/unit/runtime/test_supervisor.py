@@ -1,0 +1,320 @@
+"""The serving image's supervisor (``builder/runtime/supervisor.py``) on real processes.
+
+A real ``tritonserver`` with a stub killed inside the built image is in
+``tests/e2e/test_reliability.py``. Here, to reach the states that take long or cannot be made on
+demand there (a model that keeps failing, a server that will not reload), the server is a small
+real process that stands for ``tritonserver``: it starts real child processes whose command
+line and process name (``triton_python_backend_stub``, through a symlink to this Python) are
+what the python backend starts, never reaps one that dies (as the backend does not), and
+answers the repository API's ``load`` by starting a new one. The supervisor runs as in the
+image: ``python3 supervisor.py COMMAND`` in a process of its own, as that process's parent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from builder.runtime import health, supervisor
+from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
+
+SUPERVISOR = Path(supervisor.__file__)
+
+FAKE_SERVER = textwrap.dedent('''
+    """Stands for tritonserver: starts a stub per model and never reaps one that dies."""
+    import http.server, json, os, sys, threading, time
+
+    stub, repository, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    models = [arg for arg in sys.argv[4:] if not arg.startswith("--")]
+    loads = {model: 0 for model in models}
+    stamps = set()
+
+    def start(model, *, autocomplete=False):
+        name = model if autocomplete else f"{model}_0_{loads[model]}"
+        argv = [stub, f"{repository}/{model}/1/model.py", "/shm_region", "1048576", "1048576",
+                str(os.getpid()), "/opt/lib", "/ipc", name, "DEFAULT"]
+        return os.posix_spawn(stub, argv, os.environ)
+
+    class Load(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the model's configuration, sent back with the load
+            body = json.dumps({"name": self.path.split("/")[-2]}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            config = json.loads(sent["parameters"]["config"])  # Triton reloads only a change
+            stamp = config["parameters"]["triton_builder_reloaded"]["string_value"]
+            assert stamp not in stamps, "the same configuration again: a no-op load"
+            stamps.add(stamp)
+            model = self.path.split("/")[-2]
+            if os.path.exists(f"{repository}/{model}/hangs"):  # as Triton 2.51 without model.py
+                time.sleep(3600)
+            if model not in loads or os.path.exists(f"{repository}/{model}/broken"):
+                self.send_response(400)
+            else:
+                loads[model] += 1
+                start(model)
+                self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    for model in models:
+        start(model)
+    print("ready", flush=True)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Load)
+    server.serve_forever()
+''')
+
+STUB_MODEL = textwrap.dedent('''
+    """Stands for a stub's model.py: lives while its parent does, as a real stub does."""
+    import os, sys, time
+    parent = int(sys.argv[4])  # the stub's 6th argument; sys.argv[0] is this file
+    while os.getppid() == parent:
+        time.sleep(0.1)
+''')
+
+
+@pytest.fixture
+def repository(tmp_path) -> Path:
+    """A model repository of two models, and the stub 'binary' (a symlink to this Python)."""
+    for model in ("pipeline", "text_encoder"):
+        (tmp_path / "models" / model / "1").mkdir(parents=True)
+        (tmp_path / "models" / model / "1" / "model.py").write_text(STUB_MODEL)
+    (tmp_path / "triton_python_backend_stub").symlink_to(sys.executable)
+    (tmp_path / "server.py").write_text(FAKE_SERVER)
+    return tmp_path
+
+
+def _server_command(repository: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, str(repository / "server.py"),
+            str(repository / "triton_python_backend_stub"), str(repository / "models"), str(port),
+            "pipeline", "text_encoder", *extra]
+
+
+def _stubs_of(parent: int) -> list[health.Process]:
+    return [p for p in health.processes() if p.parent == parent and p.name == health.STUB]
+
+
+def _wait(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- reading the stubs -----------------------------------------------------------------------
+def test_the_model_comes_from_an_instance_stubs_command_line():
+    line = ["/opt/tritonserver/backends/python/triton_python_backend_stub",
+            "/models/text_encoder/1/model.py", "/tritonpythonbackend_abc", "1048576", "1048576",
+            "17", "/opt/tritonserver/backends/python", "/ipc", "text_encoder_0_1",
+            "/opt/tritonserver/backends/onnxruntime"]
+    assert supervisor.stub_model(line) == "text_encoder"
+    autocomplete = [*line[:8], "text_encoder", line[9]]
+    assert supervisor.stub_model(autocomplete) is None, "the config stub exits on purpose"
+    assert supervisor.stub_model(["/bin/bash", "-c", "source activate && exec ..."]) is None
+
+
+def test_a_killed_stub_is_a_death_of_its_model_and_an_unloaded_one_is_not(repository):
+    server = subprocess.Popen(_server_command(repository, 0), stdout=subprocess.PIPE)
+    try:
+        assert server.stdout.readline() == b"ready\n"
+        watch = StubWatch(server.pid)
+        _wait(lambda: len(watch.scan() or watch.live) == 2, what="two stubs")
+        assert watch.models() == {"pipeline", "text_encoder"}
+        (victim,) = [identity for identity, (model, _) in watch.live.items()
+                     if model == "text_encoder"]
+        os.kill(victim[0], signal.SIGKILL)
+        deaths = _wait(watch.scan, what="the death")
+        assert [(d.model, d.instance, d.stub.identity) for d in deaths] == [
+            ("text_encoder", "text_encoder_0_0", victim)]
+        assert deaths[0].why.startswith("killed by SIGKILL")
+        assert watch.models() == {"pipeline"} and watch.scan() == [], "one death, reported once"
+        zombie = {p.pid: p for p in health.processes()}[victim[0]]
+        assert zombie.state == "Z" and zombie.identity == victim
+        assert os.WTERMSIG(zombie.exit_status) == signal.SIGKILL
+        assert [p.pid for p in health.dead_stubs(_stubs_of(server.pid) + [
+            health.Process(server.pid, health.SERVER, "S", 1)])] == [victim[0]]
+    finally:
+        server.kill()
+        server.wait()
+
+
+# -- when to reload, when to give up ---------------------------------------------------------
+def test_backoff_doubles_and_the_window_forgets_old_failures():
+    policy = RestartPolicy(max_failures=4, window_s=10, first_delay_s=1, max_delay_s=3)
+    assert [policy.delay(n) for n in range(1, 6)] == [0, 1, 2, 3, 3]
+    record = ModelRecord()
+    assert record.fail(100.0, policy) == 100.0, "the first death reloads at once"
+    assert record.fail(101.0, policy) == 102.0
+    assert record.fail(102.0, policy) == 104.0
+    assert record.fail(103.0, policy) == 106.0
+    assert record.fail(104.0, policy) is None, "a fifth failure within 10 s: give up"
+    spaced = ModelRecord()
+    assert all(spaced.fail(100.0 + 11 * n, policy) == 100.0 + 11 * n for n in range(10)), \
+        "deaths further apart than the window never back off, never give up"
+
+
+def test_bad_settings_are_refused_with_their_name():
+    with pytest.raises(SystemExit, match="TRITON_BUILDER_HEAL"):
+        RestartPolicy.from_environment({"TRITON_BUILDER_HEAL_WINDOW_S": "a minute"})
+    assert RestartPolicy.from_environment({"TRITON_BUILDER_HEAL_MAX_FAILURES": "2"}) == \
+        RestartPolicy(max_failures=2)
+
+
+# -- the supervisor as the image runs it -----------------------------------------------------
+def _supervise(command: list[str], **environment: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SUPERVISOR), *command], stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TRITON_BUILDER_METRICS_PORT": "0", **environment})
+
+
+def _stop(running: subprocess.Popen) -> str:
+    """Kill the supervisor and its server (whose stubs follow their parent); its log."""
+    for child in [p for p in health.processes() if p.parent == running.pid]:
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    running.kill()
+    return running.communicate(timeout=10)[1]
+
+
+def test_the_exit_status_follows_the_server():
+    assert _supervise(["sh", "-c", "exit 3"]).wait(10) == 3
+    assert _supervise(["sh", "-c", "kill -KILL $$"]).wait(10) == 128 + signal.SIGKILL
+
+
+def test_sigterm_reaches_the_server_and_its_status_comes_back():
+    running = _supervise([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n")], PYTHONUNBUFFERED="1")
+    _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+          what="the server")
+    time.sleep(0.5)  # its handler is installed once it runs its code
+    running.send_signal(signal.SIGTERM)
+    assert running.wait(10) == 7
+
+
+def test_a_dead_stub_is_reloaded_marked_healed_and_counted(repository, tmp_path):
+    from builder.tritonserver.host_process import free_ports
+
+    (port, metrics_port) = free_ports(2)
+    healed_file = tmp_path / "healed.json"
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_METRICS_PORT=str(metrics_port),
+                         TRITON_BUILDER_HEALED_STUBS=str(healed_file))
+    try:
+        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+                       what="the server")[0]
+        first = _wait(lambda: len(_stubs_of(server.pid)) == 2 and _stubs_of(server.pid),
+                      what="two stubs")
+        time.sleep(0.5)  # the supervisor has read their command lines
+        (victim,) = [p for p in first
+                     if b"/pipeline/" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait(lambda: len([p for p in _stubs_of(server.pid) if p.state != "Z"]) == 2,
+              what="a new pipeline stub")
+        _wait(lambda: health.healed_stubs(healed_file) == {victim.identity},
+              what="the healed stub listed")
+        # the health check's view, with the stand-in named as the server it stands for
+        table = [*_stubs_of(server.pid), health.Process(server.pid, health.SERVER, "S", 1)]
+        assert health.dead_stubs(table) != [] and health.dead_stubs(
+            table, health.healed_stubs(healed_file)) == [], "healed: no longer dead"
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+            metrics = response.read().decode()
+        assert 'triton_builder_stub_restarts_total{model="pipeline"} 1' in metrics
+        assert 'triton_builder_stub_restarts_total{model="text_encoder"} 0' in metrics
+        running.send_signal(signal.SIGTERM)
+        assert running.wait(10) == 128 + signal.SIGTERM
+    finally:
+        log = _stop(running)
+    assert "model 'pipeline': stub pid" in log and "killed by SIGKILL" in log
+    assert "model 'pipeline': reloaded in" in log
+
+
+def test_a_model_that_keeps_failing_makes_it_give_up_and_exit_75(repository):
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    (repository / "models" / "text_encoder" / "broken").touch()  # every reload is refused
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_HEAL_MAX_FAILURES="2")
+    try:
+        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+                       what="the server")[0]
+        _wait(lambda: len(_stubs_of(server.pid)) == 2, what="two stubs")
+        time.sleep(0.5)
+        (victim,) = [p for p in _stubs_of(server.pid)
+                     if b"/text_encoder/" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]
+        started = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        assert running.wait(30) == supervisor.GAVE_UP
+        elapsed = time.monotonic() - started
+    finally:
+        log = _stop(running)
+    # death (1), reload refused at once (2), again after 1 s (3 > 2): give up
+    assert 1.0 <= elapsed < 10, elapsed
+    assert log.count("model 'text_encoder': reload failed "
+                     "(repository/models/text_encoder/load answered 400)") == 1, log
+    assert "giving up: model 'text_encoder' failed more than 2 times within 60s" in log
+    assert "exiting 75" in log
+
+
+def test_healing_is_off_without_explicit_model_control(repository):
+    running = _supervise(_server_command(repository, 0))
+    try:
+        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+                       what="the server")[0]
+        _wait(lambda: len(_stubs_of(server.pid)) == 2, what="two stubs")
+        time.sleep(0.5)
+        os.kill(_stubs_of(server.pid)[0].pid, signal.SIGKILL)
+        time.sleep(1.0)
+        assert running.poll() is None
+        running.send_signal(signal.SIGTERM)
+        running.wait(10)
+    finally:
+        log = _stop(running)
+    assert "healing is off: the server runs with --model-control-mode=none" in log
+    assert "OOM killer); healing is off" in log
+
+
+def test_a_reload_that_never_ends_gives_up_at_once(repository):
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    (repository / "models" / "pipeline" / "hangs").touch()
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_HEAL_LOAD_TIMEOUT_S="1")
+    try:
+        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
+                       what="the server")[0]
+        _wait(lambda: len(_stubs_of(server.pid)) == 2, what="two stubs")
+        time.sleep(0.5)
+        (victim,) = [p for p in _stubs_of(server.pid)
+                     if b"/pipeline/" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]
+        os.kill(victim.pid, signal.SIGKILL)
+        assert running.wait(30) == supervisor.GAVE_UP
+    finally:
+        log = _stop(running)
+    assert ("giving up: model 'pipeline': the server is stuck loading it (no answer to the load "
+            "within 1s)") in log
