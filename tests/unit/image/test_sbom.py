@@ -135,7 +135,7 @@ def test_the_document_is_valid_cyclonedx_and_the_same_bytes_for_the_same_inputs(
 
 @pytest.mark.parametrize(("triton", "kind", "origin"), [
     ("2.51.0", "pytriton-wheel", "nvidia-pytriton==0.7.0"),
-    (None, "compile", "python_backend r24.12")])
+    ("2.53.0", "compile", "python_backend r24.12")])
 def test_a_bridged_image_names_its_stub_file_and_the_interpreter_it_carries(triton, kind,
                                                                              origin):
     release = resolve("12.6", triton)
