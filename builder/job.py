@@ -38,7 +38,11 @@ from builder.environment import (
     load_spec,
     pack_environment,
 )
-from builder.environment.bridge import bridge_environment, cpu_backend_requirements
+from builder.environment.bridge import (
+    BridgeParts,
+    bridge_environment,
+    cpu_backend_requirements,
+)
 from builder.environment.cuda_packages import (
     PICKLE_SOURCE,
     PYTORCH_INDEX,
@@ -50,12 +54,13 @@ from builder.environment.spec import (
     missing_requirements,
     requirements_spec,
 )
+from builder.environment.unpacking import ships_unpacked
 from builder.errors import BuildError
 from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
-from builder.repository.writer import BuiltModel, build_pipeline_model
+from builder.repository.writer import BuildResult, BuiltModel, build_pipeline_model
 from builder.verify.check import Check, Verification, verify_image
 from builder.verify.container import Endpoint, docker_run_command
 from builder.verify.equality import check_same
@@ -149,23 +154,13 @@ def build_docker_image(
         with timed_step("model repository (export, configs, pipe.pickle)", on_log):
             built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
                                          parallelism, target=release, **pipeline_options)
-        pipeline_dir = built.model_root / built.pipeline_model
         with timed_step("python environment", on_log):
             bridged = bridge_environment(client, plan, triton_sources=triton_sources,
                                          on_log=on_log) if plan.own_stub else None
             target = bridged.target if bridged else image_target(client, base.id)
-            spec = merge_specs(
-                load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
-                requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
-                requirements_spec(_python_model_requirements(built.models),
-                                  "python-format model operators"),
-                requirements_spec(_in_process_requirements(built.models, target.python_version),
-                                  "ONNX model operators run in the pipeline model"),
-                _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
-            if bridged and bridged.requirements:
-                spec = merge_specs(spec, requirements_spec(
-                    missing_requirements(spec, bridged.requirements),
-                    "the CPU base's onnxruntime backend, bridged"))
+            spec = environment_spec(pipe, built, release, target.python_version,
+                                    env_specs=env_specs, requirements=requirements,
+                                    bridged=bridged)
             resolution = resolve_cuda_packages(
                 spec, release, python_version=target.python_version,
                 platforms=target.platform_tags(), index=index, pytorch_index=pytorch_index,
@@ -177,7 +172,8 @@ def build_docker_image(
             attach_environment(built.model_root, tarball,
                                stub=bridged.stub if bridged else None,
                                backends=bridged.backends if bridged else ("python",),
-                               unpacked=bool(bridged and bridged.unpacked))
+                               unpacked=ships_unpacked(
+                                   release, needs_directory=bool(bridged and bridged.unpacked)))
         checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
         with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
             return _image_verify_push(
@@ -281,6 +277,31 @@ def _image_verify_push(
     result.seconds = time.monotonic() - started
     (on_log or stderr_line)(f"run it: {result.run_command}")
     return result
+
+
+def environment_spec(pipe: Pipeline, built: BuildResult, release: Release,
+                     python_version: str, *,
+                     env_specs: Iterable[str | os.PathLike] = (),
+                     requirements: Iterable[str] = (),
+                     bridged: BridgeParts | None = None) -> EnvironmentSpec:
+    """What the environment of ``built`` (the pipeline's written repository) must hold, before
+    per-CUDA packages are resolved: the user's specs and requirements, the operators' own, the
+    pins of what ``pipe.pickle`` imports, what python-format and in-process models need, torch
+    where the release hands GPU outputs over by dlpack, and a bridged CPU base's backend."""
+    pipeline_dir = built.model_root / built.pipeline_model
+    spec = merge_specs(
+        load_spec(env_specs, requirements, [node.op for node in pipe.nodes]),
+        requirements_spec(_pickle_requirements(pipeline_dir), PICKLE_SOURCE),
+        requirements_spec(_python_model_requirements(built.models),
+                          "python-format model operators"),
+        requirements_spec(_in_process_requirements(built.models, python_version),
+                          "ONNX model operators run in the pipeline model"),
+        _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
+    if bridged and bridged.requirements:
+        spec = merge_specs(spec, requirements_spec(
+            missing_requirements(spec, bridged.requirements),
+            "the CPU base's onnxruntime backend, bridged"))
+    return spec
 
 
 def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:

@@ -42,7 +42,12 @@ from builder.engine.build import (
 )
 from builder.environment.check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
-from builder.image.context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
+from builder.image.context import (
+    ENVIRONMENT_SUFFIXES,
+    ContextPlan,
+    environment_directories,
+    plan_context,
+)
 from builder.image.labels import (
     CREATED,
     PAYLOAD_HASH,
@@ -117,10 +122,11 @@ def build_serving_image(
     environments = [Path(environment)] if environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=options.model_repository)
-    for entry in plan.layer("environment"):
-        if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES):
-            check_environment_python(entry.source, release, environment_python)
-            check_environment_cuda(entry.source, release)
+    archives = [entry.source for entry in plan.layer("environment")
+                if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES)]
+    for environment_path in [*archives, *environment_directories(Path(repository_dir))]:
+        check_environment_python(environment_path, release, environment_python)
+        check_environment_cuda(environment_path, release)
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
@@ -194,7 +200,14 @@ _PYTHON_IN_ARCHIVE = re.compile(r"(?:^|/)(?:lib/python|bin/python)(\d+\.\d+)(?:/
 
 
 def environment_python(tarball: str | os.PathLike, *, members: int = 50_000) -> str | None:
-    """The ``X.Y`` of ``lib/pythonX.Y`` in a packed environment (None if not seen early)."""
+    """The ``X.Y`` of ``lib/pythonX.Y`` in a packed environment (None if not seen early), or in
+    an unpacked one (a directory)."""
+    if Path(tarball).is_dir():
+        for directory in sorted(Path(tarball).glob("lib/python3.*")):
+            found = _PYTHON_IN_ARCHIVE.search(f"{directory.relative_to(tarball).as_posix()}/")
+            if found:
+                return found.group(1)
+        return None
     try:
         with tarfile.open(tarball, "r|*") as archive:
             for count, member in enumerate(archive):
