@@ -64,6 +64,7 @@ from builder.image.serving_dockerfile import (
     render_serving_dockerfile,
     templates_source,
 )
+from builder.image.startup import archive_bytes, health_start_period
 from builder.progress import step_log
 
 Log = Callable[[str], None]
@@ -127,13 +128,15 @@ def build_serving_image(
     for environment_path in [*archives, *environment_directories(Path(repository_dir))]:
         check_environment_python(environment_path, release, environment_python)
         check_environment_cuda(environment_path, release)
+    start_period = health_start_period(archive_bytes(archives))
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
-        render_serving_dockerfile(release, options=options, stage="payload", **layers),
+        render_serving_dockerfile(release, options=options, stage="payload", **layers,
+                                  start_period=start_period),
         templates_source(release), base.id, plan.digest("environment", "weights"))
     payload_dockerfile = render_serving_dockerfile(
-        release, options=options, stage="payload", **layers,
+        release, options=options, stage="payload", **layers, start_period=start_period,
         labels={PAYLOAD_HASH: payload_hash, STAGE: "payload"})
     image_labels = serving_labels(
         release=release, image_name=image_name, base_digest=_base_digest(base),
@@ -142,7 +145,8 @@ def build_serving_image(
         version=version, revision=revision, extra=labels)
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
-                                                payload_image="payload"),
+                                                payload_image="payload",
+                                                start_period=start_period),
         plan.digest("code"), health_script_source(), hashed(image_labels))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
@@ -155,7 +159,7 @@ def build_serving_image(
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log)
     serving_dockerfile = render_serving_dockerfile(
         release, options=options, stage="serving", payload_image=payload_id,
-        labels=image_labels)
+        start_period=start_period, labels=image_labels)
     with step_log(f"building {image_name}", on_log) as log, \
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
         context = plan.write(Path(workdir), ["code"])
