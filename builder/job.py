@@ -57,7 +57,7 @@ from builder.environment.spec import (
 from builder.environment.unpacking import ships_unpacked
 from builder.errors import BuildError
 from builder.image.build import ServingImage, build_serving_image, discard_image
-from builder.image.startup import repository_archive_bytes
+from builder.image.startup import archive_bytes, repository_archive_bytes
 from builder.image.startup import verify_timeout as startup_timeout
 from builder.pipeline.dsl import Pipeline
 from builder.progress import stderr_line, step_log, timed_step
@@ -264,8 +264,10 @@ def _image_verify_push(
     try:
         if image.built and checks is not None:
             with step_log(f"verifying {references[0]}", on_log) as log:
+                explicit = image_options.get("environment")
                 timeout = verify_timeout if verify_timeout is not None else startup_timeout(
-                    repository_archive_bytes(repository_dir))
+                    repository_archive_bytes(repository_dir)
+                    + archive_bytes([explicit] if explicit else []))
                 verification = verify_image(client, image.id, checks, gpus=gpus,
                                             timeout=timeout, on_log=log,
                                             repository_dir=repository_dir)
