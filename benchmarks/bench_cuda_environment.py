@@ -115,7 +115,9 @@ def main() -> None:
             f"{tar:.1f} s | {unpacked:.1f} s | {tar - unpacked:.1f} s |")
     section = "\n".join([
         SECTION, "",
-        f"`{COMMAND} --runs {args.runs}` on {machine()}; interpreter image `"
+        f"`{COMMAND} --runs {args.runs}"
+        f"{''.join(' --find-links DIR' for _ in args.find_links)}` on {machine()} (DIR: "
+        f"`pip download` of the same requirements); interpreter image `"
         f"{args.interpreter_image}` (a stand-in for the official Python image: no NGC image or "
         f"Docker Hub here). The text-embedding example, encoder on the GPU, bridged from "
         f"Python 3.11; torch chosen by the build (PyTorch's index unreachable here: from PyPI's "
@@ -200,7 +202,8 @@ def _start_to_ready(repository: Path) -> tuple[float, str]:
         seconds = time.monotonic() - started
         with httpclient.InferenceServerClient(server.http_url) as http:
             result = http.infer(MODEL, [], outputs=[httpclient.InferRequestedOutput("OUTPUT")])
-        answer = np.asarray(result.as_numpy("OUTPUT")).reshape(-1)[0].decode()
+        answer = np.asarray(result.as_numpy("OUTPUT")).reshape(-1)[0].decode().replace(
+            f"{repository.parent}/", "")
     finally:
         server.close()
     return seconds, answer
