@@ -33,6 +33,8 @@ from builder.environment import EnvironmentOptions, PackageIndex, prepare_enviro
 from builder.environment.torch_for_cuda import PYTORCH_INDEX
 from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.image.sbom import PythonRuntime
+from builder.image.startup import archive_bytes, repository_archive_bytes
+from builder.image.startup import verify_timeout as startup_timeout
 from builder.pipeline.dsl import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
@@ -167,7 +169,7 @@ def build_image_from_repository(
     verify: bool = True,
     checks: Sequence[Check] = (),
     gpus: bool | None = None,
-    verify_timeout: float = 180.0,
+    verify_timeout: float | None = None,
     push: bool = False,
     client: docker.DockerClient | None = None,
     on_log: Log | None = None,
@@ -181,7 +183,9 @@ def build_image_from_repository(
     ``revision``, ``user`` and ``server_args`` go to
     :func:`builder.image.build.build_serving_image`.
     ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
-    ``push`` pushes every tag and confirms the digests with the registry.
+    ``push`` pushes every tag and confirms the digests with the registry. ``verify_timeout``
+    is how long verification waits for readiness (default: 180 s plus the time the
+    repository's environment archives take to extract: :mod:`builder.image.startup`).
 
     A GPU release is verified on GPUs where the engine has an NVIDIA runtime, and each
     ``KIND_GPU`` model must be seen running on one; elsewhere those models are verified on the
@@ -214,7 +218,7 @@ def _image_verify_push(
     push: bool,
     started: float,
     gpus: bool | None = None,
-    verify_timeout: float = 180.0,
+    verify_timeout: float | None = None,
     on_log: Log | None = None,
     **image_options: Any,
 ) -> ImageBuild:
@@ -225,8 +229,12 @@ def _image_verify_push(
     try:
         if image.built and checks is not None:
             with step_log(f"verifying {references[0]}", on_log) as log:
+                explicit = image_options.get("environment")
+                timeout = verify_timeout if verify_timeout is not None else startup_timeout(
+                    repository_archive_bytes(repository_dir)
+                    + archive_bytes([explicit] if explicit else []))
                 verification = verify_image(client, image.id, checks, gpus=gpus,
-                                            timeout=verify_timeout, on_log=log,
+                                            timeout=timeout, on_log=log,
                                             repository_dir=repository_dir)
         run_command = docker_run_command(references[0], gpus=release.gpu)
         tag_image(client, image.id, references)

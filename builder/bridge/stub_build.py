@@ -82,10 +82,10 @@ def compile_stub(
     PyPI source replaces the branch's pin (which cannot build newer Pythons). ``sources`` (default
     ``$TRITON_BUILDER_TRITON_SOURCES``) is a directory of source tarballs; without it the build
     fetches the sources. ``gpu`` builds with ``TRITON_ENABLE_GPU`` (NGC releases: the CUDA
-    toolkit is in their image, at :data:`CUDA_ROOT`). ``backend`` builds the branch's backend library as well:
-    ``libtriton_python.so`` and the branch's ``triton_python_backend_utils.py`` then lie beside
-    the returned stub, a whole python backend of that branch (the tests load it into the host
-    Triton to run each release's python backend API).
+    toolkit is in their image, at :data:`CUDA_ROOT`). ``backend`` builds the branch's backend
+    library as well: ``libtriton_python.so`` and the branch's ``triton_python_backend_utils.py``
+    then lie beside the returned stub, a whole python backend of that branch (the tests load it
+    into the host Triton to run each release's python backend API).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)

@@ -23,6 +23,7 @@ from builder.image.serving_dockerfile import (
     METRICS_PORT,
     healthcheck_command,
 )
+from builder.image.startup import START_PERIOD_S
 
 READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
@@ -48,6 +49,9 @@ class ServingImage:
     http_port: int = HTTP_PORT
     grpc_port: int = GRPC_PORT
     metrics_port: int = METRICS_PORT
+    start_period_s: int = START_PERIOD_S
+    """The image's own health check start period: longer where it carries environment archives
+    to extract at each start (:mod:`builder.image.startup`)."""
 
     @property
     def health_command(self) -> list[str]:
@@ -68,6 +72,7 @@ def serving_image(reference: str, *, gpu: bool | None = None,
 
     ImageReference.parse(reference)
     labels: dict[str, str] | None = None
+    start_period_s = START_PERIOD_S
     if client is not None:
         try:
             image = client.images.get(reference)
@@ -75,14 +80,16 @@ def serving_image(reference: str, *, gpu: bool | None = None,
             image = None
         if image is not None:
             labels = image.labels or {}
-            test = ((image.attrs.get("Config") or {}).get("Healthcheck") or {}).get("Test") or []
+            health = (image.attrs.get("Config") or {}).get("Healthcheck") or {}
+            test = health.get("Test") or []
+            start_period_s = max(START_PERIOD_S, (health.get("StartPeriod") or 0) // 10**9)
             if HEALTH_SCRIPT not in test:
                 raise DeployError(
                     f"{reference} has no triton-builder health check ({HEALTH_SCRIPT}): "
                     "deploy images built by triton-builder (rebuild older ones)")
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
-    return ServingImage(reference=reference, gpu=gpu)
+    return ServingImage(reference=reference, gpu=gpu, start_period_s=start_period_s)
 
 
 def size_bytes(size: str) -> int:

@@ -50,6 +50,8 @@ class SwarmOptions:
     health_timeout_s: int = 5
     health_retries: int = 3
     start_period_s: int = 120
+    """At least this; an image whose own start period is longer (environment archives to extract:
+    :mod:`builder.image.startup`) keeps its own."""
     gpus_per_replica: int = 1
     stop_grace_period_s: int = 30
     """Triton finishes the requests in flight on SIGTERM (``--exit-timeout-secs``, 30 s)."""
@@ -103,7 +105,7 @@ def stack_document(image: ServingImage, options: SwarmOptions = SwarmOptions()) 
             "interval": f"{options.health_interval_s}s",
             "timeout": f"{options.health_timeout_s}s",
             "retries": options.health_retries,
-            "start_period": f"{options.start_period_s}s",
+            "start_period": f"{max(options.start_period_s, image.start_period_s)}s",
         },
         "stop_grace_period": f"{options.stop_grace_period_s}s",
         "deploy": deploy,

@@ -15,6 +15,7 @@ import posixpath
 import re
 import tarfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,22 +61,34 @@ class CudaRuntime:
 
 def archive_cuda_runtime(path: str | Path) -> CudaRuntime | None:
     """The CUDA runtime inside a packed environment (``nvidia-cuda-runtime`` wheels, or a
-    ``torch+cuXY`` build); None when it carries none (CPU packages only)."""
+    ``torch+cuXY`` build); None when it carries none (CPU packages only). ``path`` may also be
+    an unpacked one (a directory), as GPU releases that accept one ship it
+    (:mod:`builder.environment.unpacking`)."""
     found: CudaRuntime | None = None
     try:
-        with tarfile.open(path, "r|*") as archive:
-            for member in archive:
-                match = _CUDA_RUNTIME_DIST.match(posixpath.normpath(
-                    member.name.removeprefix("./")))
-                if match is None:
-                    continue
-                if match.group(2):  # the runtime's own wheel outranks torch's label
-                    return CudaRuntime(f"{match.group(2)}.{match.group(3)}", match.group(1))
-                found = found or CudaRuntime(f"{match.group(4)}.{match.group(5)}",
-                                             match.group(1))
+        for name in _environment_names(Path(path)):
+            match = _CUDA_RUNTIME_DIST.match(name)
+            if match is None:
+                continue
+            if match.group(2):  # the runtime's own wheel outranks torch's label
+                return CudaRuntime(f"{match.group(2)}.{match.group(3)}", match.group(1))
+            found = found or CudaRuntime(f"{match.group(4)}.{match.group(5)}", match.group(1))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         raise ArchiveCheckError(f"{path} cannot be read: {error}") from error
     return found
+
+
+def _environment_names(path: Path) -> Iterator[str]:
+    """Member names of an archive; for a directory, its ``site-packages`` entries, named alike
+    (``lib/python3.11/site-packages/x.dist-info/``), which is where the runtime shows."""
+    if path.is_dir():
+        for site in sorted(path.glob("lib/python3.*/site-packages")):
+            for entry in sorted(site.iterdir()):
+                yield f"{entry.relative_to(path).as_posix()}/"
+        return
+    with tarfile.open(path, "r|*") as archive:
+        for member in archive:
+            yield posixpath.normpath(member.name.removeprefix("./"))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from builder.environment.torch_for_cuda import (
     PYTORCH_INDEX,
     resolve_cuda_packages,
 )
+from builder.environment.unpacking import ships_unpacked
 from builder.pipeline.serialization import VERSIONS_FILE
 from builder.progress import Log, stderr_line
 from builder.repository.writer import BuildResult, BuiltModel
@@ -109,7 +110,8 @@ def prepare_environment(
     models = attach_environment(built.model_root, tarball,
                                 stub=parts.stub if parts else None,
                                 backends=parts.backends if parts else ("python",),
-                                unpacked=bool(parts and parts.unpacked))
+                                unpacked=ships_unpacked(
+                                    release, needs_directory=bool(parts and parts.unpacked)))
     return PreparedEnvironment(tarball=tarball, target=target, models=models)
 
 

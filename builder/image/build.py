@@ -42,7 +42,12 @@ from builder.engine.build import (
 )
 from builder.environment.check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
-from builder.image.context import ENVIRONMENT_SUFFIXES, ContextPlan, plan_context
+from builder.image.context import (
+    ENVIRONMENT_SUFFIXES,
+    ContextPlan,
+    environment_directories,
+    plan_context,
+)
 from builder.image.labels import (
     CREATED,
     OCI,
@@ -69,6 +74,7 @@ from builder.image.serving_dockerfile import (
     runtime_scripts,
     templates_source,
 )
+from builder.image.startup import archive_bytes, health_start_period
 from builder.progress import Log, step_log
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
@@ -130,17 +136,20 @@ def build_serving_image(
     environments = [Path(environment)] if environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=options.model_repository)
-    for entry in plan.layer("environment"):
-        if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES):
-            check_environment_python(entry.source, release, environment_python)
-            check_environment_cuda(entry.source, release)
+    archives = [entry.source for entry in plan.layer("environment")
+                if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES)]
+    for environment_path in [*archives, *environment_directories(Path(repository_dir))]:
+        check_environment_python(environment_path, release, environment_python)
+        check_environment_cuda(environment_path, release)
+    start_period = health_start_period(archive_bytes(archives))
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
-        render_serving_dockerfile(release, options=options, stage="payload", **layers),
+        render_serving_dockerfile(release, options=options, stage="payload", **layers,
+                                  start_period=start_period),
         templates_source(release), base.id, plan.digest("environment", "weights"))
     payload_dockerfile = render_serving_dockerfile(
-        release, options=options, stage="payload", **layers,
+        release, options=options, stage="payload", **layers, start_period=start_period,
         labels={PAYLOAD_HASH: payload_hash, STAGE: "payload"})
     image_labels = serving_labels(
         release=release, image_name=image_name, base_digest=_base_digest(base),
@@ -156,7 +165,8 @@ def build_serving_image(
         runtime=python_runtime)
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
-                                                payload_image="payload"),
+                                                payload_image="payload",
+                                                start_period=start_period),
         plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
@@ -169,7 +179,7 @@ def build_serving_image(
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log)
     serving_dockerfile = render_serving_dockerfile(
         release, options=options, stage="serving", payload_image=payload_id,
-        labels=image_labels)
+        start_period=start_period, labels=image_labels)
     with step_log(f"building {image_name}", on_log) as log, \
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
         context = plan.write(Path(workdir), ["code"])
@@ -217,7 +227,14 @@ _PYTHON_IN_ARCHIVE = re.compile(r"(?:^|/)(?:lib/python|bin/python)(\d+\.\d+)(?:/
 
 
 def environment_python(tarball: str | os.PathLike, *, members: int = 50_000) -> str | None:
-    """The ``X.Y`` of ``lib/pythonX.Y`` in a packed environment (None if not seen early)."""
+    """The ``X.Y`` of ``lib/pythonX.Y`` in a packed environment (None if not seen early), or in
+    an unpacked one (a directory)."""
+    if Path(tarball).is_dir():
+        for directory in sorted(Path(tarball).glob("lib/python3.*")):
+            found = _PYTHON_IN_ARCHIVE.search(f"{directory.relative_to(tarball).as_posix()}/")
+            if found:
+                return found.group(1)
+        return None
     try:
         with tarfile.open(tarball, "r|*") as archive:
             for count, member in enumerate(archive):

@@ -124,7 +124,7 @@ def plan_context(
     if not root.is_dir():
         raise BuildContextError(f"not a model repository directory: {repository}")
     image_root = PurePosixPath(model_repository).relative_to("/")
-    environment_dirs = _environment_directories(root)
+    environment_dirs = environment_directories(root)
     entries: list[ContextEntry] = []
     for relative, path in _walk(root):
         rel = PurePosixPath(relative)
@@ -219,9 +219,11 @@ def _walk(root: Path) -> list[tuple[str, Path | None]]:
     return found
 
 
-def _environment_directories(root: Path) -> list[Path]:
-    """Unpacked environments (``EXECUTION_ENV_PATH`` may name a directory with bin/activate)."""
-    return sorted(p.parent.parent for p in root.rglob("bin/activate") if p.is_file())
+def environment_directories(root: Path) -> list[Path]:
+    """Unpacked environments (``EXECUTION_ENV_PATH`` may name a directory with bin/activate),
+    each once (links to one from other models are not followed)."""
+    return sorted(p.parent.parent for p in Path(root).resolve().rglob("bin/activate")
+                  if p.is_file())
 
 
 def _layer(path: Path, rel: PurePosixPath, environment_dirs: list[Path]) -> str:

@@ -27,6 +27,7 @@ from typing import Literal
 from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
 from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
+from builder.image.startup import START_PERIOD_S
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -152,10 +153,12 @@ def render_serving_dockerfile(
     has_weights: bool = True,
     payload_image: str | None = None,
     labels: Mapping[str, str] | None = None,
+    start_period: int = START_PERIOD_S,
 ) -> str:
     """Render the Dockerfile for ``release``; ``payload_image`` is the FROM of stage "serving".
 
-    ``labels`` become one ``LABEL`` instruction at the end of the stage rendered."""
+    ``labels`` become one ``LABEL`` instruction at the end of the stage rendered;
+    ``start_period`` is the health check's (:func:`builder.image.startup.health_start_period`)."""
     options = options or ServingOptions()
     if stage not in ("full", "payload", "serving"):
         raise DockerfileError(f"stage must be 'full', 'payload' or 'serving', not {stage!r}")
@@ -179,6 +182,7 @@ def render_serving_dockerfile(
         has_environment=has_environment,
         has_weights=has_weights,
         healthcheck=healthcheck_command(options.http_port),
+        start_period=start_period,
         runtime_dir=RUNTIME_DIR,
         runtime_scripts_context=RUNTIME_SCRIPTS_CONTEXT,
         healing_metrics_port=HEALING_METRICS_PORT,

@@ -46,6 +46,14 @@ def test_the_stack_heals_updates_start_first_and_mounts_shared_memory():
         {"discrete_resource_spec": {"kind": "NVIDIA-GPU", "value": 1}}]
 
 
+def test_an_image_that_extracts_an_archive_at_start_keeps_its_longer_start_period():
+    """A 22.12 image carrying its environment as an archive (builder.image.startup) declares a
+    longer start period than the stack's default; the stack must not cut it short."""
+    assert stack_document(GPU)["services"]["triton"]["healthcheck"]["start_period"] == "120s"
+    slow = ServingImage("registry.example:5000/embed-cuda:2", gpu=True, start_period_s=300)
+    assert stack_document(slow)["services"]["triton"]["healthcheck"]["start_period"] == "300s"
+
+
 def test_host_mode_publishes_random_ports_per_replica():
     service = stack_document(CPU, SwarmOptions(replicas=3, publish="host",
                                                ports=(None, None, None)))["services"]["triton"]

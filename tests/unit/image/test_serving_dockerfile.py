@@ -1,7 +1,8 @@
 """The serving Dockerfile: golden renders per CUDA version, layer order, and hostile values.
 
 Golden files live in ``tests/golden/``; after an intended template change, regenerate them with
-``TRITON_BUILDER_UPDATE_GOLDEN=1 pytest tests/unit/image/test_serving_dockerfile.py`` and review the diff.
+``TRITON_BUILDER_UPDATE_GOLDEN=1 pytest tests/unit/image/test_serving_dockerfile.py`` and review
+the diff.
 """
 
 from __future__ import annotations
