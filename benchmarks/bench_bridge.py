@@ -34,7 +34,7 @@ from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.cache import cache_dir  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image.build import payload_reference  # noqa: E402
+from builder.image.serving_image import payload_reference  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
 
 SECTION = "## Bridged vs native image"

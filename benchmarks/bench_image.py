@@ -36,9 +36,9 @@ from builder import build_context  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image.build import payload_reference  # noqa: E402
+from builder.image.serving_image import payload_reference  # noqa: E402
 from builder.job import build_image_from_repository  # noqa: E402
-from builder.verify.check import InferenceCheck, verify_image  # noqa: E402
+from builder.verify.verification import InferenceCheck, verify_image  # noqa: E402
 from tests.support.sample_repository import (  # noqa: E402
     FEATURES,
     expected_linear,

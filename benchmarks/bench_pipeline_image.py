@@ -37,7 +37,7 @@ from builder import build_docker_image, pipe  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.image.build import PAYLOAD_REPOSITORY  # noqa: E402
+from builder.image.serving_image import PAYLOAD_REPOSITORY  # noqa: E402
 from pipelines import text_embedding  # noqa: E402
 
 SECTION = "## Pipeline image: cold build, unchanged, code-only change"

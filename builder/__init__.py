@@ -20,7 +20,7 @@ from builder.client import (
     TritonRemoteModel,
 )
 from builder.engine import EngineError
-from builder.engine.build import ImageBuildError
+from builder.engine.image_build import ImageBuildError
 from builder.engine.reference import InvalidReferenceError
 from builder.environment import requires
 from builder.environment.errors import EnvironmentBuildError
@@ -37,7 +37,7 @@ from builder.job import ImageBuild, build_docker_image
 from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe, vectorized
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
-from builder.verify.check import NothingToVerifyError, VerificationError
+from builder.verify.verification import NothingToVerifyError, VerificationError
 
 __all__ = [
     "Array",

@@ -341,7 +341,7 @@ def deploy_swarm_command(
 
     Example: triton-builder deploy swarm registry:5000/embed:2 --replicas 3
     """
-    from builder.deploy.serving import serving_image
+    from builder.deploy.serving import deployable_image
     from builder.deploy.swarm import SwarmOptions, deploy_swarm, stack_document, write_stack
     from builder.engine import ensure_engine
 
@@ -350,7 +350,7 @@ def deploy_swarm_command(
         replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
         health_interval_s=health_interval, health_retries=health_retries))
     if dry_run:
-        image = _run("reading the image", lambda: serving_image(reference))
+        image = _run("reading the image", lambda: deployable_image(reference))
         document = stack_document(image, options)
         if stack_file is not None:
             write_stack(document, stack_file)
@@ -359,7 +359,7 @@ def deploy_swarm_command(
         print(yaml.safe_dump(document, sort_keys=False), end="")
         return
     client = ensure_engine()
-    image = _run("reading the image", lambda: serving_image(reference, client=client))
+    image = _run("reading the image", lambda: deployable_image(reference, client=client))
     with console.status(f"deploying {reference} as stack {name}"):
         _run("deploying", lambda: deploy_swarm(image, name, options, client=client,
                                                stack_file=stack_file, wait=wait or None))
@@ -389,7 +389,7 @@ def deploy_k8s_command(
     Example: triton-builder deploy k8s registry:5000/embed:2 -o triton.yaml
     """
     from builder.deploy import kubernetes
-    from builder.deploy.serving import serving_image
+    from builder.deploy.serving import deployable_image
 
     client = None
     if gpu is None:
@@ -399,7 +399,7 @@ def deploy_k8s_command(
             client = docker_client()
         except EngineError:
             client = None  # no engine here: a CPU image unless --gpu says otherwise
-    image = _run("reading the image", lambda: serving_image(reference, gpu=gpu, client=client))
+    image = _run("reading the image", lambda: deployable_image(reference, gpu=gpu, client=client))
     options = _run("reading the options", lambda: kubernetes.KubernetesOptions(
         name=name, namespace=namespace, replicas=replicas, min_replicas=min_replicas,
         max_replicas=max_replicas))

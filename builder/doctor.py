@@ -56,7 +56,7 @@ def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None) 
     checks.append(container_runtime_check(release, info, shutil.which(NVIDIA_HOOK)))
     checks.append(driver_check(release, gpus, smi_problem))
     if environment is not None:
-        from builder.environment.check import archive_cuda_runtime
+        from builder.environment.archive_check import archive_cuda_runtime
 
         runtime = archive_cuda_runtime(environment)
         checks.append(environment_cuda_check(release, gpus, runtime.cuda if runtime else None,

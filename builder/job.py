@@ -31,23 +31,24 @@ from builder.engine import docker_client
 from builder.engine.reference import tag_references
 from builder.environment import EnvironmentOptions, PackageIndex, prepare_environment
 from builder.environment.torch_for_cuda import PYTORCH_INDEX
-from builder.image.build import ServingImage, build_serving_image, discard_image
 from builder.image.sbom import PythonRuntime
+from builder.image.serving_image import ServingImage, build_serving_image, discard_image
 from builder.image.startup import archive_bytes, repository_archive_bytes
 from builder.image.startup import verify_timeout as startup_timeout
 from builder.pipeline.dsl import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
 from builder.repository.writer import build_pipeline_model
-from builder.verify.check import Check, NothingToVerifyError, Verification, verify_image
-from builder.verify.container import Endpoint, docker_run_command
+from builder.verify.container import ContainerEndpoint, docker_run_command
 from builder.verify.equality import check_same
+from builder.verify.verification import Check, NothingToVerifyError, Verification, verify_image
 
 
 @dataclass
 class ImageBuild(ServingImage):
     """What :func:`build_docker_image` made (or found, ``built=False``), verified, tagged and
-    pushed: the :class:`~builder.image.build.ServingImage` and what the later stages added."""
+    pushed: the :class:`~builder.image.serving_image.ServingImage` and what the later stages
+    added."""
 
     tags: list[str] = field(default_factory=list)
     run_command: str = ""
@@ -181,9 +182,9 @@ def build_image_from_repository(
     ``cuda=None`` is the CPU base). ``environment_python`` is the Python of a bridged repository's
     environment (default: the release's). ``environment``, ``labels``, ``signature``, ``version``,
     ``revision``, ``user`` and ``server_args`` go to
-    :func:`builder.image.build.build_serving_image`.
-    ``verify`` runs the image with ``checks`` (:mod:`builder.verify.check`) before any tag is set;
-    ``push`` pushes every tag and confirms the digests with the registry. ``verify_timeout``
+    :func:`builder.image.serving_image.build_serving_image`.
+    ``verify`` runs the image with ``checks`` (:mod:`builder.verify.verification`) before any tag
+    is set; ``push`` pushes every tag and confirms the digests with the registry. ``verify_timeout``
     is how long verification waits for readiness (default: 180 s plus the time the
     repository's environment archives take to extract: :mod:`builder.image.startup`).
 
@@ -256,7 +257,7 @@ def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any
                     tolerance: float) -> Check:
     """Every call over gRPC and HTTP must answer what the in-process pipeline answered."""
 
-    def check(endpoint: Endpoint) -> None:
+    def check(endpoint: ContainerEndpoint) -> None:
         for scheme, address in (("grpc", endpoint.grpc_url), ("http", endpoint.http_url)):
             with Client(f"{scheme}://{address}/{model}") as client:
                 for call, reference in zip(calls, expected):

@@ -3,7 +3,7 @@
 A build is minutes of silence otherwise. On a terminal the current ``Step N/M`` drives a bar (and
 cached steps say so); in CI logs and pipes, where bars turn into noise, every line of the build
 log is printed as it comes. Either way the caller gets an ``on_log`` callable for
-:func:`builder.engine.build.build_image`.
+:func:`builder.engine.image_build.build_image`.
 """
 
 from __future__ import annotations

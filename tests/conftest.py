@@ -104,7 +104,7 @@ def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> s
     """Build ``tests/images/<dockerfile>`` as ``tag`` unless the engine has it."""
     import docker.errors
 
-    from builder.engine.build import build_image
+    from builder.engine.image_build import build_image
 
     try:
         client.images.get(tag)
@@ -197,7 +197,7 @@ def _cuda_stand_in(client, dockerfile: str, cuda: str, buildargs: dict[str, str]
     import docker.errors
 
     from builder.cache import cached_download
-    from builder.engine.build import build_image
+    from builder.engine.image_build import build_image
 
     tag = f"triton-builder-test/cuda-{cuda}-release:1"
     try:

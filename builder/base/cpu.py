@@ -26,8 +26,8 @@ import docker.errors
 from packaging.requirements import Requirement
 
 from builder.cache import cache_dir, content_hash
-from builder.engine.build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
 from builder.engine.dockerfile import render, template_source
+from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
 from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 

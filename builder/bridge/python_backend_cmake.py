@@ -15,6 +15,8 @@ r25.07 were read neither here nor there; a branch's requirement only grows, so t
 
 from __future__ import annotations
 
+from builder.base.releases import version_key
+
 # first branch, its cmake_minimum_required, where that value comes from
 CMAKE_REQUIRED_FROM: tuple[tuple[str, str, str], ...] = (
     ("r21.02", "3.17", "read from python_backend r22.12, r23.05, r24.10 and r24.12 "
@@ -40,7 +42,3 @@ def cmake_required(branch: str) -> str:
 def newest_requirement() -> str:
     """The largest ``cmake_minimum_required`` of any branch in the table."""
     return max((required for _, required, _ in CMAKE_REQUIRED_FROM), key=version_key)
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))

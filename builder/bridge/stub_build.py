@@ -35,8 +35,8 @@ from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
 from builder.bridge.errors import StubBuildError
 from builder.bridge.interpreter import COPY_SCRIPT
 from builder.cache import DownloadError, cache_dir, cached_download, content_hash
-from builder.engine.build import build_image
 from builder.engine.dockerfile import render, template_source
+from builder.engine.image_build import build_image
 from builder.progress import Log
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"

@@ -33,8 +33,8 @@ import yaml
 from builder.deploy.serving import (
     METRICS_PATH,
     READY_PATH,
+    DeployableImage,
     DeployError,
-    ServingImage,
     size_bytes,
 )
 
@@ -75,7 +75,7 @@ class KubernetesOptions:
         size_bytes(self.shm_size.replace("i", ""))
 
 
-def manifests(image: ServingImage, options: KubernetesOptions = KubernetesOptions(),
+def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOptions(),
               ) -> dict[str, dict[str, Any]]:
     """``{"deployment", "service", "hpa", "inferenceservice"}`` → the manifest, as data."""
     labels = {"app.kubernetes.io/name": options.name,
@@ -137,12 +137,12 @@ def manifests(image: ServingImage, options: KubernetesOptions = KubernetesOption
             "inferenceservice": inference_service}
 
 
-def _ports(image: ServingImage) -> list[tuple[str, int]]:
+def _ports(image: DeployableImage) -> list[tuple[str, int]]:
     return [("http", image.http_port), ("grpc", image.grpc_port),
             ("metrics", image.metrics_port)]
 
 
-def _container(image: ServingImage, options: KubernetesOptions) -> dict[str, Any]:
+def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, Any]:
     requests = {"cpu": options.cpu_request, "memory": options.memory_request}
     limits: dict[str, Any] = {}
     if options.memory_limit:

@@ -40,7 +40,7 @@ class DeployRuntimeError(TritonBuilderError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class ServingImage:
+class DeployableImage:
     """A serving image as orchestrators see it."""
 
     reference: str
@@ -64,8 +64,8 @@ class ServingImage:
         return healthcheck_command(self.http_port, live=True)
 
 
-def serving_image(reference: str, *, gpu: bool | None = None,
-                  client: docker.DockerClient | None = None) -> ServingImage:
+def deployable_image(reference: str, *, gpu: bool | None = None,
+                  client: docker.DockerClient | None = None) -> DeployableImage:
     """Describe ``reference``; ``gpu`` from its labels when the engine has it, else as given
     (default: CPU). Refuses an image that lacks our health check script when it can look."""
     from builder.engine.reference import ImageReference
@@ -89,7 +89,7 @@ def serving_image(reference: str, *, gpu: bool | None = None,
                     "deploy images built by triton-builder (rebuild older ones)")
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
-    return ServingImage(reference=reference, gpu=gpu, start_period_s=start_period_s)
+    return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s)
 
 
 def size_bytes(size: str) -> int:

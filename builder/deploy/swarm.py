@@ -30,7 +30,7 @@ from typing import Any, Literal
 import docker
 import yaml
 
-from builder.deploy.serving import DeployError, DeployRuntimeError, ServingImage, size_bytes
+from builder.deploy.serving import DeployableImage, DeployError, DeployRuntimeError, size_bytes
 from builder.host_packages import ensure_program
 
 PublishMode = Literal["ingress", "host"]
@@ -74,7 +74,8 @@ class SwarmOptions:
         size_bytes(self.shm_size)
 
 
-def stack_document(image: ServingImage, options: SwarmOptions = SwarmOptions()) -> dict[str, Any]:
+def stack_document(image: DeployableImage,
+                   options: SwarmOptions = SwarmOptions()) -> dict[str, Any]:
     """The compose document of the stack (``version: "3.8"``), as data."""
     ports = []
     for target, published in zip((image.http_port, image.grpc_port, image.metrics_port),
@@ -201,7 +202,7 @@ def wait_converged(client: docker.DockerClient, name: str, count: int, *, image:
         time.sleep(0.5)
 
 
-def deploy_swarm(image: ServingImage, name: str, options: SwarmOptions = SwarmOptions(), *,
+def deploy_swarm(image: DeployableImage, name: str, options: SwarmOptions = SwarmOptions(), *,
                  client: docker.DockerClient, stack_file: str | os.PathLike | None = None,
                  wait: float | None = 300.0) -> Path | None:
     """Write the stack file (to ``stack_file``, else a temporary one) and deploy it; with

@@ -2,7 +2,7 @@
 rendering Dockerfiles from the templates, building through the SDK with the log streamed.
 
 Shared plumbing, below the stages: the base images, the serving image and the test bed build
-through the same :func:`builder.engine.build.build_image`.
+through the same :func:`builder.engine.image_build.build_image`.
 """
 
 from builder.engine.daemon import EngineError, docker_client, ensure_engine

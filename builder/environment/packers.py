@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from builder.environment.check import numpy_constraint
+from builder.environment.archive_check import numpy_constraint
 from builder.environment.errors import ArchiveCheckError, PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.lock import hash_lock

@@ -7,7 +7,7 @@ Making one takes a download, an install in a container and a compression pass; s
 is cached under a key that hashes everything it depends on — the spec's canonical text, the
 packer, the target's Python, platform and base image id, the package sources — and reused
 as long as none of them changes. Nothing enters the cache unchecked
-(:func:`builder.environment.check.check_archive`): a cached tarball is one Triton can load.
+(:func:`builder.environment.archive_check.check_archive`): a cached tarball is one Triton can load.
 
 The tarball then goes into the repository with
 :func:`builder.environment.attach.attach_environment`.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.cache import cache_dir, content_hash
-from builder.environment.check import check_archive, check_spec, numpy_constraint
+from builder.environment.archive_check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
 from builder.environment.index import PackageIndex
 from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.base.releases import Release
-from builder.engine.build import CONTENT_HASH_LABEL
+from builder.engine.image_build import CONTENT_HASH_LABEL
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
 from builder.image.sbom import SBOM_PATH

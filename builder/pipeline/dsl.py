@@ -39,7 +39,7 @@ from builder.pipeline.signature import (
     as_spec,
     fits,
     infer_spec,
-    merge_specs,
+    merge_tensor_specs,
 )
 
 Columns = str | Sequence[str]
@@ -215,7 +215,7 @@ class Pipeline:
             )
         spec = infer_spec(values[0], column)
         for value in values[1:]:
-            spec = merge_specs(spec, infer_spec(value, column), column)
+            spec = merge_tensor_specs(spec, infer_spec(value, column), column)
         return replace(spec, ragged=ragged)
 
 

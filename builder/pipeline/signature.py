@@ -288,7 +288,7 @@ def infer_spec(value: Any, column: str = "?") -> TensorSpec:
         raise SignatureError(f"column {column!r}: {error}") from None
 
 
-def merge_specs(first: TensorSpec, second: TensorSpec, column: str = "?") -> TensorSpec:
+def merge_tensor_specs(first: TensorSpec, second: TensorSpec, column: str = "?") -> TensorSpec:
     """One spec covering two examples: dims that differ become ``-1``."""
     same = (first.kind, first.pytype, first.dtype, first.ragged)
     if same != (second.kind, second.pytype, second.dtype, second.ragged):

@@ -35,7 +35,7 @@ class ContainerError(TritonBuilderError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class ContainerEndpoint:
     """A running container's published ports, as ``host:port``."""
 
     http_url: str
@@ -73,7 +73,7 @@ class ServingContainer:
         )
         self.container = None
 
-    def start(self, timeout: float = 180.0) -> Endpoint:
+    def start(self, timeout: float = 180.0) -> ContainerEndpoint:
         """Create and start the container, then wait until ``/v2/health/ready`` answers 200."""
         try:
             self.container = self.client.containers.create(self.image, **self._options)
@@ -99,7 +99,7 @@ class ServingContainer:
                 pass
             self.container = None
 
-    def __enter__(self) -> Endpoint:
+    def __enter__(self) -> ContainerEndpoint:
         try:
             return self.start()
         except BaseException:
@@ -109,7 +109,7 @@ class ServingContainer:
     def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
-    def _wait_ready(self, timeout: float) -> Endpoint:
+    def _wait_ready(self, timeout: float) -> ContainerEndpoint:
         deadline = time.monotonic() + timeout
         endpoint = None
         while time.monotonic() < deadline:
@@ -124,7 +124,7 @@ class ServingContainer:
             time.sleep(0.2)
         raise ContainerError(f"Triton was not ready after {timeout:.0f}s", self.logs())
 
-    def _endpoint(self) -> Endpoint | None:
+    def _endpoint(self) -> ContainerEndpoint | None:
         ports = self.container.ports or {}
 
         def url(port: int) -> str | None:
@@ -138,7 +138,7 @@ class ServingContainer:
         http, grpc, metrics = (url(port) for port in TRITON_PORTS)
         if not (http and grpc):
             return None
-        return Endpoint(http_url=http, grpc_url=grpc, metrics_url=metrics or "",
+        return ContainerEndpoint(http_url=http, grpc_url=grpc, metrics_url=metrics or "",
                         container_id=self.container.id)
 
 

@@ -31,7 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import TritonBuilderError
 from builder.repository.model_config import CONFIG_FILE, dumps_config, read_config
-from builder.verify.container import Endpoint
+from builder.verify.container import ContainerEndpoint
 
 INFERENCE_COUNT = ("nv_inference_count", "nv_inference_count_total")
 METRICS_EVIDENCE = "nv_inference_count gpu_uuid"
@@ -176,7 +176,7 @@ Evidence = tuple[dict[str, int], dict[str, dict[str, float]],
                  dict[str, list[tuple[str, tuple[int, ...]]]], dict[str, dict[str, int]]]
 
 
-def read_placement_evidence(endpoint: Endpoint, models: list[str],
+def read_placement_evidence(endpoint: ContainerEndpoint, models: list[str],
                             timeout: float = 10.0) -> Evidence:
     """``(statistics, metrics, instance groups, GPU memory)`` as the running server reports them
     (the arguments of :func:`placement_verdict`)."""
@@ -191,7 +191,7 @@ def read_placement_evidence(endpoint: Endpoint, models: list[str],
     return statistics_counts(stats), metrics, groups, gpu_memory_usage(stats)
 
 
-def check_ran_on_gpus(endpoint: Endpoint, models: list[str],
+def check_ran_on_gpus(endpoint: ContainerEndpoint, models: list[str],
                       timeout: float = 10.0) -> PlacementVerdict:
     """Read the running server's statistics, metrics and loaded configs; see
     :func:`placement_verdict`."""

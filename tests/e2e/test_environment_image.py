@@ -15,7 +15,7 @@ import time
 import docker.errors
 import pytest
 
-from builder.engine.build import build_image
+from builder.engine.image_build import build_image
 from builder.environment.attach import attach_environment
 from builder.environment.spec import load_spec
 from builder.environment.tarball import pack_environment

@@ -16,10 +16,10 @@ import docker.errors
 import numpy as np
 import pytest
 
-from builder.engine.build import ImageBuildError
-from builder.image.build import PAYLOAD_REPOSITORY, payload_reference
+from builder.engine.image_build import ImageBuildError
+from builder.image.serving_image import PAYLOAD_REPOSITORY, payload_reference
 from builder.job import build_image_from_repository
-from builder.verify.check import InferenceCheck, VerificationError, verify_image
+from builder.verify.verification import InferenceCheck, VerificationError, verify_image
 from tests.support.sample_repository import (
     FEATURES,
     expected_linear,

@@ -18,9 +18,9 @@ import tritonclient.grpc as grpcclient
 from builder import build_docker_image
 from builder.client.pipeline import Client
 from builder.pipeline.dsl import pipe
-from builder.verify.check import NothingToVerifyError, VerificationError
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
+from builder.verify.verification import NothingToVerifyError, VerificationError
 from tests.support.example_inputs import EXAMPLES
 
 pytestmark = pytest.mark.slow

@@ -606,7 +606,7 @@ def test_a_build_interrupted_mid_step_removes_the_layers_it_made(docker_client, 
     """Ctrl-C while ``docker build`` runs a step: the layers committed before it go too."""
     import docker.errors
 
-    from builder.engine.build import build_image
+    from builder.engine.image_build import build_image
 
     (tmp_path / "payload").write_text(uuid.uuid4().hex)  # a layer no cache holds
     (tmp_path / "Dockerfile").write_text(

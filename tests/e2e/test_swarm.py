@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from builder.deploy.serving import serving_image
+from builder.deploy.serving import deployable_image
 from builder.deploy.swarm import SwarmOptions, deploy_swarm, remove_stack, replicas
 from tests.e2e.test_reliability import CANNOT_HEAL_PIPELINE, KILL_PIPELINE_STUB
 
@@ -45,7 +45,7 @@ def swarm(docker_client):
 @pytest.fixture
 def stack(swarm, text_embedding_image):
     name = f"tb-i14-{uuid.uuid4().hex[:6]}"
-    image = serving_image(text_embedding_image, client=swarm)
+    image = deployable_image(text_embedding_image, client=swarm)
     deploy_swarm(image, name, SwarmOptions(**TEST_OPTIONS), client=swarm, wait=300)
     yield name
     _remove(swarm, name)
@@ -225,7 +225,7 @@ def test_a_rolling_update_to_a_new_version_completes_under_load(swarm, stack,
         with SpreadLoad(swarm, stack) as load:
             load.wait_for(100)
             started = time.monotonic()
-            deploy_swarm(serving_image(version2, client=swarm), stack,
+            deploy_swarm(deployable_image(version2, client=swarm), stack,
                          SwarmOptions(**TEST_OPTIONS), client=swarm, wait=600)
             seconds = time.monotonic() - started
             load.wait_for(load.total + 100)

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.base.cpu import build_cpu_base
-from builder.engine.build import build_image
+from builder.engine.image_build import build_image
 from builder.verify.container import ServingContainer
 from tests.support.sample_repository import (
     FEATURES,

@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from builder.deploy import kubernetes
-from builder.deploy.serving import DeployError, ServingImage, serving_image, size_bytes
+from builder.deploy.serving import DeployableImage, DeployError, deployable_image, size_bytes
 from builder.deploy.swarm import SwarmOptions, stack_document, write_stack
 
-CPU = ServingImage("registry.example:5000/embed:2", gpu=False)
-GPU = ServingImage("registry.example:5000/embed-cuda:2", gpu=True)
+CPU = DeployableImage("registry.example:5000/embed:2", gpu=False)
+GPU = DeployableImage("registry.example:5000/embed-cuda:2", gpu=True)
 
 
 # -- Swarm ------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_an_image_that_extracts_an_archive_at_start_keeps_its_longer_start_perio
     """A 22.12 image carrying its environment as an archive (builder.image.startup) declares a
     longer start period than the stack's default; the stack must not cut it short."""
     assert stack_document(GPU)["services"]["triton"]["healthcheck"]["start_period"] == "120s"
-    slow = ServingImage("registry.example:5000/embed-cuda:2", gpu=True, start_period_s=300)
+    slow = DeployableImage("registry.example:5000/embed-cuda:2", gpu=True, start_period_s=300)
     assert stack_document(slow)["services"]["triton"]["healthcheck"]["start_period"] == "300s"
 
 
@@ -179,7 +179,7 @@ def test_probes_reach_the_real_endpoints_and_liveness_sees_a_dead_stub(docker_cl
     from builder.verify.container import ServingContainer
     from tests.e2e.test_reliability import KILL_PIPELINE_STUB
 
-    image = serving_image(text_embedding_image, client=docker_client)
+    image = deployable_image(text_embedding_image, client=docker_client)
     assert not image.gpu
     container_spec = kubernetes.manifests(image)["deployment"]["spec"]["template"]
     probes = container_spec["spec"]["containers"][0]
@@ -214,4 +214,4 @@ def test_serving_image_refuses_an_image_without_our_health_check(docker_client):
     except Exception:  # noqa: BLE001 - no base here: nothing to check against
         pytest.skip(f"{base} is not on this engine")
     with pytest.raises(DeployError, match="no triton-builder health check"):
-        serving_image(base, client=docker_client)
+        deployable_image(base, client=docker_client)

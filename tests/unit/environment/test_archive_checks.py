@@ -18,9 +18,9 @@ import docker.errors
 import pytest
 import venv_pack
 
-from builder.engine.build import build_image
+from builder.engine.image_build import build_image
+from builder.environment.archive_check import check_archive
 from builder.environment.attach import attach_environment
-from builder.environment.check import check_archive
 from builder.environment.errors import ArchiveCheckError, SpecError, TargetError
 from builder.environment.spec import requirements_spec
 from builder.environment.tarball import EnvironmentTarball, pack_environment

@@ -15,8 +15,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.environment.archive_check import check_archive
 from builder.environment.attach import STUB_FILE, attach_environment
-from builder.environment.check import check_archive
 from builder.environment.errors import (
     ArchiveCheckError,
     EnvironmentBuildError,

@@ -19,13 +19,13 @@ from builder.base import resolve
 from builder.environment.attach import attach_environment
 from builder.environment.tarball import EnvironmentTarball
 from builder.environment.unpacking import accepts_directory, ships_unpacked
-from builder.image.build import (
+from builder.image.context import plan_context
+from builder.image.serving_dockerfile import render_serving_dockerfile
+from builder.image.serving_image import (
     EnvironmentMismatchError,
     check_environment_cuda,
     environment_python,
 )
-from builder.image.context import plan_context
-from builder.image.serving_dockerfile import render_serving_dockerfile
 from tests.support.paths import TRITON_SOURCES
 
 SOURCES = TRITON_SOURCES

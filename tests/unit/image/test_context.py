@@ -8,17 +8,17 @@ import tarfile
 import pytest
 
 from builder.base.releases import resolve
-from builder.image.build import (
-    EnvironmentMismatchError,
-    check_environment_python,
-    environment_python,
-)
 from builder.image.context import (
     ENVIRONMENTS_DIR,
     LARGE_FILE,
     BuildContextError,
     environment_image_path,
     plan_context,
+)
+from builder.image.serving_image import (
+    EnvironmentMismatchError,
+    check_environment_python,
+    environment_python,
 )
 
 

@@ -13,7 +13,7 @@ from builder.pipeline.signature import (
     TensorSpec,
     as_spec,
     infer_spec,
-    merge_specs,
+    merge_tensor_specs,
     numpy_dtype,
     triton_dtype,
 )
@@ -115,10 +115,10 @@ def test_encoding_checks_values_against_the_spec():
 
 
 def test_examples_that_differ_in_size_make_a_varying_dim():
-    merged = merge_specs(infer_spec(np.zeros((2, 3))), infer_spec(np.zeros((2, 5))), "x")
+    merged = merge_tensor_specs(infer_spec(np.zeros((2, 3))), infer_spec(np.zeros((2, 5))), "x")
     assert merged.dims == (2, -1)
     with pytest.raises(SignatureError, match="column 'x' is str in one example and int"):
-        merge_specs(infer_spec("a"), infer_spec(1), "x")
+        merge_tensor_specs(infer_spec("a"), infer_spec(1), "x")
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.job import build_image_from_repository
 from builder.repository.model_config import read_config, write_config
-from builder.verify.check import InferenceCheck, VerificationError, verify_image
-from builder.verify.container import Endpoint, ServingContainer
+from builder.verify.container import ContainerEndpoint, ServingContainer
 from builder.verify.placement import (
     INSTANCE_EVIDENCE,
     METRICS_EVIDENCE,
@@ -33,6 +32,7 @@ from builder.verify.placement import (
     placement_verdict,
     read_placement_evidence,
 )
+from builder.verify.verification import InferenceCheck, VerificationError, verify_image
 from tests.support.sample_repository import FEATURES, expected_linear, write_sample_repository
 
 X = np.random.default_rng(12).standard_normal((3, FEATURES)).astype(np.float32)
@@ -74,8 +74,8 @@ def test_without_gpu_uuid_the_loaded_instance_kind_is_the_evidence(tmp_path, tri
     entry of type GPU (core r24.10 ``tritonserver.cc``, model statistics).
     """
     server = triton_server(write_sample_repository(tmp_path / "models"))
-    endpoint = Endpoint(server.http_url, server.grpc_url, f"127.0.0.1:{server.metrics_port}",
-                        "host")
+    endpoint = ContainerEndpoint(server.http_url, server.grpc_url,
+                                 f"127.0.0.1:{server.metrics_port}", "host")
     InferenceCheck("linear", {"INPUT": X}, {"OUTPUT": expected_linear(X)}, atol=1e-5)(endpoint)
     with pytest.raises(GpuPlacementError) as refused:
         check_ran_on_gpus(endpoint, ["linear"])

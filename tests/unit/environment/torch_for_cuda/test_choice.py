@@ -18,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from builder.base.releases import resolve
-from builder.environment.check import archive_cuda_runtime
+from builder.environment.archive_check import archive_cuda_runtime
 from builder.environment.errors import SpecError
 from builder.environment.spec import requirements_spec
 from builder.environment.target import platform_tags
@@ -30,7 +30,7 @@ from builder.environment.torch_for_cuda.choice import (
     wheel_cuda,
 )
 from builder.environment.torch_for_cuda.wheel_metadata import list_wheels, read_metadata
-from builder.image.build import EnvironmentMismatchError, check_environment_cuda
+from builder.image.serving_image import EnvironmentMismatchError, check_environment_cuda
 
 
 def _platforms(glibc: str) -> list[str]:

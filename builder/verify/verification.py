@@ -4,8 +4,9 @@ The image is started as users start it (``--shm-size=1g``, the three ports, ``--
 the engine has GPUs), we wait until Triton says every model is ready, then run checks against
 it: by default every model of the repository must be READY; callers add
 :class:`InferenceCheck`\\ s (one request over gRPC *and* HTTP, compared with expected outputs) or
-any callable taking an :class:`Endpoint` — the pipeline's signature and in-process results drive
-those. On failure the container's log is part of the error; the container is always removed.
+any callable taking a :class:`ContainerEndpoint` — the pipeline's signature and in-process
+results drive those. On failure the container's log is part of the error; the container is
+always removed.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
+    ContainerEndpoint,
     ContainerError,
-    Endpoint,
     ServingContainer,
     gpus_available,
 )
@@ -56,7 +57,7 @@ class VerificationError(TritonBuilderError, RuntimeError):
         self.logs = logs
 
 
-Check = Callable[[Endpoint], None]
+Check = Callable[[ContainerEndpoint], None]
 """Raises (any exception) when the served answer is wrong."""
 
 
@@ -71,7 +72,7 @@ class InferenceCheck:
     atol: float = 1e-6
     protocols: tuple[str, ...] = ("grpc", "http")
 
-    def __call__(self, endpoint: Endpoint) -> None:
+    def __call__(self, endpoint: ContainerEndpoint) -> None:
         for protocol in self.protocols:
             outputs = infer(endpoint, self.model, self.inputs, list(self.expected), protocol)
             for name, expected in self.expected.items():
@@ -145,7 +146,7 @@ def verify_image(
             container.remove()
 
 
-def _placement(endpoint: Endpoint, on_gpu: list[str], gpus: bool) -> GpuPlacement | None:
+def _placement(endpoint: ContainerEndpoint, on_gpu: list[str], gpus: bool) -> GpuPlacement | None:
     if not on_gpu:
         return None
     if not gpus:
@@ -158,7 +159,7 @@ def _placement(endpoint: Endpoint, on_gpu: list[str], gpus: bool) -> GpuPlacemen
 
 
 def infer(
-    endpoint: Endpoint,
+    endpoint: ContainerEndpoint,
     model: str,
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
@@ -192,7 +193,7 @@ def infer(
     return {name: result.as_numpy(name) for name in outputs}
 
 
-def _check_models_ready(endpoint: Endpoint) -> list[str]:
+def _check_models_ready(endpoint: ContainerEndpoint) -> list[str]:
     """Every model of the repository index must be READY (readiness alone allows none)."""
     request = urllib.request.Request(f"http://{endpoint.http_url}/v2/repository/index",
                                      data=b"{}", method="POST",

@@ -34,13 +34,13 @@ from docker.models.images import Image
 
 from builder.base.releases import Release
 from builder.cache import content_hash
-from builder.engine.build import (
+from builder.engine.image_build import (
     CONTENT_HASH_LABEL,
     build_image,
     find_built,
     remove_images,
 )
-from builder.environment.check import archive_cuda_runtime
+from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
     ENVIRONMENT_SUFFIXES,
