@@ -38,6 +38,7 @@ from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.image.serving_image import payload_reference  # noqa: E402
 from builder.job import build_image_from_repository  # noqa: E402
+from builder.verify import VerifyOptions  # noqa: E402
 from builder.verify.verification import InferenceCheck, verify_image  # noqa: E402
 from tests.support.sample_repository import (  # noqa: E402
     FEATURES,
@@ -72,7 +73,8 @@ def main() -> None:
         try:
             started = time.monotonic()
             cold = build_image_from_repository(repository, image_name=f"{IMAGE}:cold",
-                                               verify=False, client=client, on_log=quiet)
+                                               verify=VerifyOptions(enabled=False),
+                                               client=client, on_log=quiet)
             cold_seconds = time.monotonic() - started
             references.append(f"{IMAGE}:cold")
             payloads.add(cold.labels["ai.triton-builder.payload-hash"])
@@ -83,7 +85,8 @@ def main() -> None:
                 build_context._DIGESTS.clear()
                 started = time.monotonic()
                 last = build_image_from_repository(
-                    repository, image_name=f"{IMAGE}:rebuild-{run}", verify=False,
+                    repository, image_name=f"{IMAGE}:rebuild-{run}",
+                    verify=VerifyOptions(enabled=False),
                     client=client, on_log=quiet)
                 rebuilds.append(time.monotonic() - started)
                 references.append(f"{IMAGE}:rebuild-{run}")

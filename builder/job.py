@@ -16,32 +16,45 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import docker
 from docker.models.images import Image
 
-from builder.base import Release, ensure_base_image, resolve
+from builder.base import BaseOptions, Release, ensure_base_image, resolve
 from builder.bridge import BridgeOptions, fit_base_python, plan_python, require_buildable
 from builder.client import Client
-from builder.engine import docker_client
-from builder.engine.reference import tag_references
-from builder.environment import EnvironmentOptions, PackageIndex, prepare_environment
-from builder.environment.torch_for_cuda import PYTORCH_INDEX
-from builder.image.sbom import PythonRuntime
-from builder.image.serving_image import ServingImage, build_serving_image, discard_image
-from builder.image.startup import archive_bytes, repository_archive_bytes
-from builder.image.startup import verify_timeout as startup_timeout
-from builder.pipeline.dsl import Pipeline
+from builder.engine import docker_client, tag_references
+from builder.environment import (
+    PYTORCH_INDEX,
+    EnvironmentOptions,
+    PackageIndex,
+    prepare_environment,
+)
+from builder.image import (
+    ImageOptions,
+    PythonRuntime,
+    ServingImage,
+    build_serving_image,
+    discard_image,
+)
+from builder.pipeline import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
-from builder.repository.writer import build_pipeline_model
-from builder.verify.container import ContainerEndpoint, docker_run_command
-from builder.verify.equality import check_same
-from builder.verify.verification import Check, NothingToVerifyError, Verification, verify_image
+from builder.repository import build_pipeline_model
+from builder.verify import (
+    Check,
+    ContainerEndpoint,
+    NothingToVerifyError,
+    Verification,
+    VerifyOptions,
+    check_same,
+    docker_run_command,
+    verify_image,
+)
 
 
 @dataclass
@@ -65,6 +78,7 @@ def build_docker_image(
     tags: Iterable[str] = (),
     triton_version: str | None = None,
     base_image: str | None = None,
+    base_python: str | None = None,
     format_priority: Sequence[str] = ("onnx",),
     parallelism: int = 1,
     env_specs: Iterable[str | os.PathLike] = (),
@@ -73,17 +87,17 @@ def build_docker_image(
     index: PackageIndex | None = None,
     pytorch_index: str | None = PYTORCH_INDEX,
     bridge: bool = True,
-    base_python: str | None = None,
     interpreter_image: str | None = None,
     compile_stub: bool = False,
     triton_sources: str | os.PathLike | None = None,
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
-    push: bool = False,
     user: str | None = None,
+    push: bool = False,
+    options: Sequence[StageOptions] = (),
     client: docker.DockerClient | None = None,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
     **pipeline_options: Any,
 ) -> ImageBuild:
     """Build, verify and tag (and ``push``) the Triton serving image of ``pipe``.
@@ -109,22 +123,36 @@ def build_docker_image(
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
+
+    The keywords are grouped once into each stage's option object (:class:`BaseOptions`,
+    :class:`BridgeOptions`, :class:`EnvironmentOptions`, :class:`ImageOptions`,
+    :class:`VerifyOptions`); ``options`` may hold such objects instead (each replaces its
+    group's keywords, which must then be left at their defaults).
     """
     started = time.monotonic()
+    chosen = _stage_options(options, {
+        BaseOptions: dict(cuda=cuda, triton_version=triton_version, base_image=base_image,
+                          base_python=base_python),
+        BridgeOptions: dict(enabled=bridge, interpreter_image=interpreter_image,
+                            compile_stub=compile_stub, triton_sources=triton_sources),
+        EnvironmentOptions: dict(env_specs=tuple(env_specs), requirements=tuple(requirements),
+                                 packer=packer, index=index, pytorch_index=pytorch_index),
+        ImageOptions: dict(user=user),
+        VerifyOptions: dict(enabled=verify, calls=verify_calls, tolerance=tolerance)})
+    base_options, bridging, environment, image_options, verifying = (
+        chosen[BaseOptions], chosen[BridgeOptions], chosen[EnvironmentOptions],
+        chosen[ImageOptions], chosen[VerifyOptions])
     references = tag_references(image_name, tags)
-    calls = [tuple(call) for call in (verify_calls if verify_calls is not None else pipe.examples)]
-    if verify and not calls:
+    calls = list(verifying.calls if verifying.calls is not None else
+                 [tuple(call) for call in pipe.examples])
+    if verifying.enabled and not calls:
         raise NothingToVerifyError(
             "verification needs at least one call: give the pipeline an example "
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
-    bridging = BridgeOptions(enabled=bridge, interpreter_image=interpreter_image,
-                             compile_stub=compile_stub, triton_sources=triton_sources)
-    environment = EnvironmentOptions(env_specs=tuple(env_specs),
-                                     requirements=tuple(requirements), packer=packer,
-                                     index=index, pytorch_index=pytorch_index)
-    release = resolve(cuda, triton_version, base_image, base_python=base_python)
-    plan = plan_python(release, options=bridging, conda=packer == "conda")
+    release = resolve(base_options.cuda, base_options.triton_version, base_options.base_image,
+                      base_python=base_options.base_python)
+    plan = plan_python(release, options=bridging, conda=environment.packer == "conda")
     require_buildable(plan)
     client = client or docker_client()
     with timed_step(f"base image {release.image}", on_log):
@@ -138,17 +166,19 @@ def build_docker_image(
             prepared = prepare_environment(client, built, plan,
                                            operators=[node.op for node in pipe.nodes],
                                            options=environment, bridge=bridging, on_log=on_log)
-        checks = [_pipeline_check(built.pipeline_model, calls, expected, tolerance)]
-        with timed_step(f"image {image_name}" + (" (verified)" if verify else ""), on_log):
+        checks = [_pipeline_check(built.pipeline_model, calls, expected, verifying.tolerance)]
+        with timed_step(f"image {image_name}" + (" (verified)" if verifying.enabled else ""),
+                        on_log):
             return _image_verify_push(
-                built.model_root, references, release, base, client=client, user=user,
-                environment_python=plan.python_version,
+                built.model_root, references, release, base, client=client,
+                options=replace(image_options, environment_python=plan.python_version),
                 python_models=plan.describe() if plan.own_stub else None,
                 python_runtime=PythonRuntime(
                     stub=plan.stub, python_version=prepared.target.full_python_version,
                     interpreter_image=plan.interpreter.image if plan.bridged else None,
                     interpreter_image_id=prepared.target.image_id if plan.bridged else None),
-                checks=checks if verify else None, push=push, started=started, on_log=on_log)
+                verifying=verifying, checks=checks, push=push, started=started,
+                on_log=on_log)
 
 
 def build_image_from_repository(
@@ -156,56 +186,40 @@ def build_image_from_repository(
     *,
     image_name: str,
     tags: Iterable[str] = (),
-    cuda: str | float | None = None,
-    triton_version: str | None = None,
-    base_image: str | None = None,
-    environment: str | os.PathLike | None = None,
-    environment_python: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    signature: Mapping[str, Any] | str | None = None,
-    version: str | None = None,
-    revision: str | None = None,
-    user: str | None = None,
-    server_args: Sequence[str] = (),
-    verify: bool = True,
+    base: BaseOptions = BaseOptions(),
+    image: ImageOptions = ImageOptions(),
+    verify: VerifyOptions = VerifyOptions(),
     checks: Sequence[Check] = (),
-    gpus: bool | None = None,
-    verify_timeout: float | None = None,
     push: bool = False,
     client: docker.DockerClient | None = None,
     on_log: Log | None = None,
 ) -> ImageBuild:
     """The serving image of a model repository written before, as ``image_name`` (plus ``tags``).
 
-    ``tags`` are full references or bare tags of ``image_name``'s repository. ``cuda``,
-    ``triton_version`` and ``base_image`` choose the base (:func:`builder.base.resolve`;
-    ``cuda=None`` is the CPU base). ``environment_python`` is the Python of a bridged repository's
-    environment (default: the release's). ``environment``, ``labels``, ``signature``, ``version``,
-    ``revision``, ``user`` and ``server_args`` go to
-    :func:`builder.image.serving_image.build_serving_image`.
+    ``tags`` are full references or bare tags of ``image_name``'s repository. ``base`` chooses
+    the release (:func:`builder.base.resolve`; by default the CPU base); ``image`` holds the
+    labels, user, server flags and environment for
+    :func:`builder.image.serving_image.build_serving_image` (``image.environment_python`` is the
+    Python of a bridged repository's environment; default: the release's).
     ``verify`` runs the image with ``checks`` (:mod:`builder.verify.verification`) before any tag
-    is set; ``push`` pushes every tag and confirms the digests with the registry. ``verify_timeout``
-    is how long verification waits for readiness (default: 180 s plus the time the
-    repository's environment archives take to extract: :mod:`builder.image.startup`).
+    is set; ``push`` pushes every tag and confirms the digests with the registry.
 
     A GPU release is verified on GPUs where the engine has an NVIDIA runtime, and each
     ``KIND_GPU`` model must be seen running on one; elsewhere those models are verified on the
     CPU (their configs swapped for ``KIND_CPU`` ones in the verification container only) and
     ``verification.gpu_placement`` says that the placement was not exercised. An image
-    tagged by a ``verify=False`` build is reused as it is by a later build of the same inputs.
+    tagged by an unverified build is reused as it is by a later build of the same inputs.
     """
     started = time.monotonic()
     references = tag_references(image_name, tags)
-    release = resolve(cuda, triton_version, base_image)
+    release = resolve(base.cuda, base.triton_version, base.base_image,
+                      base_python=base.base_python)
     client = client or docker_client()
     with step_log(f"base image {release.image}", on_log) as log:
-        base = ensure_base_image(client, release, on_log=log)
-    return _image_verify_push(
-        repository_dir, references, release, base, client=client, environment=environment,
-        environment_python=environment_python,
-        labels=labels, signature=signature, version=version, revision=revision, user=user,
-        server_args=server_args, checks=checks if verify else None, gpus=gpus,
-        verify_timeout=verify_timeout, push=push, started=started, on_log=on_log)
+        base_image = ensure_base_image(client, release, on_log=log)
+    return _image_verify_push(repository_dir, references, release, base_image, client=client,
+                              options=image, verifying=verify, checks=checks, push=push,
+                              started=started, on_log=on_log)
 
 
 def _image_verify_push(
@@ -215,26 +229,26 @@ def _image_verify_push(
     base: Image,
     *,
     client: docker.DockerClient,
-    checks: Sequence[Check] | None,
+    options: ImageOptions,
+    verifying: VerifyOptions,
+    checks: Sequence[Check],
     push: bool,
     started: float,
-    gpus: bool | None = None,
-    verify_timeout: float | None = None,
+    python_models: str | None = None,
+    python_runtime: PythonRuntime | None = None,
     on_log: Log | None = None,
-    **image_options: Any,
 ) -> ImageBuild:
-    """The stages after the environment; ``checks=None`` skips verification."""
+    """The stages after the environment."""
     image = build_serving_image(repository_dir, image_name=references[0], release=release,
-                                base=base, client=client, on_log=on_log, **image_options)
+                                base=base, options=options, python_models=python_models,
+                                python_runtime=python_runtime, client=client, on_log=on_log)
     verification = None
     try:
-        if image.built and checks is not None:
+        if image.built and verifying.enabled:
             with step_log(f"verifying {references[0]}", on_log) as log:
-                explicit = image_options.get("environment")
-                timeout = verify_timeout if verify_timeout is not None else startup_timeout(
-                    repository_archive_bytes(repository_dir)
-                    + archive_bytes([explicit] if explicit else []))
-                verification = verify_image(client, image.id, checks, gpus=gpus,
+                timeout = (verifying.timeout_s if verifying.timeout_s is not None
+                           else image.ready_timeout_s)
+                verification = verify_image(client, image.id, checks, gpus=verifying.gpus,
                                             timeout=timeout, on_log=log,
                                             repository_dir=repository_dir)
         run_command = docker_run_command(references[0], gpus=release.gpu)
@@ -251,6 +265,30 @@ def _image_verify_push(
     result.seconds = time.monotonic() - started
     (on_log or stderr_line)(f"run it: {result.run_command}")
     return result
+
+
+StageOptions = BaseOptions | BridgeOptions | EnvironmentOptions | ImageOptions | VerifyOptions
+
+
+def _stage_options(given: Sequence[StageOptions],
+                   keywords: dict[type, dict[str, Any]]) -> dict[type, Any]:
+    """Each stage's options: the object the caller gave, or one made from its keywords.
+
+    A keyword of a group whose object was given must be left at its default: two answers to one
+    question are refused, naming the keyword, before anything is pulled or written.
+    """
+    chosen = {kind: kind(**values) for kind, values in keywords.items()}
+    for option in given:
+        kind = type(option)
+        if kind not in keywords:
+            raise TypeError(f"options: not a stage's options: {option!r}")
+        clashing = [name for name in keywords[kind]
+                    if getattr(chosen[kind], name) != getattr(kind(), name)]
+        if clashing:
+            raise ValueError(f"{', '.join(clashing)} given both as keywords and in "
+                             f"{kind.__name__}: give each once")
+        chosen[kind] = option
+    return chosen
 
 
 def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any],

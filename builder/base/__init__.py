@@ -2,7 +2,13 @@
 with which Python), and the image found, pulled or — for the CPU base — built here."""
 
 from builder.base.ensure import BaseImageUnavailableError, ensure_base_image
-from builder.base.releases import Release, UnsupportedCudaError, resolve
+from builder.base.releases import BaseOptions, Release, UnsupportedCudaError, resolve
 
-__all__ = ["BaseImageUnavailableError", "Release", "UnsupportedCudaError", "ensure_base_image",
-           "resolve"]
+__all__ = [
+    "BaseImageUnavailableError",
+    "BaseOptions",
+    "Release",
+    "UnsupportedCudaError",
+    "ensure_base_image",
+    "resolve",
+]

@@ -374,3 +374,18 @@ def _normal_triton(version: str) -> str:
 def version_key(version: str) -> tuple[int, ...]:
     """``"3.10"`` → ``(3, 10)``: versions, CUDA minors and ``YY.MM`` releases compare as numbers."""
     return tuple(int(p) for p in version.split("."))
+
+
+@dataclass(frozen=True)
+class BaseOptions:
+    """The arguments of :func:`builder.base.releases.resolve`, held together once per build.
+
+    ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release (``None`` or ``"cpu"``: the CPU
+    base); ``triton_version`` or ``base_image`` override it; ``base_python`` picks the CPU base's
+    Debian (3.11: bookworm, 3.13: trixie) or states a custom ``base_image``'s Python.
+    """
+
+    cuda: str | float | None = None
+    triton_version: str | None = None
+    base_image: str | None = None
+    base_python: str | None = None

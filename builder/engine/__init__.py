@@ -6,5 +6,11 @@ through the same :func:`builder.engine.image_build.build_image`.
 """
 
 from builder.engine.daemon import EngineError, docker_client, ensure_engine
+from builder.engine.reference import tag_references
 
-__all__ = ["EngineError", "docker_client", "ensure_engine"]
+__all__ = [
+    "EngineError",
+    "docker_client",
+    "ensure_engine",
+    "tag_references",
+]

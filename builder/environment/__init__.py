@@ -33,6 +33,7 @@ from builder.environment.target import (
     image_target,
     interpreter_target,
 )
+from builder.environment.torch_for_cuda import PYTORCH_INDEX
 
 __all__ = [
     "ArchiveCheckError",
@@ -42,6 +43,7 @@ __all__ = [
     "EnvironmentSpec",
     "EnvironmentTarball",
     "EnvironmentTarget",
+    "PYTORCH_INDEX",
     "PackError",
     "PackageIndex",
     "PreparedEnvironment",
@@ -51,8 +53,8 @@ __all__ = [
     "attach_environment",
     "host_target",
     "image_target",
-    "load_spec",
     "interpreter_target",
+    "load_spec",
     "pack_environment",
     "prepare_environment",
     "requires",

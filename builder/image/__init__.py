@@ -1,2 +1,17 @@
 """The image: the serving Dockerfile, the layered build context (environment, repository,
 runtime code, each its own layer), the SDK build and the image's labels."""
+from builder.image.sbom import PythonRuntime
+from builder.image.serving_image import (
+    ImageOptions,
+    ServingImage,
+    build_serving_image,
+    discard_image,
+)
+
+__all__ = [
+    "ImageOptions",
+    "PythonRuntime",
+    "ServingImage",
+    "build_serving_image",
+    "discard_image",
+]

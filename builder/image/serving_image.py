@@ -23,9 +23,10 @@ import os
 import re
 import tarfile
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import docker
@@ -74,7 +75,12 @@ from builder.image.serving_dockerfile import (
     runtime_scripts,
     templates_source,
 )
-from builder.image.startup import archive_bytes, health_start_period
+from builder.image.startup import (
+    VERIFY_TIMEOUT_S,
+    archive_bytes,
+    health_start_period,
+    verify_timeout,
+)
 from builder.progress import Log, step_log
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
@@ -96,6 +102,36 @@ class ServingImage:
     built: bool
     payload_id: str | None = None
     """The cached payload below a new image: what a discarded build keeps."""
+    ready_timeout_s: float = VERIFY_TIMEOUT_S
+    """How long a container of it may take to be ready: longer where it carries environment
+    archives, which the python backend extracts at every start (:mod:`builder.image.startup`)."""
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """The user's choices for :func:`builder.image.serving_image.build_serving_image`.
+
+    ``labels`` are added to the image's own (``org.opencontainers.image.*`` and
+    ``ai.triton-builder.*``); ``signature`` (the pipeline's inputs and outputs) becomes the
+    ``ai.triton-builder.signature`` label (default: the models' configs summarised); ``version``
+    and ``revision`` the OCI ones. ``user`` runs the server as that non-root user;
+    ``server_args`` are extra ``tritonserver`` flags. ``environment`` is a packed environment
+    placed beside the repository; ``environment_python`` the Python of the environments (default:
+    the release's; the builder's for a bridged image).
+    """
+
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    signature: Mapping[str, Any] | str | None = None
+    version: str | None = None
+    revision: str | None = None
+    user: str | None = None
+    server_args: tuple[str, ...] = ()
+    environment: str | os.PathLike | None = None
+    environment_python: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels or {})))
+        object.__setattr__(self, "server_args", tuple(self.server_args))
 
 
 def build_serving_image(
@@ -104,58 +140,52 @@ def build_serving_image(
     image_name: str,
     release: Release,
     base: Image,
-    environment_python: str | None = None,
+    options: ImageOptions = ImageOptions(),
     python_models: str | None = None,
-    environment: str | os.PathLike | None = None,
-    labels: Mapping[str, str] | None = None,
-    signature: Mapping[str, Any] | str | None = None,
-    version: str | None = None,
-    revision: str | None = None,
-    user: str | None = None,
-    server_args: Sequence[str] = (),
     python_runtime: PythonRuntime | None = None,
     client: docker.DockerClient,
     on_log: Log | None = None,
 ) -> ServingImage:
     """The serving image of ``repository_dir`` on ``base`` (the release's image), left untagged.
 
-    ``environment`` is a packed environment tarball, placed at
-    :func:`builder.image.context.environment_image_path`; tarballs inside the repository are
-    found and layered on their own. ``signature`` (the pipeline's inputs and outputs) goes to the
-    ``ai.triton-builder.signature`` label; without it, the models' configs are summarised.
-    ``environment_python`` is the Python of the environments (default: the release's; the
-    builder's for a bridged image, whose python models carry their own stub); ``python_models``
-    says how they run, in the Dockerfile's header; ``python_runtime`` says where their stub and
+    ``options`` (:class:`ImageOptions`) are the user's: labels, user,
+    server flags, an ``environment`` tarball placed at
+    :func:`builder.image.context.environment_image_path` (tarballs inside the repository are
+    found and layered on their own) and the environments' Python. ``python_models`` says how the
+    python models run, in the Dockerfile's header; ``python_runtime`` says where their stub and
     interpreter came from, for the bill of materials (:mod:`builder.image.sbom`, written to
     :data:`~builder.image.sbom.SBOM_PATH`; without it the SBOM names the stub the repository
     carries, or the release's own).
     An image already tagged ``image_name`` with the same content hash is returned as it is.
     """
-    options = ServingOptions(user=user, server_args=tuple(server_args),
+    environment_python = options.environment_python
+    serving = ServingOptions(user=options.user, server_args=options.server_args,
                              python_models=python_models)
-    environments = [Path(environment)] if environment else []
+    environments = [Path(options.environment)] if options.environment else []
     plan = plan_context(repository_dir, environments=environments,
-                        model_repository=options.model_repository)
+                        model_repository=serving.model_repository)
     archives = [entry.source for entry in plan.layer("environment")
                 if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES)]
     for environment_path in [*archives, *environment_directories(Path(repository_dir))]:
         check_environment_python(environment_path, release, environment_python)
         check_environment_cuda(environment_path, release)
     start_period = health_start_period(archive_bytes(archives))
+    ready_timeout_s = verify_timeout(archive_bytes(archives))
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
     payload_hash = content_hash(
-        render_serving_dockerfile(release, options=options, stage="payload", **layers,
+        render_serving_dockerfile(release, options=serving, stage="payload", **layers,
                                   start_period=start_period),
         templates_source(release), base.id, plan.digest("environment", "weights"))
     payload_dockerfile = render_serving_dockerfile(
-        release, options=options, stage="payload", **layers, start_period=start_period,
+        release, options=serving, stage="payload", **layers, start_period=start_period,
         labels={PAYLOAD_HASH: payload_hash, STAGE: "payload"})
     image_labels = serving_labels(
         release=release, image_name=image_name, base_digest=_base_digest(base),
         environment_hash=plan.digest("environment") if plan.has("environment") else "none",
-        signature=signature if signature is not None else repository_signature(repository_dir),
-        version=version, revision=revision, extra=labels)
+        signature=(options.signature if options.signature is not None
+                   else repository_signature(repository_dir)),
+        version=options.version, revision=options.revision, extra=options.labels)
     sbom = image_sbom(
         title=image_labels[OCI + "title"], version=image_labels[OCI + "version"],
         release=release, base=BaseImage(release.image, base.id, _base_digest(base),
@@ -164,7 +194,7 @@ def build_serving_image(
         environments=shipped_environments(plan, environments), stub=shipped_stub(plan),
         runtime=python_runtime)
     digest = content_hash(
-        payload_hash, render_serving_dockerfile(release, options=options, stage="serving",
+        payload_hash, render_serving_dockerfile(release, options=serving, stage="serving",
                                                 payload_image="payload",
                                                 start_period=start_period),
         plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels))
@@ -174,11 +204,12 @@ def build_serving_image(
     cached = find_built(client, image_name, digest)
     if cached is not None:
         return ServingImage(id=cached.id, release=release, content_hash=digest,
-                            labels=dict(client.images.get(cached.id).labels), built=False)
+                            labels=dict(client.images.get(cached.id).labels), built=False,
+                            ready_timeout_s=ready_timeout_s)
     with step_log(f"payload layers of {image_name}", on_log) as log:
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log)
     serving_dockerfile = render_serving_dockerfile(
-        release, options=options, stage="serving", payload_image=payload_id,
+        release, options=serving, stage="serving", payload_image=payload_id,
         start_period=start_period, labels=image_labels)
     with step_log(f"building {image_name}", on_log) as log, \
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
@@ -191,7 +222,7 @@ def build_serving_image(
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)
     return ServingImage(id=built.id, release=release, content_hash=digest, labels=image_labels,
-                        built=True, payload_id=payload_id)
+                        built=True, payload_id=payload_id, ready_timeout_s=ready_timeout_s)
 
 
 def check_environment_python(tarball: str | os.PathLike, release: Release,

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 import numpy as np
@@ -219,3 +220,25 @@ def _compare(what: str, actual: np.ndarray, expected: np.ndarray, rtol: float,
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``enabled=False`` tags the image unverified (a later build of the same inputs reuses it).
+
+    ``calls`` are what a pipeline build sends (default: the pipeline's examples), each answer
+    compared with ``pipe(*call)`` within ``tolerance``. ``gpus`` runs the container on GPUs
+    (default: where the release is a GPU one and the engine has an NVIDIA runtime);
+    ``timeout_s`` is how long to wait for readiness (default: 180 s plus the time the image's
+    environment archives take to extract, :mod:`builder.image.startup`).
+    """
+
+    enabled: bool = True
+    calls: Sequence[tuple[Any, ...]] | None = None
+    tolerance: float = 1e-4
+    gpus: bool | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.calls is not None:
+            object.__setattr__(self, "calls", tuple(tuple(call) for call in self.calls))

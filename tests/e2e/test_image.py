@@ -16,9 +16,12 @@ import docker.errors
 import numpy as np
 import pytest
 
+from builder.base import BaseOptions
 from builder.engine.image_build import ImageBuildError
+from builder.image import ImageOptions
 from builder.image.serving_image import PAYLOAD_REPOSITORY, payload_reference
 from builder.job import build_image_from_repository
+from builder.verify import VerifyOptions
 from builder.verify.verification import InferenceCheck, VerificationError, verify_image
 from tests.support.sample_repository import (
     FEATURES,
@@ -30,6 +33,8 @@ from tests.support.sample_repository import (
 pytestmark = pytest.mark.slow
 
 IMAGE = "triton-builder-test/image:1"
+LABELLED = ImageOptions(version="1.0.0", revision="0123abc",
+                        labels={"org.opencontainers.image.source": 'https://example.com/a"b$c\\d'})
 X = np.random.default_rng(5).standard_normal((3, FEATURES)).astype(np.float32)
 
 
@@ -49,9 +54,7 @@ def built(docker_client, cpu_base_image, repository):
     log: list[str] = []
     result = build_image_from_repository(
         repository, image_name=IMAGE, tags=["latest"], checks=_checks(), client=docker_client,
-        version="1.0.0", revision="0123abc", labels={"org.opencontainers.image.source":
-                                                      'https://example.com/a"b$c\\d'},
-        on_log=log.append)
+        image=LABELLED, on_log=log.append)
     yield result, log
     for tag in result.tags:
         _remove(docker_client, tag)
@@ -118,10 +121,8 @@ def test_labels_describe_the_image(built, docker_client):
 def test_unchanged_inputs_skip_the_build(built, docker_client, repository):
     result, _ = built
     again = build_image_from_repository(repository, image_name=IMAGE, tags=["latest"],
-                                        version="1.0.0", revision="0123abc",
-                                        labels={"org.opencontainers.image.source":
-                                                'https://example.com/a"b$c\\d'},
-                                        client=docker_client, on_log=lambda line: None)
+                                        image=LABELLED, client=docker_client,
+                                        on_log=lambda line: None)
     assert not again.built and again.id == result.id and again.verification is None
 
 
@@ -135,7 +136,8 @@ def test_a_code_only_change_rebuilds_only_the_last_layer(built, docker_client, r
     log: list[str] = []
     reference = "triton-builder-test/image:code-change"
     rebuilt = build_image_from_repository(
-        changed, image_name=reference, client=docker_client, version="1.0.0",
+        changed, image_name=reference, client=docker_client,
+        image=ImageOptions(version="1.0.0"),
         checks=_checks(scale=lambda x: (2 * x + 2).astype(np.float32)), on_log=log.append)
     try:
         assert rebuilt.built and rebuilt.id != result.id
@@ -196,7 +198,8 @@ def test_a_failing_verification_raises_with_the_logs_and_leaves_no_tag(
     reference = "triton-builder-test/broken-verification:1"
     with pytest.raises(VerificationError, match="exited with code") as failure:
         build_image_from_repository(broken, image_name=reference, client=docker_client,
-                                    verify_timeout=120, on_log=lambda line: None)
+                                    verify=VerifyOptions(timeout_s=120),
+                                    on_log=lambda line: None)
     assert "broken on purpose" in failure.value.logs
     assert "broken on purpose" in str(failure.value)
     assert not _tag_exists(docker_client, reference)
@@ -222,7 +225,8 @@ def test_a_failing_build_step_raises_with_its_output_and_leaves_no_tag(
     reference = "triton-builder-test/broken-build:1"
     with pytest.raises(ImageBuildError) as failure:
         build_image_from_repository(repository, image_name=reference,
-                                    base_image=shell_less_image, user="triton",
+                                    base=BaseOptions(base_image=shell_less_image),
+                                    image=ImageOptions(user="triton"),
                                     client=docker_client, on_log=lambda line: None)
     assert "useradd" in failure.value.step
     assert "no such file or directory" in str(failure.value).lower()

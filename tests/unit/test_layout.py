@@ -177,6 +177,29 @@ def test_the_job_enters_each_stage_once_in_order(entry):
     assert visited == expected
 
 
+def test_the_job_imports_only_packages():
+    """The job reads as a list of stages: it imports each stage's front door (its package),
+    never a module inside one."""
+    inner = sorted(node.module for node in JOB_SOURCE.body
+                   if isinstance(node, ast.ImportFrom) and node.module
+                   and node.module.startswith("builder.") and node.module.count(".") > 1)
+    modules = sorted(node.module for node in JOB_SOURCE.body
+                     if isinstance(node, ast.ImportFrom) and node.module
+                     and node.module.startswith("builder.")
+                     and not (ROOT / node.module.split(".", 1)[1].replace(".", "/")).is_dir()
+                     and _unit(node.module) in STAGES)
+    assert inner == [] and modules == []
+
+
+def test_no_two_modules_share_a_name():
+    """A file name says which concept it holds, wherever it is (a package's errors.py aside)."""
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name not in ("__init__.py", "errors.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_the_environment_stage_makes_the_bridges_parts():
     source = (ROOT / "environment" / "prepare.py").read_text()
     assert "prepare_bridge(" in source
