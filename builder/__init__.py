@@ -1,14 +1,18 @@
 """Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment.
 
 The public face: write a pipeline (``pipe``, ``ModelOp``, ``vectorized``), build it
-(``build_pipeline_model``, ``build_docker_image``), call what is served (``Client``,
+(``build_pipeline_model``, ``build_docker_image``, ``build_image_from_repository``; each
+stage's options: ``BaseOptions``, ``BridgeOptions``, ``EnvironmentOptions``, ``ImageOptions``,
+``VerifyOptions``), call what is served (``Client``,
 ``TritonRemoteModel``), and catch ``TritonBuilderError`` — every failure of ours derives from
 it, beside its built-in category.
-The stage packages (``pipeline``, ``repository``, ``environment``, ``image``, ``verify``,
-``push``) hold the rest.
+The stage packages (``pipeline``, ``base``, ``bridge``, ``repository``, ``environment``,
+``image``, ``verify``, ``push``) hold the rest.
 """
 
+from builder.base import BaseOptions
 from builder.base.releases import UnsupportedCudaError
+from builder.bridge import BridgeOptions
 from builder.client import (
     AsyncClient,
     AsyncTritonRemoteModel,
@@ -22,7 +26,7 @@ from builder.client import (
 from builder.engine import EngineError
 from builder.engine.image_build import ImageBuildError
 from builder.engine.reference import InvalidReferenceError
-from builder.environment import requires
+from builder.environment import EnvironmentOptions, requires
 from builder.environment.errors import EnvironmentBuildError
 from builder.errors import (
     BuildError,
@@ -33,24 +37,30 @@ from builder.errors import (
     SignatureError,
     TritonBuilderError,
 )
-from builder.job import ImageBuild, build_docker_image
+from builder.image import ImageOptions
+from builder.job import ImageBuild, build_docker_image, build_image_from_repository
 from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe, vectorized
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
+from builder.verify import VerifyOptions
 from builder.verify.verification import NothingToVerifyError, VerificationError
 
 __all__ = [
     "Array",
     "AsyncClient",
     "AsyncTritonRemoteModel",
+    "BaseOptions",
+    "BridgeOptions",
     "BuildError",
     "BuildResult",
     "Client",
     "EngineError",
     "EnvironmentBuildError",
+    "EnvironmentOptions",
     "ExportError",
     "ImageBuild",
     "ImageBuildError",
+    "ImageOptions",
     "InputError",
     "InvalidReferenceError",
     "List",
@@ -70,7 +80,9 @@ __all__ = [
     "TritonRemoteModel",
     "UnsupportedCudaError",
     "VerificationError",
+    "VerifyOptions",
     "build_docker_image",
+    "build_image_from_repository",
     "build_pipeline_model",
     "pipe",
     "requires",

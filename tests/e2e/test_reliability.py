@@ -110,7 +110,7 @@ KILL_STUBS = (
 )
 """Kill the model instance stubs of the models named as arguments (run inside the container)."""
 KILL_PIPELINE_STUB = KILL_STUBS.replace("sys.argv[1:]", "['pipeline']")
-"""The same, for the pipeline model alone, without arguments (tests/test_swarm.py)."""
+"""The same, for the pipeline model alone, without arguments (tests/e2e/test_swarm.py)."""
 CANNOT_HEAL_PIPELINE = ["sh", "-c", "echo 'raise RuntimeError(\"cannot start\")' "
                         "> /models/pipeline/1/model.py"]
 """Run inside a container before killing the stub: every reload of the pipeline model fails.

@@ -5,7 +5,7 @@ CLI's own compose schema, offline) and ``kubernetes-validate`` (the API's JSON s
 supported version, strict: unknown fields fail) — and that a broken one is refused. No cluster
 runs here: the slow test runs the real image and checks that the probes and the Prometheus
 annotation reach Triton's real endpoints, and that the liveness command sees a dead stub.
-The Swarm stacks run for real in ``tests/test_swarm.py``.
+The Swarm stacks run for real in ``tests/e2e/test_swarm.py``.
 """
 
 from __future__ import annotations
