@@ -7,10 +7,10 @@ still declare). The table below is what the pin is chosen from.
 
 Sources: ``python_backend/CMakeLists.txt`` of the ``git archive`` tarballs in
 ``../shared/triton-sources`` (python_backend r22.12, r23.05, r24.10, r24.12, r25.11: read, and
-re-read by ``tests/unit/bridge/test_cmake_pin.py``). The branches not kept there follow the rule read from the
-branches upstream (``../shared/REFERENCE.md``): 3.17 up to r25.02, 3.31.8 from r25.08. r25.03 to
-r25.07 were read neither here nor there; a branch's requirement only grows, so theirs lies between
-3.17 and 3.31.8, which a pin satisfying r25.08 satisfies too.
+re-read by ``tests/unit/bridge/test_cmake_pin.py``). The branches not kept there follow the rule
+read from the branches upstream (``../shared/REFERENCE.md``): 3.17 up to r25.02, 3.31.8 from
+r25.08. r25.03 to r25.07 were read neither here nor there; a branch's requirement only grows, so
+theirs lies between 3.17 and 3.31.8, which a pin satisfying r25.08 satisfies too.
 """
 
 from __future__ import annotations
