@@ -43,6 +43,15 @@ def cached_download(requirement: str, subdirectory: str, pattern: str, *options:
     return found[-1]
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of one file's bytes, read in blocks (wheels and archives run to gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def content_hash(*parts: bytes | str | Path) -> str:
     """A sha256 over build inputs: bytes, text, files, or directories (walked in order)."""
     digest = hashlib.sha256()

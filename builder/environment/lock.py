@@ -12,7 +12,6 @@ conda's packages; comment lines (``#``) carry what the packer said about the env
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from builder.cache import file_sha256
 from builder.environment.errors import PackError
 
 
@@ -56,7 +56,7 @@ def hash_lock(freeze: str, wheels: Path) -> str:
             name, version, _, _ = parse_wheel_filename(wheel.name)
         except InvalidWheelFilename:
             continue
-        digests.setdefault((name, version), []).append(f"sha256:{_sha256(wheel)}")
+        digests.setdefault((name, version), []).append(f"sha256:{file_sha256(wheel)}")
     lines = []
     for line in freeze.splitlines():
         requirement = _pinned(line)
@@ -109,9 +109,3 @@ def _pinned(line: str) -> tuple[str, str] | None:
     return requirement.name, specifiers[0].version
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

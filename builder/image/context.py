@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from builder.cache import cache_dir
+from builder.cache import cache_dir, file_sha256
 from builder.errors import TritonBuilderError
 
 ENVIRONMENTS_DIR = "/opt/triton-builder/environments"
@@ -190,11 +190,7 @@ def file_digest(path: Path) -> str:
         except OSError:
             cached = None
     if not cached or len(cached) != 64:
-        digest = hashlib.sha256()
-        with open(path, "rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-        cached = digest.hexdigest()
+        cached = file_sha256(path)
         if record is not None:
             partial = record.with_suffix(f".{os.getpid()}.partial")
             partial.write_text(cached)

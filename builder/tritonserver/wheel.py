@@ -14,14 +14,13 @@ Both carry our Python-based ``onnxruntime`` backend, so ONNX models load exactly
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import DownloadError, cache_dir, cached_download
+from builder.cache import DownloadError, cache_dir, cached_download, file_sha256
 from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
@@ -172,8 +171,4 @@ def _env_path(name: str) -> Path | None:
 
 def wheel_digest(path: Path) -> str:
     """The SHA-256 of a wheel file: what its unpacked copies in the cache are named by."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
