@@ -70,7 +70,7 @@ class BuildProgress:
 
 
 @contextmanager
-def timed_step(title: str, on_log: Callable[[str], None] | None = None) -> Iterator[None]:
+def timed_step(title: str, on_log: Log | None = None) -> Iterator[None]:
     """Announce one step of a long job and, when it ends, how long it took."""
     emit = on_log or stderr_line
     started = time.monotonic()
@@ -89,7 +89,7 @@ def stderr_line(line: str) -> None:
 
 
 @contextlib.contextmanager
-def step_log(title: str, on_log: Callable[[str], None] | None) -> Iterator[Callable[[str], None]]:
+def step_log(title: str, on_log: Log | None) -> Iterator[Log]:
     """The log of one step: the caller's ``on_log``, else a live :class:`BuildProgress` panel."""
     if on_log is not None:
         yield on_log

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from builder.cache import cache_dir, content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
 from builder.errors import TritonBuilderError
+from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
 DEFAULT_OS_IMAGE = "python:3.11-slim-bookworm"
@@ -69,7 +69,7 @@ def build_cpu_base(
     python_version: str = "3.11",
     tag: str | None = None,
     rebuild: bool = False,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
 ) -> BuiltImage:
     """Build (or reuse) the CPU Triton base image and return it.
 

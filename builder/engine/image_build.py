@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import docker.errors
 
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
+from builder.progress import Log
 
 CONTENT_HASH_LABEL = "ai.triton-builder.content-hash"
 
@@ -54,7 +55,7 @@ def build_image(
     buildargs: dict[str, str] | None = None,
     network_mode: str | None = None,
     nocache: bool = False,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
 
@@ -87,7 +88,7 @@ _RUNNING = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 
 
 def _follow(stream: Iterable[dict], made: list[str], running: list[str], log: list[str],
-            on_log: Callable[[str], None] | None) -> str:
+            on_log: Log | None) -> str:
     """Read the build stream; collect in ``made`` the images this build created (not those
     taken from the layer cache, not the FROM image) and in ``running`` the containers of its
     ``RUN`` steps, so an interrupted build can remove them."""

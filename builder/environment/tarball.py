@@ -20,7 +20,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from builder.environment.index import PackageIndex
 from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
+from builder.progress import Log
 
 RECIPE = "triton-builder environment 2"
 """Bumped when the way environments are made changes, so old cache entries stop matching
@@ -83,7 +83,7 @@ def pack_environment(
     packer: str | Packer | None = None,
     index: PackageIndex | None = None,
     cache: str | os.PathLike | None = None,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
 ) -> EnvironmentTarball:
     """Return the checked environment tarball for ``spec`` on ``target``, cached by content.
 

@@ -21,6 +21,7 @@ import docker.errors
 
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
+from builder.progress import Log
 from builder.push.registry import RegistryError, is_loopback, manifest_digest
 
 TRANSIENT = (
@@ -65,7 +66,7 @@ def push_image(
     retries: int = 3,
     backoff: float = 1.0,
     confirm: bool = True,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> PushResult:
     """Push ``reference`` and return the digest the registry confirmed.
@@ -96,7 +97,7 @@ def push_image(
 
 
 def _push_once(client: docker.DockerClient, repository: str, tag: str,
-               on_log: Callable[[str], None] | None) -> str:
+               on_log: Log | None) -> str:
     digest = ""
     try:
         stream = client.api.push(repository, tag=tag, stream=True, decode=True)

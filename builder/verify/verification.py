@@ -26,6 +26,7 @@ import numpy as np
 
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
+from builder.progress import Log
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerEndpoint,
@@ -101,7 +102,7 @@ def verify_image(
     gpus: bool | None = None,
     shm_size: str = DEFAULT_SHM_SIZE,
     timeout: float = 180.0,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
     repository_dir: str | Path | None = None,
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
 ) -> Verification:

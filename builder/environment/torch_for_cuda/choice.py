@@ -48,6 +48,7 @@ from builder.environment.torch_for_cuda.wheel_metadata import (
     read_metadata,
     ssl_context,
 )
+from builder.progress import Log
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 """PyTorch's wheel indexes, one per CUDA (``/cu124``) and ``/cpu``; ``pytorch_index=`` overrides."""
@@ -144,7 +145,7 @@ def resolve_cuda_packages(
     platforms: Sequence[str],
     index: PackageIndex | None = None,
     pytorch_index: str | None = PYTORCH_INDEX,
-    on_log: Callable[[str], None] | None = None,
+    on_log: Log | None = None,
 ) -> CudaResolution:
     """Resolve ``spec``'s per-CUDA packages for ``release``; see the module's docstring.
 
