@@ -23,13 +23,23 @@ model fails more than :attr:`RestartPolicy.max_failures` times within
 Kubernetes) starts a fresh container. Every healed stub is written to
 :data:`builder.runtime.health.HEALED_STUBS`, so the health check tells it from one that is not.
 
+When the server itself crashes: Triton 2.51's python backend aborts the whole server now and
+then when a stub is killed while it holds a lock in its shared memory (``terminate called after
+throwing an instance of 'boost::interprocess::lock_exception'``: seen here twice in about 120
+kills under load, both times with both stubs of the example killed together). A
+server ended by a crash signal (:data:`CRASH_SIGNALS`) that the supervisor did not send is
+started again in place, with the same command, after the shared memory regions of its stubs are
+removed; the same policy counts the crashes (more than ``max_failures`` within ``window_s``:
+the supervisor exits with the server's status). Models come back as at any start, in seconds.
+
 PID 1 duties: forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the server,
 reaps every orphan, and exits with the server's status (128 + the signal if a signal ended it).
 
 Metrics: Prometheus text at ``http://<container>:8003/metrics`` (:data:`METRICS_PORT`),
-``triton_builder_stub_restarts_total{model=…}`` (stubs healed) and
-``triton_builder_stub_deaths_total{model=…}`` (stubs seen dead). Triton's own metrics port
-cannot carry them: custom metrics can only be registered from inside a model.
+``triton_builder_stub_restarts_total{model=…}`` (stubs healed),
+``triton_builder_stub_deaths_total{model=…}`` (stubs seen dead) and
+``triton_builder_server_restarts_total`` (servers started again after a crash). Triton's own
+metrics port cannot carry them: custom metrics can only be registered from inside a model.
 
 Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervises),
 ``TRITON_BUILDER_HEAL_MAX_FAILURES`` (5), ``TRITON_BUILDER_HEAL_WINDOW_S`` (60),
@@ -74,6 +84,12 @@ container (measured from ``/proc/1/stat`` over 30 s idle); a death is seen at mo
 against 2–4 s for the reload itself."""
 RELOAD_PARAMETER = "triton_builder_reloaded"
 """The model parameter a heal sets (when it reloaded the model): see :func:`load_model`."""
+CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                           signal.SIGILL, signal.SIGKILL})
+"""Signals that end a server by a crash (SIGKILL: the kernel's OOM killer) and not by a stop:
+a server they end is started again, unless the supervisor forwarded a stop signal."""
+STOPPING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+SHARED_MEMORY = Path("/dev/shm")
 STOP_GRACE_S = 10.0
 """After giving up, how long the server may take to stop before SIGKILL (Triton waits up to its
 ``--exit-timeout-secs``, 30 s, for models that will not unload)."""
@@ -145,6 +161,9 @@ class StubWatch:
     proc: Path = Path("/proc")
     live: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     """Identity → (model, instance) of every model instance stub seen alive."""
+    regions: set[str] = field(default_factory=set)
+    """The shared memory regions of the stubs seen (their third argument), removed after a
+    crash of the server: a server that aborts leaves them behind in ``/dev/shm``."""
 
     def scan(self) -> list[Death]:
         """Read ``/proc`` once: learn new stubs, return the remembered ones that turned zombie."""
@@ -161,6 +180,7 @@ class StubWatch:
                 model = stub_model(cmdline)
                 if model is not None:
                     self.live[identity] = (model, cmdline[8])
+                    self.regions.add(cmdline[2])
         for identity in set(self.live) - set(stubs):  # reaped by the backend: an unload
             del self.live[identity]
         return deaths
@@ -305,10 +325,38 @@ class Supervisor:
         self.restarts: dict[str, int] = {}
         self.deaths: dict[str, int] = {}
         self.healed: set[tuple[int, int]] = set()
+        self.server_crashes: deque = deque()
+        self.server_restarts = 0
+        self.generation = 0
+        """Counts the servers followed: a reload started for an earlier one is dropped."""
         self.gave_up: str | None = None
         """Why the supervisor gave up, once it has."""
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+
+    def follow(self, server_pid: int) -> None:
+        """Watch a server started again after a crash: its stubs and models start afresh."""
+        with self.lock:
+            self.watch = StubWatch(server_pid, self.watch.proc)
+            self.records.clear()
+            self.healed.clear()
+            self.generation += 1
+            self._write_healed()
+
+    def server_crashed(self, why: str, now: float) -> bool:
+        """Count a crash of the server at ``now``: True to start it again, False to give up."""
+        with self.lock:
+            self.server_crashes.append(now)
+            while self.server_crashes and self.server_crashes[0] < now - self.policy.window_s:
+                self.server_crashes.popleft()
+            if not self.heal or len(self.server_crashes) > self.policy.max_failures:
+                return False
+            self.server_restarts += 1
+        removed = remove_regions(self.watch.regions)
+        log(f"the server {why}; starting it again (server restart {self.server_restarts}, "
+            f"crash {len(self.server_crashes)} of {self.policy.max_failures} allowed within "
+            f"{self.policy.window_s:g}s; {removed} shared memory regions of its stubs removed)")
+        return True
 
     def run(self) -> None:
         while not self.stopped.is_set() and self.gave_up is None:
@@ -329,7 +377,8 @@ class Supervisor:
             for model, record in self.records.items():
                 if record.due is not None and record.due <= now and not record.loading:
                     record.loading, record.due = True, None
-                    threading.Thread(target=self._reload, args=(model, list(record.dead)),
+                    threading.Thread(target=self._reload,
+                                     args=(model, list(record.dead), self.generation),
                                      daemon=True).start()
 
     def _died(self, death: Death, now: float) -> None:
@@ -354,17 +403,21 @@ class Supervisor:
             f"(failure {len(record.failures)} of {self.policy.max_failures} allowed within "
             f"{self.policy.window_s:g}s)")
 
-    def _reload(self, model: str, dead: list[tuple[int, int]]) -> None:
+    def _reload(self, model: str, dead: list[tuple[int, int]], generation: int) -> None:
         """Reload ``model``; on success its stubs in ``dead`` (dead before the load) are healed."""
         started = time.monotonic()
         try:
             problem = load_model(self.http_port, model, self.policy.load_timeout_s)
         except LoadTimeout as stuck:
             with self.lock:
-                self._give_up(model, f"the server is stuck loading it ({stuck})", at_once=True)
+                if generation == self.generation:
+                    self._give_up(model, f"the server is stuck loading it ({stuck})",
+                                  at_once=True)
             return
         now = time.monotonic()
         with self.lock:
+            if generation != self.generation:  # the server crashed meanwhile
+                return
             record = self.records[model]
             record.loading = False
             if problem is None:
@@ -418,6 +471,7 @@ class Supervisor:
         """Prometheus text exposition of the restart and death counters."""
         with self.lock:
             restarts, deaths = dict(self.restarts), dict(self.deaths)
+            server_restarts = self.server_restarts
         lines = []
         for name, help_text, values in (
                 ("triton_builder_stub_restarts_total",
@@ -428,11 +482,28 @@ class Supervisor:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
             lines += [f'{name}{{model="{_label(model)}"}} {count}'
                       for model, count in sorted(values.items())]
+        name = "triton_builder_server_restarts_total"
+        lines += [f"# HELP {name} Servers started again in place after a crash.",
+                  f"# TYPE {name} counter", f"{name} {server_restarts}"]
         return "\n".join(lines) + "\n"
 
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def remove_regions(regions: set[str], directory: Path = SHARED_MEMORY) -> int:
+    """Remove the named shared memory regions a crashed server's stubs used; how many were
+    there. Only those: with ``--ipc=host`` other servers' regions share the directory."""
+    removed = 0
+    for region in regions:
+        try:
+            (directory / region.lstrip("/")).unlink()
+            removed += 1
+        except OSError:
+            pass
+    regions.clear()
+    return removed
 
 
 def serve_metrics(supervisor: Supervisor, port: int) -> http.server.ThreadingHTTPServer:
@@ -484,8 +555,15 @@ def main(argv: list[str] | None = None) -> int:
     http_port = int(server_option(command, "--http-port") or 8000)
 
     server = subprocess.Popen(command)
+    stopping = threading.Event()
+
+    def forward(received: int, frame: object) -> None:
+        if received in STOPPING_SIGNALS:
+            stopping.set()
+        _forward(server.pid, received)
+
     for number in FORWARDED_SIGNALS:
-        signal.signal(number, lambda received, frame: _forward(server.pid, received))
+        signal.signal(number, forward)
     supervisor = Supervisor(server.pid, http_port, policy, heal=heal)
     metrics_port = int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT))
     if metrics_port:
@@ -499,7 +577,16 @@ def main(argv: list[str] | None = None) -> int:
            if heal else "off")
         + (f"; metrics on :{metrics_port}/metrics" if metrics_port else ""))
 
-    status = _reap_until(server.pid)
+    while True:
+        status = _reap_until(server.pid)
+        crash = crash_signal(status)
+        if (crash is None or stopping.is_set() or supervisor.gave_up is not None
+                or not supervisor.server_crashed(f"was killed by {crash.name}",
+                                                 time.monotonic())):
+            break
+        server = subprocess.Popen(command)
+        supervisor.follow(server.pid)
+        log(f"started {command[0]} again (pid {server.pid})")
     supervisor.stopped.set()
     code = exit_code(status)
     if supervisor.gave_up is not None:
@@ -507,6 +594,13 @@ def main(argv: list[str] | None = None) -> int:
         return GAVE_UP
     log(f"server exited with status {code}")
     return code
+
+
+def crash_signal(wait_status: int) -> signal.Signals | None:
+    """The crash signal that ended a server (see :data:`CRASH_SIGNALS`), else None."""
+    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) in CRASH_SIGNALS:
+        return signal.Signals(os.WTERMSIG(wait_status))
+    return None
 
 
 def _forward(pid: int, number: int) -> None:

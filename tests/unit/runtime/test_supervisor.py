@@ -39,7 +39,8 @@ FAKE_SERVER = textwrap.dedent('''
 
     def start(model, *, autocomplete=False):
         name = model if autocomplete else f"{model}_0_{loads[model]}"
-        argv = [stub, f"{repository}/{model}/1/model.py", "/shm_region", "1048576", "1048576",
+        region = f"/{os.path.basename(os.path.dirname(repository))}-{model}"  # under /dev/shm
+        argv = [stub, f"{repository}/{model}/1/model.py", region, "1048576", "1048576",
                 str(os.getpid()), "/opt/lib", "/ipc", name, "DEFAULT"]
         return os.posix_spawn(stub, argv, os.environ)
 
@@ -72,6 +73,13 @@ FAKE_SERVER = textwrap.dedent('''
 
     for model in models:
         start(model)
+    if os.path.exists(f"{repository}/crashes"):  # as Triton when a stub dies holding a lock
+        with open(f"{repository}/crashes") as file:
+            left = int(file.read())
+        if left:
+            with open(f"{repository}/crashes", "w") as file:
+                file.write(str(left - 1))
+            threading.Timer(1.0, os.abort).start()
     print("ready", flush=True)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Load)
     server.serve_forever()
@@ -318,3 +326,58 @@ def test_a_reload_that_never_ends_gives_up_at_once(repository):
         log = _stop(running)
     assert ("giving up: model 'pipeline': the server is stuck loading it (no answer to the load "
             "within 1s)") in log
+
+
+def test_a_crashed_server_is_started_again_in_place_and_its_regions_removed(repository):
+    """The server aborts once (as Triton 2.51 does when a stub is killed holding a lock in its
+    shared memory): the supervisor starts it again with the same command, removes the shared
+    memory regions of the dead server's stubs (and no other), and counts the restart."""
+    from builder.tritonserver.host_process import free_ports
+
+    (port, metrics_port) = free_ports(2)
+    (repository / "models" / "crashes").write_text("1")
+    regions = [Path("/dev/shm") / f"{repository.name}-{model}"
+               for model in ("pipeline", "text_encoder")]
+    other = Path("/dev/shm") / f"{repository.name}-another-server"
+    for region in (*regions, other):
+        region.write_bytes(b"region")
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_METRICS_PORT=str(metrics_port))
+    try:
+        first = _wait(lambda: [p for p in health.processes() if p.parent == running.pid
+                               and p.name != health.STUB], what="the server")[0]
+        second = _wait(lambda: [p for p in health.processes() if p.parent == running.pid
+                                and p.name != health.STUB and p.pid != first.pid],
+                       timeout=15, what="the server started again")[0]
+        _wait(lambda: len([p for p in _stubs_of(second.pid) if p.state != "Z"]) == 2,
+              what="the new server's stubs")
+        assert running.poll() is None, "the supervisor exited with the server"
+        assert not any(region.exists() for region in regions), "its stubs' regions are left"
+        assert other.exists(), "a region that was not its stubs' was removed"
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+            assert "triton_builder_server_restarts_total 1" in response.read().decode()
+        running.send_signal(signal.SIGTERM)
+        assert running.wait(10) == 128 + signal.SIGTERM, "a stop is not a crash"
+    finally:
+        log = _stop(running)
+        for region in (*regions, other):
+            region.unlink(missing_ok=True)
+    assert "the server was killed by SIGABRT; starting it again (server restart 1" in log, log
+    assert "2 shared memory regions of its stubs removed" in log, log
+
+
+def test_a_server_that_keeps_crashing_ends_the_supervisor_with_its_status(repository):
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    (repository / "models" / "crashes").write_text("99")
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         TRITON_BUILDER_HEAL_MAX_FAILURES="2")
+    try:
+        assert running.wait(30) == 128 + signal.SIGABRT
+    finally:
+        log = _stop(running)
+    assert log.count("starting it again") == 2, log
+    assert "server exited with status 134" in log, log
