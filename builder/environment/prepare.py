@@ -36,6 +36,7 @@ from builder.environment.tarball import EnvironmentTarball, pack_environment
 from builder.environment.target import EnvironmentTarget, image_target, interpreter_target
 from builder.environment.torch_for_cuda import (
     PICKLE_SOURCE,
+    PYTHON_MODEL_SOURCE,
     PYTORCH_INDEX,
     resolve_cuda_packages,
 )
@@ -122,8 +123,7 @@ def environment_spec(built: BuildResult, release: Release, python_version: str,
         load_spec(options.env_specs, options.requirements, operators),
         requirements_spec(_pickle_requirements(built.model_root / built.pipeline_model),
                           PICKLE_SOURCE),
-        requirements_spec(_python_model_requirements(built.models),
-                          "python-format model operators"),
+        requirements_spec(_python_model_requirements(built.models), PYTHON_MODEL_SOURCE),
         requirements_spec(_in_process_requirements(built.models, python_version),
                           "ONNX model operators run in the pipeline model"),
         _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))

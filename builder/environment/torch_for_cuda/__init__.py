@@ -6,11 +6,12 @@ CUDA (:mod:`.choice`), read from the wheels' own metadata (:mod:`.wheel_metadata
 
 from builder.environment.torch_for_cuda.choice import (
     PICKLE_SOURCE,
+    PYTHON_MODEL_SOURCE,
     PYTORCH_INDEX,
     CudaChoice,
     CudaResolution,
     resolve_cuda_packages,
 )
 
-__all__ = ["PICKLE_SOURCE", "PYTORCH_INDEX", "CudaChoice", "CudaResolution",
+__all__ = ["PICKLE_SOURCE", "PYTHON_MODEL_SOURCE", "PYTORCH_INDEX", "CudaChoice", "CudaResolution",
            "resolve_cuda_packages"]

@@ -58,6 +58,10 @@ TORCH = "torch"
 TORCH_COMPANIONS = ("torchvision", "torchaudio")
 PICKLE_SOURCE = "pipe.pickle (the versions it was written with)"
 """Origin of pins taken from the building machine: these may change to fit the target."""
+PYTHON_MODEL_SOURCE = "python-format model operators"
+"""Origin of the torch pin of ``python``-format model operators: their modules are pickled with
+the building machine's torch, and a pickle of torch modules is not read across torch versions
+reliably, so this pin never changes to fit the target."""
 
 _PER_CUDA = re.compile(r"^nvidia-[a-z0-9-]+-cu(\d+)$")
 _RUNTIME = re.compile(r"^nvidia-cuda-runtime-cu(\d+)$")
@@ -177,8 +181,19 @@ def resolve_cuda_packages(
         if name != TORCH:
             continue
         relaxable = set(spec.origins.get(line, ())) <= {PICKLE_SOURCE}
-        choice, extra = _choose_torch(requirement, release, python_version, platforms, index,
-                                      pytorch_index, relaxable, spec.where(line))
+        try:
+            choice, extra = _choose_torch(requirement, release, python_version, platforms,
+                                          index, pytorch_index, relaxable, spec.where(line))
+        except SpecError as error:
+            if PYTHON_MODEL_SOURCE not in spec.origins.get(line, ()):
+                raise
+            raise SpecError(
+                f"{error}\nThe python-format model operators are pickled with the torch of the "
+                f"building machine ({requirement}), so the environment needs that torch built "
+                f"for {_target_words(release)}. Build where a torch with such a build is "
+                f"installed (pip install torch==<a version that has one>), make the operators "
+                f"export to ONNX or TorchScript, or choose a CUDA version that "
+                f"{requirement} is built for.") from None
         choices.append(choice)
         if extra and extra not in extra_indexes:
             extra_indexes.append(extra)

@@ -25,6 +25,7 @@ from builder.environment.target import platform_tags
 from builder.environment.torch_for_cuda.choice import (
     PICKLE_SOURCE,
     PYPI_SIMPLE,
+    PYTHON_MODEL_SOURCE,
     pytorch_index_cuda,
     resolve_cuda_packages,
     wheel_cuda,
@@ -108,6 +109,17 @@ def test_a_pin_the_release_cannot_run_is_refused_saying_which():
     message = str(refused.value)
     assert "torch==2.13.0 (envs/my-env.txt:3)" in message
     assert "24.05 (CUDA 12.4, driver >= 550)" in message and "(read: 2.13.0: CUDA 13.0)" in message
+
+
+def test_the_torch_of_python_format_operators_is_kept_and_its_refusal_says_what_to_do():
+    """Their modules are pickled with the builder's torch: no other version is chosen for them,
+    and the refusal names the ways out, not only the index."""
+    with pytest.raises(SpecError) as refused:
+        _resolve("11.8", "22.12", source=PYTHON_MODEL_SOURCE, pytorch_index=None)
+    message = str(refused.value)
+    assert "torch==2.13.0 (python-format model operators)" in message
+    assert "pickled with the torch of the building machine (torch==2.13.0)" in message
+    assert "built for CUDA 11.8 (22.12)" in message and "export to ONNX or TorchScript" in message
 
 
 def test_companion_pins_are_loosened_and_foreign_cuda_packages_refused():
