@@ -118,8 +118,12 @@ CANNOT_HEAL_PIPELINE = ["sh", "-c", "echo 'raise RuntimeError(\"cannot start\")'
 ABORT_SERVER = (
     "import os, signal\n"
     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-    "    if open(f'/proc/{pid}/comm').read().strip() == 'tritonserver':\n"
-    "        os.kill(int(pid), signal.SIGABRT)\n"
+    "    try:\n"
+    "        name = open(f'/proc/{pid}/comm').read().strip()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if name == 'tritonserver':\n"
+    "        os.kill(int(pid), signal.SIGABRT); print(pid)\n"
 )
 """Abort ``tritonserver`` as the python backend does on a ``lock_exception`` (in the container)."""
 HEAL_KILLS = 20
@@ -288,11 +292,14 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
             for kill in range(HEAL_KILLS):
                 models = targets[kill % len(targets)]
                 time.sleep(2.5)  # beyond the window: each kill is a first failure
+                killed_at = time.monotonic()  # the kill lands within the exec: an upper bound
                 _kill(container, *models)
-                killed_at = time.monotonic()  # SIGKILL is delivered before the exec returns
-                healed = [_wait_for(lambda since=killed_at, m=model:
+                down = [_wait_for(lambda m=model, since=killed_at: load.first_failure_after(
+                    since, m), 30) for model in models]
+                assert None not in down, f"kill {kill + 1}: no request failed: {models}, {down}"
+                healed = [_wait_for(lambda since=since, m=model:  # sent once it was seen dead
                                     load.first_correct_after(since, m), HEAL_BOUND_S)
-                          for model in models]
+                          for model, since in zip(models, down)]
                 assert None not in healed, (
                     f"kill {kill + 1} ({'+'.join(models)}) not healed within {HEAL_BOUND_S}s:\n"
                     + _supervisor_log(container))
@@ -314,8 +321,9 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
             zombies = container.exec_run(
                 ["sh", "-c", "grep -l '^State:.Z' /proc/[0-9]*/status | wc -l"])
             # the server itself aborting, as the backend does on a lock_exception: on demand
-            container.exec_run(["python3", "-c", ABORT_SERVER])
             crashed_at = time.monotonic()
+            aborted = container.exec_run(["python3", "-c", ABORT_SERVER])
+            assert len(aborted.output.split()) == 1, aborted.output
             down = _wait_for(lambda: load.first_failure_after(crashed_at, "pipeline"), 30)
             assert down, f"the server did not go down:\n{_supervisor_log(container)}"
             back = [_wait_for(lambda m=model: load.first_correct_after(down, m),
@@ -382,12 +390,12 @@ def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_
             assert _wait_for(lambda: load.first_correct_after(0.0, "pipeline"), 30)
             for kill in range(BLS_KILLS):
                 time.sleep(1.0)
+                killed_at = time.monotonic()  # requests in flight fail at once, within the exec
                 _kill(container, "text_encoder")
-                killed_at = time.monotonic()
-                failed_at = _wait_for(lambda since=killed_at: (
-                    load.failures_between(since, time.monotonic(), "pipeline") or None), 30)
+                failed_at = _wait_for(lambda since=killed_at: load.first_failure_after(
+                    since, "pipeline"), 30)
                 assert failed_at, "the pipeline model did not notice: is it calling over BLS?"
-                healed_at = _wait_for(lambda since=killed_at: load.first_correct_after(
+                healed_at = _wait_for(lambda since=failed_at: load.first_correct_after(
                     since, "pipeline"), HEAL_BOUND_S)
                 assert healed_at is not None, _supervisor_log(container)
                 print(f"BLS kill {kill + 1}: the pipeline model answers correctly again "
