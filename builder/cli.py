@@ -277,18 +277,24 @@ def inspect(
     reference: str = typer.Argument(..., help="Image to describe."),
     sbom: bool = typer.Option(False, "--sbom", help="Print the image's bill of materials "
                               "(CycloneDX JSON) instead of its labels."),
+    inputs: bool = typer.Option(False, "--inputs", help="Print what the image was made from "
+                                "(the same inputs give the same image ID)."),
 ) -> None:
     """Show what an image serves: signature, Triton, CUDA, environment (from its labels).
 
     Example: triton-builder inspect embed:1; triton-builder inspect embed:1 --sbom
     """
     from builder.engine import ensure_engine
+    from builder.image.labels import image_inputs
 
     if sbom:
         print(_run("reading the bill of materials",
                    lambda: _image_sbom(ensure_engine(), reference)), end="")
         return
     labels = _run("reading the image", lambda: _image_labels(ensure_engine(), reference))
+    if inputs:
+        print(json.dumps(image_inputs(labels), indent=2, sort_keys=True))
+        return
     ours = {key: value for key, value in labels.items()
             if key.startswith(("ai.triton-builder.", "org.opencontainers.image."))}
     for key, value in ours.items():

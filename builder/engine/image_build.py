@@ -9,6 +9,7 @@ with the step and its output.
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.build_epoch import build_epoch
+from builder.engine.context_archive import write_context_archive
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
 from builder.progress import Log
@@ -59,7 +62,9 @@ def build_image(
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
 
-    The first tag is given to the build; the others are added only once the build succeeded,
+    The context goes to the engine as a canonical tar (:mod:`builder.engine.context_archive`),
+    so the layers its ``COPY`` steps make depend on the files alone. The first tag is given to
+    the build; the others are added only once the build succeeded,
     so a failure never leaves a tag pointing at a broken image. With no tags the image is left
     untagged (known by its ID), for callers that tag only after checking it.
     """
@@ -67,15 +72,19 @@ def build_image(
     log: list[str] = []
     made: list[str] = []
     running: list[str] = []
-    try:
-        stream = client.api.build(
-            path=str(context), dockerfile=dockerfile, labels=labels or {}, buildargs=buildargs,
-            network_mode=network_mode, nocache=nocache, rm=True, forcerm=True, decode=True,
-        )
-        image_id = _follow(stream, made, running, log, on_log)
-    except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
-        discard_build(client, made, running)
-        raise
+    with tempfile.TemporaryFile(prefix="triton-builder-context-") as archive:
+        write_context_archive(context, archive, mtime=build_epoch())
+        archive.seek(0)
+        try:
+            stream = client.api.build(
+                fileobj=archive, custom_context=True, dockerfile=dockerfile,
+                labels=labels or {}, buildargs=buildargs, network_mode=network_mode,
+                nocache=nocache, rm=True, forcerm=True, decode=True,
+            )
+            image_id = _follow(stream, made, running, log, on_log)
+        except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
+            discard_build(client, made, running)
+            raise
     image = client.images.get(image_id)
     for tag in tags:
         reference = ImageReference.parse(tag)

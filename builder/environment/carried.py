@@ -23,7 +23,16 @@ from builder.bridge.interpreter import COPY_SCRIPT
 from builder.environment.errors import PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.lock import hash_lock
-from builder.environment.packers import ARCHIVE_NAME, Log, PackResult, fetch_wheels, pip_wheel
+from builder.environment.packers import (
+    ARCHIVE_NAME,
+    RAW_ARCHIVE_NAME,
+    Log,
+    PackResult,
+    canonical_archive,
+    fetch_wheels,
+    pip_wheel,
+)
+from builder.environment.portable_scripts import make_scripts_portable
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 
@@ -75,11 +84,13 @@ class CarriedInterpreterPacker:
             raise PackError(str(error)) from error
         for library in self.libraries:
             shutil.copy2(library, prefix / "lib" / library.name)
-        archive = workdir / ARCHIVE_NAME
+        make_scripts_portable(Path(site), prefix)
+        raw = workdir / RAW_ARCHIVE_NAME
         on_log(f"packing {prefix}")
-        with tarfile.open(archive, "w:gz", compresslevel=6) as packed:
+        with tarfile.open(raw, "w") as packed:
             for path in sorted(prefix.rglob("*")):
                 packed.add(path, arcname=str(path.relative_to(prefix)), recursive=False)
+        archive = canonical_archive(raw, workdir / ARCHIVE_NAME)
         header = (f"# interpreter: Python {target.full_python_version} from {target.where}\n"
                   + "".join(f"# with {library.name} (the bridged stub's)\n"
                             for library in self.libraries))

@@ -32,17 +32,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from builder.build_epoch import build_epoch
 from builder.environment.archive_check import numpy_constraint
+from builder.environment.canonical_archive import write_canonical_archive
 from builder.environment.errors import ArchiveCheckError, PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.lock import hash_lock
+from builder.environment.portable_scripts import drop_venv_command, make_scripts_portable
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 from builder.progress import Log
 
 ARCHIVE_NAME = "environment.tar.gz"
+RAW_ARCHIVE_NAME = "environment.tar"
+"""What a packer writes before :func:`canonical_archive` makes ``ARCHIVE_NAME`` of it."""
 PIP_FOR_TARGET = "pip"
 """Run from its wheel by the target's Python: base images often lack pip and python3-venv."""
+
+
+def canonical_archive(raw: Path, archive: Path) -> Path:
+    """``archive``, the canonical ``.tar.gz`` of the packer's plain tar ``raw`` (then removed):
+    the same environment gives the same bytes (:mod:`builder.environment.canonical_archive`)."""
+    write_canonical_archive(raw, archive, mtime=build_epoch())
+    raw.unlink()
+    return archive
 
 
 @dataclass(frozen=True)
@@ -121,15 +134,19 @@ class VenvPacker:
                        binds=[workdir], env={"HOME": "/tmp", "PIP_CONFIG_FILE": os.devnull})
         except TargetError as error:
             raise PackError(str(error)) from error
-        archive = workdir / ARCHIVE_NAME
+        for site_packages in venv.glob("lib/python*/site-packages"):
+            make_scripts_portable(site_packages, venv)
+        drop_venv_command(venv)
+        raw = workdir / RAW_ARCHIVE_NAME
         on_log(f"packing {venv} with venv-pack")
         import venv_pack
 
         try:
-            venv_pack.pack(prefix=str(venv), output=str(archive), format="tar.gz", force=True)
+            venv_pack.pack(prefix=str(venv), output=str(raw), format="tar", force=True)
         except venv_pack.VenvPackException as error:
             raise PackError(f"venv-pack could not pack {venv}: {error}") from error
-        return PackResult(archive=archive, lock=hash_lock(lock.read_text(), wheels))
+        return PackResult(archive=canonical_archive(raw, workdir / ARCHIVE_NAME),
+                          lock=hash_lock(lock.read_text(), wheels))
 
 
 class CondaPacker:
@@ -168,21 +185,21 @@ class CondaPacker:
             )
         prefix = self.prefix or self._create(spec, target, workdir.resolve(), index, on_log)
         _check_prefix_python(prefix, target)
-        archive = workdir.resolve() / ARCHIVE_NAME
+        raw = workdir.resolve() / RAW_ARCHIVE_NAME
         on_log(f"packing {prefix} with conda-pack")
         import conda_pack
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                conda_pack.pack(prefix=str(prefix), output=str(archive), format="tar.gz",
-                                force=True)
+                conda_pack.pack(prefix=str(prefix), output=str(raw), format="tar", force=True)
             except conda_pack.CondaPackException as error:
                 raise PackError(f"conda-pack could not pack {prefix}:\n{error}") from error
         notes = tuple(f"conda-pack: {warning.message}" for warning in caught)
         for note in notes:
             on_log(note)
-        return PackResult(archive=archive, lock=conda_lock(prefix), warnings=notes)
+        return PackResult(archive=canonical_archive(raw, workdir.resolve() / ARCHIVE_NAME),
+                          lock=conda_lock(prefix), warnings=notes)
 
     def _create(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path,
                 index: PackageIndex, on_log: Log) -> Path:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.build_epoch import build_epoch
 from builder.cache import cache_dir, content_hash
 from builder.environment.archive_check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
@@ -32,9 +33,10 @@ from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 from builder.progress import Log
 
-RECIPE = "triton-builder environment 2"
+RECIPE = "triton-builder environment 3"
 """Bumped when the way environments are made changes, so old cache entries stop matching
-(2: the lock names every distribution, setuptools too, with its wheel's sha256)."""
+(2: the lock names every distribution, setuptools too, with its wheel's sha256; 3: canonical
+archives, the same bytes for the same files)."""
 
 LOCK_NAME = "environment.lock.txt"
 METADATA_NAME = "environment.json"
@@ -71,9 +73,11 @@ class EnvironmentTarball:
 
 def environment_key(spec: EnvironmentSpec, target: EnvironmentTarget, packer: Packer,
                     index: PackageIndex) -> str:
-    """The cache key: sha256 of everything the tarball depends on (not the CA bundle)."""
+    """The cache key: sha256 of everything the tarball depends on (not the CA bundle), the
+    build's epoch too (the archive's mtimes)."""
     return content_hash(RECIPE, packer.name, packer.fingerprint(), spec.canonical(),
-                        target.fingerprint(), index.fingerprint(), numpy_constraint(target) or "")
+                        target.fingerprint(), index.fingerprint(), numpy_constraint(target) or "",
+                        str(build_epoch()))
 
 
 def pack_environment(

@@ -11,8 +11,10 @@ by how often its files change:
 * ``code`` — the rest: ``config.pbtxt``, ``model.py``, pickled pipelines, small JSON. Changed on
   every edit, and cheap to rebuild.
 
-The context mirrors where files land in the image: ``environment/`` is copied to ``/``,
-``weights/`` and ``models/`` into the model repository (see ``dockerfiles/serving.Dockerfile.j2``).
+The context holds each layer as a directory copied to ``/`` (``environment/``, ``weights/``,
+``code/``), each file at its path in the image under it — ``code/models/pipeline/config.pbtxt`` —
+so the parent directories are in the context too, with the context's canonical dates and modes,
+not made by ``COPY`` with the build's clock (see ``dockerfiles/serving.Dockerfile.j2``).
 Files are hard-linked into the context where possible, so a multi-gigabyte environment is not
 copied on every build. A symlink inside the repository stays a symlink (in its target's layer);
 one that leaves the repository is replaced by what it points at.
@@ -41,7 +43,7 @@ WEIGHT_SUFFIXES = frozenset({
     ".npz", ".msgpack", ".ot", ".joblib", ".mlmodel", ".xgb", ".ubj", ".lgb", ".params",
 })
 SKIPPED_DIRECTORIES = frozenset({"__pycache__", ".ipynb_checkpoints", ".git"})
-_CONTEXT_ROOT = {"environment": "environment", "weights": "weights", "code": "models"}
+_CONTEXT_ROOT = {"environment": "environment", "weights": "weights", "code": "code"}
 
 
 class BuildContextError(TritonBuilderError, ValueError):
@@ -54,7 +56,7 @@ class ContextEntry:
 
     layer: str
     path: str
-    """Where it goes in the context, e.g. ``weights/linear/1/model.onnx``."""
+    """Where it goes in the context, e.g. ``weights/models/linear/1/model.onnx``."""
     source: Path | None = None
     link: str | None = None
     directory: bool = False
@@ -129,7 +131,8 @@ def plan_context(
     for relative, path in _walk(root):
         rel = PurePosixPath(relative)
         if path is None:
-            entries.append(ContextEntry("code", f"models/{rel}", directory=True))
+            entries.append(ContextEntry("code", _context_path("code", rel, image_root),
+                                        directory=True))
             continue
         if path.is_symlink():
             inside = _inside(root, path)
@@ -235,9 +238,7 @@ def _layer(path: Path, rel: PurePosixPath, environment_dirs: list[Path]) -> str:
 
 
 def _context_path(layer: str, rel: PurePosixPath, image_root: PurePosixPath) -> str:
-    if layer == "environment":
-        return f"environment/{image_root / rel}"
-    return f"{_CONTEXT_ROOT[layer]}/{rel}"
+    return f"{_CONTEXT_ROOT[layer]}/{image_root / rel}"
 
 
 def _inside(root: Path, link: Path) -> Path | None:

@@ -9,9 +9,9 @@ Labels reach the engine through the build API, never through the Dockerfile: a l
 hold anything (JSON, newlines) without any way to inject a build step, and the legacy builder
 applies them as one last metadata step, so changing a label does not invalidate a layer.
 
-``created`` is the one label that differs between two builds of the same inputs. It is kept out of
-the content hash, and it follows ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds
-convention), so CI can make it deterministic.
+``created`` is the build's epoch (:mod:`builder.build_epoch`: ``SOURCE_DATE_EPOCH``, else
+2000-01-01), never the clock, so two builds of the same inputs carry the same labels. It is kept
+out of the content hash: an image found for the same content is reused whatever its date.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from builder.base.releases import Release
+from builder.build_epoch import build_epoch, rfc3339
 from builder.engine.image_build import CONTENT_HASH_LABEL
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
@@ -42,6 +42,24 @@ SBOM = PREFIX + "sbom"
 """Where the image's CycloneDX bill of materials lies in it (:mod:`builder.image.sbom`)."""
 UNHASHED = frozenset({CREATED})
 """Labels that do not take part in the content hash."""
+INPUTS = {
+    OCI + "base.digest": "the base image: the Triton release's, or base_image=",
+    PREFIX + "environment-hash": "the packed environment: its lock (every package, its version "
+                                 "and wheel sha256) and the interpreter a bridge carries",
+    PAYLOAD_HASH: "base, environment and model weights, with the Dockerfile steps over them",
+    CONTENT_HASH_LABEL: "all of it: the payload, the model repository (pipeline code, pickles, "
+                        "configs), the runtime scripts, the SBOM, the Dockerfile, the labels",
+    CREATED: "the build's epoch: SOURCE_DATE_EPOCH, else 2000-01-01",
+}
+"""What an image is made from, by the label that records it: the same values, the same image ID
+(tests/e2e/test_reproducible_image.py). Not recorded, because they do not reach the image: the
+clock, the working directory, the umask, the cache directory, the machine."""
+
+
+def image_inputs(labels: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The inputs an image's labels record, each with what it stands for (``inspect --inputs``)."""
+    return {label: {"value": labels[label], "stands for": meaning}
+            for label, meaning in INPUTS.items() if label in labels}
 
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
@@ -51,11 +69,8 @@ class LabelError(TritonBuilderError, ValueError):
 
 
 def created_timestamp() -> str:
-    """RFC 3339 time of the build: ``SOURCE_DATE_EPOCH`` if set, else now (UTC, seconds)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    moment = (datetime.fromtimestamp(int(epoch), timezone.utc) if epoch and epoch.isdigit()
-              else datetime.now(timezone.utc))
-    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    """RFC 3339 time of the build's epoch (``SOURCE_DATE_EPOCH``, else 2000-01-01)."""
+    return rfc3339(build_epoch())
 
 
 def serving_labels(

@@ -47,7 +47,8 @@ from builder.image.os_packages import OsPackages
 from builder.tritonserver.wheel import PYTRITON_REQUIREMENT
 
 SBOM_PATH = "/opt/triton-builder/sbom.cdx.json"
-SBOM_CONTEXT = "sbom.cdx.json"
+SBOM_CONTEXT = "sbom"
+"""The context directory copied to ``/`` that holds the SBOM at :data:`SBOM_PATH` under it."""
 """Where the build context holds it (copied to :data:`SBOM_PATH`)."""
 PROPERTY = "triton-builder:"
 """The namespace of our CycloneDX properties."""
@@ -286,11 +287,8 @@ def _os_packages(listed: OsPackages) -> list[Component]:
 
 
 def _image_path(plan: ContextPlan, context_path: str) -> str:
-    """Where a context entry lands in the image (``models/x`` → ``/models/x``)."""
-    first, _, rest = context_path.partition("/")
-    if first == "environment":
-        return "/" + rest
-    return f"{plan.model_repository.rstrip('/')}/{rest}"
+    """Where a context entry lands in the image (``code/models/x`` → ``/models/x``)."""
+    return "/" + context_path.partition("/")[2]
 
 
 def _tools() -> dict[str, str]:

@@ -41,7 +41,8 @@ RUNTIME_SOURCES = Path(__file__).parents[1] / "runtime"
 RUNTIME_SCRIPTS = ("health.py", "supervisor.py")
 """The modules of :mod:`builder.runtime` the container itself runs (standard library only)."""
 RUNTIME_SCRIPTS_CONTEXT = "runtime"
-"""Where the build context holds :data:`RUNTIME_SCRIPTS` (copied to :data:`RUNTIME_DIR`)."""
+"""The context directory copied to ``/`` that holds :data:`RUNTIME_SCRIPTS` at
+:data:`RUNTIME_DIR` under it."""
 
 PYTHON_BACKEND_SHM = {"shm-default-byte-size": 4 * 1024 * 1024,
                       "shm-growth-byte-size": 1024 * 1024}

@@ -41,6 +41,7 @@ from builder.engine.image_build import (
     find_built,
     remove_images,
 )
+from builder.engine.image_config import restamp_image
 from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
@@ -62,6 +63,7 @@ from builder.image.labels import (
 from builder.image.os_packages import image_os_packages
 from builder.image.sbom import (
     SBOM_CONTEXT,
+    SBOM_PATH,
     BaseImage,
     PythonRuntime,
     image_sbom,
@@ -69,6 +71,7 @@ from builder.image.sbom import (
     shipped_stub,
 )
 from builder.image.serving_dockerfile import (
+    RUNTIME_DIR,
     RUNTIME_SCRIPTS_CONTEXT,
     ServingOptions,
     render_serving_dockerfile,
@@ -214,14 +217,23 @@ def build_serving_image(
     with step_log(f"building {image_name}", on_log) as log, \
             tempfile.TemporaryDirectory(prefix="triton-builder-serving-") as workdir:
         context = plan.write(Path(workdir), ["code"])
-        (context / "models").mkdir(exist_ok=True)
-        (context / RUNTIME_SCRIPTS_CONTEXT).mkdir()
+        (context / "code").mkdir(exist_ok=True)
+        scripts = context / RUNTIME_SCRIPTS_CONTEXT / RUNTIME_DIR.lstrip("/")
+        scripts.mkdir(parents=True)
         for name, text in runtime_scripts().items():
-            (context / RUNTIME_SCRIPTS_CONTEXT / name).write_text(text)
-        (context / SBOM_CONTEXT).write_text(sbom)
+            (scripts / name).write_text(text)
+        sbom_file = context / SBOM_CONTEXT / SBOM_PATH.lstrip("/")
+        sbom_file.parent.mkdir(parents=True)
+        sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)
-    return ServingImage(id=built.id, release=release, content_hash=digest, labels=image_labels,
+        try:
+            image_id = restamp_image(client, built.id, created=image_labels[CREATED],
+                                     kept_history=len(client.api.history(base.id)))
+        finally:
+            remove_images(client, [built.id])
+        log(f"dated {image_labels[CREATED]} (the build's epoch): {image_id}")
+    return ServingImage(id=image_id, release=release, content_hash=digest, labels=image_labels,
                         built=True, payload_id=payload_id, ready_timeout_s=ready_timeout_s)
 
 

@@ -12,20 +12,22 @@ ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # 1. Python environment(s) for the python backend: the largest, most stable layer.
 COPY environment/ /
 
-# 2. Model weights.
-COPY weights/ /models/
+# 2. Model weights, into /models.
+COPY weights/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
 CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
 
 # 3. The health check (ready, and no dead python backend stub that is not healed) and the
-#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py.
-COPY runtime/ /opt/triton-builder/
+#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py,
+#    into /opt/triton-builder.
+COPY runtime/ /
 
-# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py): before the code, so a
-#    code-only change, which leaves it as it is, rebuilds only the next layer.
-COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json
+# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json:
+#    before the code, so a code-only change, which leaves it as it is, rebuilds only the next layer.
+COPY sbom/ /
 
-# 5. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
-COPY models/ /models/
+# 5. Pipeline code and model configurations, into /models: small, and the
+#    only layer a code change rebuilds.
+COPY code/ /

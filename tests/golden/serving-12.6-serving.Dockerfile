@@ -5,12 +5,14 @@
 FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 
 # 3. The health check (ready, and no dead python backend stub that is not healed) and the
-#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py.
-COPY runtime/ /opt/triton-builder/
+#    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py,
+#    into /opt/triton-builder.
+COPY runtime/ /
 
-# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py): before the code, so a
-#    code-only change, which leaves it as it is, rebuilds only the next layer.
-COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json
+# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json:
+#    before the code, so a code-only change, which leaves it as it is, rebuilds only the next layer.
+COPY sbom/ /
 
-# 5. Pipeline code and model configurations: small, and the only layer a code change rebuilds.
-COPY models/ /models/
+# 5. Pipeline code and model configurations, into /models: small, and the
+#    only layer a code change rebuilds.
+COPY code/ /

@@ -19,7 +19,7 @@ ROOT = Path(builder.__file__).parent
 # Lowest first: a unit may import only the units before it. The stages of the job, in their
 # order, sit between the plumbing (errors, cache, engine, ...) and the entry points (job, cli).
 LAYERS = [
-    "errors", "cache", "progress", "host_packages", "engine", "tritonserver",
+    "errors", "build_epoch", "cache", "progress", "host_packages", "engine", "tritonserver",
     "pipeline", "client",
     "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",
     "job", "doctor", "cli", "builder",

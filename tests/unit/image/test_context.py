@@ -54,12 +54,12 @@ def test_files_are_sorted_by_how_often_they_change(repository):
     layers = _layers(plan_context(repository))
     assert layers["environment"] == ["environment/models/pipeline/environment.tar.gz",
                                      "environment/models/post/environment.tar.gz"]
-    assert layers["weights"] == ["weights/encoder/1/model.onnx",
-                                 "weights/encoder/1/model.onnx.data"]
+    assert layers["weights"] == ["weights/models/encoder/1/model.onnx",
+                                 "weights/models/encoder/1/model.onnx.data"]
     assert layers["code"] == [
-        "models/encoder/config.pbtxt", "models/pipeline/1/model.py",
-        "models/pipeline/1/pipe.pickle", "models/pipeline/config.pbtxt",
-        "models/post/1/model.py", "models/post/2", "models/post/config.pbtxt"]
+        "code/models/encoder/config.pbtxt", "code/models/pipeline/1/model.py",
+        "code/models/pipeline/1/pipe.pickle", "code/models/pipeline/config.pbtxt",
+        "code/models/post/1/model.py", "code/models/post/2", "code/models/post/config.pbtxt"]
 
 
 def test_a_symlink_inside_the_repository_stays_a_link_in_its_targets_layer(repository, tmp_path):
@@ -69,7 +69,7 @@ def test_a_symlink_inside_the_repository_stays_a_link_in_its_targets_layer(repos
     context = plan.write(tmp_path / "context", ["environment", "weights", "code"])
     written = context / "environment/models/post/environment.tar.gz"
     assert written.is_symlink() and written.read_bytes() == b"env"
-    assert (context / "models/post/2").is_dir()
+    assert (context / "code/models/post/2").is_dir()
     assert not list(context.rglob("*.pyc"))
 
 
@@ -85,7 +85,8 @@ def test_a_symlink_leaving_the_repository_is_replaced_by_its_target(repository, 
 def test_large_files_count_as_weights_whatever_their_name(repository):
     with open(repository / "pipeline" / "1" / "vocabulary.txt", "wb") as stream:
         stream.truncate(LARGE_FILE)
-    assert "weights/pipeline/1/vocabulary.txt" in _layers(plan_context(repository))["weights"]
+    assert ("weights/models/pipeline/1/vocabulary.txt"
+            in _layers(plan_context(repository))["weights"])
 
 
 def test_an_unpacked_environment_directory_is_an_environment(repository):
@@ -123,8 +124,9 @@ def test_context_files_are_hard_linked_not_copied(repository, tmp_path):
     plan = plan_context(repository)
     context = plan.write(tmp_path / "context", ["weights"])
     source = repository / "encoder" / "1" / "model.onnx"
-    assert os.stat(context / "weights/encoder/1/model.onnx").st_ino == os.stat(source).st_ino
-    assert not (context / "models").exists()
+    assert (os.stat(context / "weights/models/encoder/1/model.onnx").st_ino
+            == os.stat(source).st_ino)
+    assert not (context / "code").exists()
 
 
 def _venv_tarball(path, python):

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.base.releases import resolve
+from builder.build_epoch import BuildEpochError
 from builder.image.labels import (
     CREATED,
+    INPUTS,
     created_timestamp,
     hashed,
+    image_inputs,
     repository_signature,
     serving_labels,
 )
@@ -50,6 +54,15 @@ def test_created_follows_source_date_epoch_and_stays_out_of_the_hash(monkeypatch
     assert hashed(first) != hashed({**_labels(environment_hash="e2"), CREATED: "x"})
 
 
+def test_created_is_never_the_clock(monkeypatch):
+    """Without SOURCE_DATE_EPOCH two builds of the same inputs still carry the same date."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert created_timestamp() == "2000-01-01T00:00:00Z"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(BuildEpochError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        created_timestamp()
+
+
 def test_the_repository_signature_summarises_configs_and_keeps_pipeline_signatures(tmp_path):
     carried = {"version": 1, "inputs": {"text": {"dtype": "TYPE_STRING", "dims": []}},
                "outputs": {"vector": {"dtype": "TYPE_FP32", "dims": [8]}}}
@@ -70,3 +83,14 @@ def test_the_run_command_users_copy():
     assert docker_run_command("embed:1") == (
         "docker run --rm --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 embed:1")
     assert "--gpus" not in docker_run_command("embed:1", gpus=False)
+
+
+def test_the_inputs_are_named_by_the_labels_that_record_them():
+    labels = {**_labels(), CREATED: "2000-01-01T00:00:00Z", "ai.triton-builder.content-hash": "c"}
+    inputs = image_inputs(labels)
+    assert inputs[CREATED] == {
+        "value": "2000-01-01T00:00:00Z",
+        "stands for": "the build's epoch: SOURCE_DATE_EPOCH, else 2000-01-01"}
+    assert inputs["org.opencontainers.image.base.digest"]["value"] == "sha256:abc"
+    assert inputs["ai.triton-builder.environment-hash"]["value"] == "e1"
+    assert set(inputs) <= set(INPUTS) and "ai.triton-builder.signature" not in inputs

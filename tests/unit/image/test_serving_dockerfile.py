@@ -61,12 +61,10 @@ def _instructions(text: str) -> list[str]:
 def test_layers_go_from_stable_to_volatile(cuda):
     lines = _instructions(render_serving_dockerfile(resolve(cuda)))
     copies = [line for line in lines if line.startswith("COPY")]
-    assert copies == ["COPY environment/ /", "COPY weights/ /models/",
-                      "COPY runtime/ /opt/triton-builder/",
-                      "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
-                      "COPY models/ /models/"]
+    assert copies == ["COPY environment/ /", "COPY weights/ /", "COPY runtime/ /",
+                      "COPY sbom/ /", "COPY code/ /"]
     assert lines[0].startswith("FROM ")
-    assert lines[-1] == "COPY models/ /models/"  # code last: nothing after it but labels
+    assert lines[-1] == "COPY code/ /"  # code last: nothing after it but labels
     assert "EXPOSE 8000 8001 8002 8003" in lines
     assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
                for line in lines)
@@ -101,9 +99,7 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 def test_absent_layers_are_left_out():
     text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY runtime/ /opt/triton-builder/",
-                      "COPY sbom.cdx.json /opt/triton-builder/sbom.cdx.json",
-                      "COPY models/ /models/"]
+    assert copies == ["COPY runtime/ /", "COPY sbom/ /", "COPY code/ /"]
 
 
 HOSTILE = [

@@ -1,0 +1,93 @@
+"""Same inputs, same image: two clean builds of one pipeline give one image ID.
+
+"Clean" as on two machines: each build is its own ``triton-builder image`` process (another
+``PYTHONHASHSEED``), with an empty ``TRITON_BUILDER_CACHE``, another working directory and another
+``umask``, a minute apart on the clock, and every image the first build made (payload cache,
+intermediate layers, the image) removed before the second, so the engine's layer cache cannot
+hand the second build the first one's layers. What stays is what counts as an input: the
+pipeline's source, the base image (by digest), the package index's wheels and
+``SOURCE_DATE_EPOCH`` (unset here: the date is 2000-01-01).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder.image.labels import INPUTS
+from builder.image.serving_image import PAYLOAD_REPOSITORY
+from tests.support.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+PIPELINE = f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline"
+REFERENCE = "triton-builder-test/reproducible:1"
+
+
+def _build(workdir: Path, umask: int, hash_seed: str) -> str:
+    """One build as on a fresh machine; its log."""
+    (workdir / "cache").mkdir(parents=True)
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "SOURCE_DATE_EPOCH"}
+    environment.update(TRITON_BUILDER_CACHE=str(workdir / "cache"), PYTHONHASHSEED=hash_seed)
+    program = Path(sys.executable).parent / "triton-builder"
+    result = subprocess.run([str(program), "image", PIPELINE, "-t", REFERENCE, "--no-verify"],
+                            cwd=workdir, env=environment, capture_output=True, text=True,
+                            preexec_fn=lambda: os.umask(umask), timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def _remove_what_the_build_made(client, before: set[str]) -> None:
+    """Every image that was not there before: the image, its payload, the build's layers."""
+    for tag in [REFERENCE, *(t for image in client.images.list(PAYLOAD_REPOSITORY)
+                             for t in image.tags)]:
+        image = client.images.get(tag)
+        if image.id not in before:
+            client.images.remove(tag, noprune=True)
+    for _ in range(10):  # children first: repeat until no new untagged image is left
+        left = [image for image in client.images.list(all=True)
+                if image.id not in before and not image.tags]
+        if not left:
+            return
+        for image in left:
+            try:
+                client.images.remove(image.id, noprune=True)
+            except Exception:  # noqa: BLE001 - a parent of one still there; next round
+                pass
+
+
+def _layers(client, image_id: str) -> list[str]:
+    return client.images.get(image_id).attrs["RootFS"]["Layers"]
+
+
+def test_two_clean_builds_give_one_image_id(docker_client, cpu_base_image, tmp_path):
+    import time
+
+    before = {image.id for image in docker_client.images.list(all=True)}
+    ids, layers = [], []
+    for machine, (umask, seed) in enumerate(((0o022, "1"), (0o077, "2"))):
+        if machine:
+            time.sleep(1.5)  # another second on the clock
+        log = _build(tmp_path / f"machine-{machine}", umask, seed)
+        if machine:
+            assert "Using cache" not in log, "the second build was handed cached layers"
+        image = docker_client.images.get(REFERENCE)
+        if not machine:
+            shown = json.loads(subprocess.run(
+                [str(Path(sys.executable).parent / "triton-builder"), "inspect", REFERENCE,
+                 "--inputs"], capture_output=True, text=True, check=True).stdout)
+            assert {label: entry["value"] for label, entry in shown.items()} == {
+                label: image.labels[label] for label in INPUTS}
+        ids.append(image.id)
+        layers.append(_layers(docker_client, image.id))
+        _remove_what_the_build_made(docker_client, before)
+    differing = [index for index, (first, second) in enumerate(zip(*layers)) if first != second]
+    assert ids[0] == ids[1], (f"two image IDs {ids}; layers that differ (from the base up): "
+                              f"{differing} of {len(layers[0])}")
+    assert ids[0] not in before
