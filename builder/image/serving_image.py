@@ -105,6 +105,9 @@ class ServingImage:
     built: bool
     payload_id: str | None = None
     """The cached payload below a new image: what a discarded build keeps."""
+    steps: tuple[str, ...] = ()
+    """The engine's images of the build's steps above the payload (newest first): the layer
+    cache of the next build, removed with a discarded one."""
     ready_timeout_s: float = VERIFY_TIMEOUT_S
     """How long a container of it may take to be ready: longer where it carries environment
     archives, which the python backend extracts at every start (:mod:`builder.image.startup`)."""
@@ -227,14 +230,20 @@ def build_serving_image(
         sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], on_log=log)
+        steps = tuple(itertools.takewhile(
+            lambda layer: layer != payload_id,
+            (entry["Id"] for entry in client.api.history(built.id)[1:])))
         try:
             image_id = restamp_image(client, built.id, created=image_labels[CREATED],
                                      kept_history=len(client.api.history(base.id)))
-        finally:
-            remove_images(client, [built.id])
+        except BaseException:
+            remove_images(client, [built.id, *steps])
+            raise
+        remove_images(client, [built.id])
         log(f"dated {image_labels[CREATED]} (the build's epoch): {image_id}")
     return ServingImage(id=image_id, release=release, content_hash=digest, labels=image_labels,
-                        built=True, payload_id=payload_id, ready_timeout_s=ready_timeout_s)
+                        built=True, payload_id=payload_id, steps=steps,
+                        ready_timeout_s=ready_timeout_s)
 
 
 def check_environment_python(tarball: str | os.PathLike, release: Release,
@@ -329,13 +338,8 @@ def payload_reference(payload_hash: str) -> str:
 
 def discard_image(client: docker.DockerClient, image: ServingImage) -> None:
     """Drop a new image that will not be tagged (failed verification, an interrupt) and the
-    build's intermediate images down to its payload, a cache worth keeping — unless something
-    else already names it. A found (not built) image is never dropped."""
+    engine's images of its build steps down to its payload, a cache worth keeping — unless
+    something else already names them. A found (not built) image is never dropped."""
     if not image.built:
         return
-    try:
-        history = client.images.get(image.id).history()
-    except docker.errors.APIError:
-        return
-    chain = [entry["Id"] for entry in history if entry.get("Id", "<missing>") != "<missing>"]
-    remove_images(client, itertools.takewhile(lambda layer: layer != image.payload_id, chain))
+    remove_images(client, [image.id, *image.steps])
