@@ -1,5 +1,5 @@
-"""Sessions: ``tests`` (the whole suite), ``unit`` (the fast tier), ``lint``, ``demo``, ``bench``,
-``base``.
+"""Sessions: ``tests`` (the whole suite), ``unit`` (the fast tier), ``gpu`` (the GPU tier, on a
+GPU machine), ``lint``, ``demo``, ``bench``, ``base``.
 
 Every session installs the project into its own virtual environment; the ones that need Docker
 start the engine themselves (as root on Debian they install it), so a fresh machine needs
@@ -85,6 +85,22 @@ def unit(session: nox.Session) -> None:
     tritonserver or a GPU (under two minutes)."""
     _install(session)
     session.run("pytest", "tests/unit", "-m", UNIT_DESELECT, *(session.posargs or ["-q"]))
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """The GPU tier, on a machine with an NVIDIA GPU: ``tests/gpu`` (skipped, saying why, where
+    the GPU or a CUDA torch is missing) and its CPU twin, against Triton 2.51 from the
+    nvidia-pytriton wheel as a host process — no Docker needed.
+
+    The machine's own Python and torch are kept: the virtualenv sees the system's site-packages,
+    so pip leaves a CUDA build of torch that satisfies the project in place instead of fetching
+    another (``_install`` would put in a CPU build). Offline, point ``PIP_FIND_LINKS`` at a
+    wheelhouse of the project's dependencies and ``TRITON_BUILDER_PYTRITON_WHEEL`` at the wheel.
+    """
+    session.install("-e", ".[test]")
+    session.run("pytest", "tests/gpu", "tests/e2e/test_gpu_tier_on_cpu.py", "-rs",
+                *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)

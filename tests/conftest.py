@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from builder.tritonserver.host_process import TritonServer
+from tests.support.gpu import gpu_missing
 from tests.support.paths import IMAGES
 from tests.support.testbed import LocalRegistry
 
@@ -32,14 +33,24 @@ NEEDS = {"docker_client": "docker", "registry": "registry", "triton_server": "tr
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with what it needs (``docker``, ``registry``, ``tritonserver``), read from
-    the fixtures it uses, and every test under ``tests/e2e`` as ``e2e``: ``nox -s unit``
-    deselects them all, ``nox -s tests`` runs everything."""
+    the fixtures it uses, every test under ``tests/e2e`` as ``e2e`` and every one under
+    ``tests/gpu`` as ``gpu``: ``nox -s unit``
+    deselects them all, ``nox -s tests`` runs everything. A ``gpu`` test is skipped, saying why,
+    on a machine without a usable GPU (:func:`tests.support.gpu.gpu_missing`)."""
+    missing: list[str | None] = []
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
             if fixture in NEEDS:
                 item.add_marker(NEEDS[fixture])
         if "e2e" in item.path.parts:
             item.add_marker("e2e")
+        if "gpu" in item.path.parts:
+            item.add_marker("gpu")
+        if item.get_closest_marker("gpu") is not None:
+            if not missing:
+                missing.append(gpu_missing())
+            if missing[0]:
+                item.add_marker(pytest.mark.skip(reason=missing[0]))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,104 @@
+"""The GPU tier's checks, written once for any device.
+
+What is served: the text-embedding example written by the builder with its model operator
+(``text_encoder``, a torch module) exported in the ``python`` format and placed by
+``op_config={"device": device}`` — ``KIND_GPU`` or ``KIND_CPU`` — with the pipeline model on the
+CPU calling it over BLS, by Triton 2.51 from the nvidia-pytriton wheel as a host process (no
+Docker, no network: as on a GPU machine lent for a test run). ``tests/gpu`` runs these checks on
+the GPU; ``tests/e2e/test_gpu_tier_on_cpu.py`` runs the same ones with the operator on the CPU, so
+that everything but the GPU itself is exercised on every machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builder import build_pipeline_model
+from builder.client.pipeline import Client
+from builder.repository.model_config import read_config
+from builder.tritonserver.host_process import TritonServer
+from builder.verify.container import ContainerEndpoint
+from builder.verify.equality import check_same
+from pipelines.text_embedding import TinyEncoder, Tokenizer, pipeline
+from pipelines.weights import load_weights
+from tests.support.example_inputs import TEXTS
+
+OPERATOR = "text_encoder"
+KINDS = {"gpu": mc.ModelInstanceGroup.KIND_GPU, "cpu": mc.ModelInstanceGroup.KIND_CPU}
+TOLERANCE = 1e-4
+"""The same bound as every served-equals-in-process check (cuBLAS and the CPU differ ~1e-6)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    server: TritonServer
+    repository: Path
+    device: str
+
+    @property
+    def endpoint(self) -> ContainerEndpoint:
+        """The server's ports in the form placement verification reads them."""
+        return ContainerEndpoint(self.server.http_url, self.server.grpc_url,
+                                 f"127.0.0.1:{self.server.metrics_port}", "host tritonserver")
+
+
+@contextmanager
+def served_text_embedding(root: Path, device: str) -> Iterator[Served]:
+    """Write the repository with the operator on ``device`` and serve it."""
+    build_pipeline_model(pipeline, root, format_priority=("python",),
+                         op_defaults={"device": device}, in_process=False)
+    config = read_config(root / OPERATOR)
+    assert config.backend == "python", "the operator is not in the python format"
+    assert [group.kind for group in config.instance_group] == [KINDS[device]], config
+    with TritonServer(root) as server:
+        yield Served(server, root, device)
+
+
+def operator_answers(served: Served, texts: list[str]) -> None:
+    """The operator, called directly with a batch, answers as the module does in process."""
+    tokenizer = Tokenizer()
+    ids, mask = (np.stack(arrays) for arrays in zip(*(tokenizer(text) for text in texts)))
+    inputs = [grpcclient.InferInput("ids", list(ids.shape), "INT64"),
+              grpcclient.InferInput("mask", list(mask.shape), "FP32")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(mask)
+    with grpcclient.InferenceServerClient(served.server.grpc_url) as client:
+        answer = client.infer(OPERATOR, inputs).as_numpy("output_0")
+    module = load_weights(TinyEncoder, OPERATOR, seed=0).eval()
+    with torch.no_grad():
+        expected = module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(answer, expected, atol=TOLERANCE, rtol=0)
+
+
+def pipeline_answers(served: Served, concurrency: int = 8) -> None:
+    """The pipeline model answers as the pipeline does in process: one call at a time, then
+    ``concurrency`` clients at once (Triton batches them; BLS carries the batches)."""
+    url = f"grpc://{served.server.grpc_url}/pipeline"
+    with Client(url) as client:
+        for text in TEXTS:
+            check_same(client(text), pipeline(text), TOLERANCE, f"pipeline({text!r})")
+    problems: list[str] = []
+
+    def one_client(offset: int) -> None:
+        with Client(url) as client:
+            for text in TEXTS[offset::concurrency]:
+                try:
+                    check_same(client(text), pipeline(text), TOLERANCE, f"pipeline({text!r})")
+                except Exception as error:  # noqa: BLE001 - collected, raised below
+                    problems.append(str(error))
+
+    threads = [threading.Thread(target=one_client, args=(n,)) for n in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not problems, problems[:3]
