@@ -2,8 +2,8 @@
 
 For ``cuda='11.8'`` (22.12) and ``cuda='12.4'`` (24.05), both bridged from this Python 3.11, the
 environment a build makes for the text-embedding example with its encoder on the GPU, through
-the build's own steps (:func:`builder.job.environment_spec`,
-:func:`~builder.environment.cuda_packages.resolve_cuda_packages`, the bridge's
+the build's own steps (:func:`builder.environment.prepare.environment_spec`,
+:func:`~builder.environment.torch_for_cuda.resolve_cuda_packages`, the bridge's
 :class:`~builder.environment.carried.CarriedInterpreterPacker`,
 :func:`~builder.environment.tarball.pack_environment`). On 22.12 torch comes in because BLS hands
 the GPU model's outputs over by dlpack; on 24.05 nothing in the example needs torch, so the
@@ -49,23 +49,25 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-from builder.base.python_bridge import INTERPRETER_IMAGE_VARIABLE, plan_python  # noqa: E402
-from builder.environment.cuda_packages import PYTORCH_INDEX, resolve_cuda_packages  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 from benchmarks.report import machine, publish  # noqa: E402
 from builder.base import resolve  # noqa: E402
+from builder.base.releases import StubSource  # noqa: E402
+from builder.bridge.interpreter import INTERPRETER_IMAGE_VARIABLE  # noqa: E402
+from builder.bridge.plan import BridgeOptions, plan_python  # noqa: E402
+from builder.bridge.wheel_stub import wheel_stub  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.environment.attach import attach_environment  # noqa: E402
 from builder.environment.carried import CarriedInterpreterPacker  # noqa: E402
 from builder.environment.index import PackageIndex  # noqa: E402
+from builder.environment.prepare import EnvironmentOptions, environment_spec  # noqa: E402
 from builder.environment.tarball import EnvironmentTarball, pack_environment  # noqa: E402
 from builder.environment.target import interpreter_target  # noqa: E402
-from builder.job import environment_spec  # noqa: E402
+from builder.environment.torch_for_cuda import PYTORCH_INDEX, resolve_cuda_packages  # noqa: E402
 from builder.repository.writer import build_pipeline_model  # noqa: E402
 from builder.tritonserver.host_process import TritonServer  # noqa: E402
-from builder.tritonserver.wheel import wheel_stub  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
 
 SECTION = "## CUDA environments: size, build, time to ready"
@@ -145,7 +147,7 @@ def main() -> None:
 def _measure(client, cuda: str, interpreter_image: str, runs: int,
              index: PackageIndex) -> Measured:
     release = resolve(cuda)
-    plan = plan_python(release, interpreter_image=interpreter_image)
+    plan = plan_python(release, options=BridgeOptions(interpreter_image=interpreter_image))
     with tempfile.TemporaryDirectory(prefix="bench-cuda-env-") as workdir:
         work = Path(workdir)
         built = build_pipeline_model(pipeline, work / "pipeline", ("onnx",), 1, target=release)
@@ -153,9 +155,10 @@ def _measure(client, cuda: str, interpreter_image: str, runs: int,
         target = interpreter_target(client, interpreter_image, python_version=plan.python_version,
                                     triton_version=release.triton_version)
         libraries = (wheel_stub(plan.stub.requirement, plan.python_version).libraries
-                     if plan.stub.kind == "pytriton-wheel" and plan.stub.requirement else ())
-        spec = environment_spec(pipeline, built, release, target.python_version,
-                                requirements=EXTRA_REQUIREMENTS.get(cuda, []))
+                     if plan.stub.kind == StubSource.WHEEL and plan.stub.requirement else ())
+        spec = environment_spec(built, release, target.python_version,
+                                [node.op for node in pipeline.nodes], EnvironmentOptions(
+                                    requirements=tuple(EXTRA_REQUIREMENTS.get(cuda, []))))
         resolution = resolve_cuda_packages(spec, release, python_version=target.python_version,
                                            platforms=target.platform_tags(), index=index,
                                            pytorch_index=PYTORCH_INDEX, on_log=print)

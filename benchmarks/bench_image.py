@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import machine, publish  # noqa: E402
-from builder import build_context  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
+from builder.image import context as image_context  # noqa: E402
 from builder.image.serving_image import payload_reference  # noqa: E402
 from builder.job import build_image_from_repository  # noqa: E402
 from builder.verify import VerifyOptions  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> None:
             for run in range(args.runs):
                 model = repository / "scale" / "1" / "model.py"
                 model.write_text(model.read_text() + f"\n# code-only change {run}\n")
-                build_context._DIGESTS.clear()
+                image_context._DIGESTS.clear()
                 started = time.monotonic()
                 last = build_image_from_repository(
                     repository, image_name=f"{IMAGE}:rebuild-{run}",
