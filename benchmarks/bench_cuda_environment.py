@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     client = ensure_engine()
     index = PackageIndex(find_links=tuple(str(Path(d).resolve()) for d in args.find_links))
     results = [_measure(client, cuda, args.interpreter_image, args.runs, index)
@@ -138,8 +139,12 @@ def main() -> None:
         "A tarball is extracted by the python backend at every server start (22.12 and 23.05 "
         "know no other way); a directory is used in place (r23.07 and later), so GPU releases "
         "that accept one get the environment unpacked in an image layer. No GPU here: a GPU "
-        "machine adds CUDA initialisation, not extraction. The machine may have been shared "
-        f"with other jobs (2 CPUs); load average at the end: {os.getloadavg()[0]:.1f}.",
+        "machine adds CUDA initialisation, not extraction. Load average (1 min) when the run "
+        f"began: {load_before:.1f}, when it ended: {os.getloadavg()[0]:.1f} (2 CPUs; the "
+        "benchmark's own build keeps both busy). Build time: the interpreter copied out of the "
+        "image, the packages installed in a container of it, the canonical archive written "
+        "(gzip level 4) and read back whole by the check; the unpacked size is what the image's "
+        "environment layer holds on a GPU release from 23.07 on.",
     ])
     publish(SECTION, section, write=not args.no_write)
 
