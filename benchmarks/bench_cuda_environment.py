@@ -119,14 +119,16 @@ def main() -> None:
     section = "\n".join([
         SECTION, "",
         f"`{COMMAND} --runs {args.runs}"
-        f"{''.join(' --find-links DIR' for _ in args.find_links)}` on {machine()} (DIR: "
-        f"`pip download` of the same requirements); interpreter image `"
+        f"{''.join(' --find-links DIR' for _ in args.find_links)}` on {machine()}"
+        + (" (DIR: `pip download` of the same requirements)" if args.find_links else "")
+        + f"; interpreter image `"
         f"{args.interpreter_image}` (a stand-in for the official Python image: no NGC image or "
         f"Docker Hub here). The text-embedding example, encoder on the GPU, bridged from "
         f"Python 3.11; torch chosen by the build (PyTorch's index unreachable here: from PyPI's "
         f"wheel metadata). Build: one cold build (fresh environment cache"
         + (", wheels from a local `--find-links` directory: PyPI's speed left out"
-           if args.find_links else ", wheels downloaded from PyPI") + "). "
+           if args.find_links else ", wheels from PyPI through pip's cache as this machine had it")
+        + "). "
         f"Ready: a host Triton 2.51 (nvidia-pytriton wheel) started on one python model "
         f"that imports torch from the environment, until `/v2/health/ready`; tarball and "
         f"directory starts alternate, medians of {args.runs}.", "",

@@ -3,12 +3,12 @@
 The python backend extracts an archive ``EXECUTION_ENV_PATH`` into ``/tmp`` at every server start
 (python_backend ``pb_env.cc``, ``EnvironmentManager::ExtractIfNotExtracted``); a directory it
 uses in place. A GPU release's environment carries CUDA torch, gigabytes: measured here
-(BENCHMARKS.md, "CUDA environments", host Triton 2.51, 2 shared CPUs), the 22.12 (CUDA 11.8,
-2.34 GB archive) environment was ready in 46.6 s as an archive against 8.4 s unpacked, the
-24.05 (CUDA 12.4, 3.10 GB) one in 35.2 s against 3.6 s: half a minute of every start. Unpacked,
-the same bytes sit in the image's environment layer instead (the registry compresses layers
-anyway, and the container no longer writes a second copy into ``/tmp``), so every release
-whose python backend takes a directory gets one.
+(BENCHMARKS.md, "CUDA environments", host Triton 2.51, 2 CPUs, medians of 3), the 22.12
+(CUDA 11.8, 2.38 GB archive) environment was ready in 36.9 s as an archive against 3.6 s
+unpacked, the 24.05 (CUDA 12.4, 3.13 GB) one in 43.9 s against 4.9 s: over half a minute of
+every start. Unpacked, the same bytes sit in the image's environment layer instead (the
+registry compresses layers anyway, and the container no longer writes a second copy into
+``/tmp``), so every release whose python backend takes a directory gets one.
 
 Which branches take one, read from python_backend's ``src/pb_env.cc`` in
 ``../shared/triton-sources``: r22.12 and r23.05 only extract (``ExtractIfNotExtracted`` has no

@@ -8,13 +8,13 @@ An environment shipped as an archive — every GPU release before r23.07
 (:mod:`builder.environment.unpacking`) — is extracted by the python backend at every start
 before any python model loads. Measured here (BENCHMARKS.md, "CUDA environments"; the host
 Triton 2.51, whose extraction is the same libarchive code as r22.12's): the 22.12 (CUDA 11.8,
-torch 2.0.1) environment's 2.34 GB archive made the start to ready 42.5 / 46.6 / 60.5 s against
-18.8 / 4.4 / 8.4 s for the same environment unpacked, on 2 CPUs shared with other jobs: the
-extraction took about 38 s (medians), 61 MB of archive per second. The fixed allowances held,
-but the slowest start left 44 s before Docker's health check (60 s start period, then 3 failures
-15 s apart) would have marked the container unhealthy, and a bigger archive or a slower disk
-leaves none: so both allowances add the time an archive takes at
-:data:`EXTRACTION_BYTES_PER_S`, a third of the measured rate.
+torch 2.0.1) environment's 2.38 GB archive made the start to ready 36.5 / 36.9 / 38.8 s on a
+quiet machine against 3.4 / 3.6 / 8.4 s unpacked, an extraction of about 33 s (71 MB/s); on
+2 CPUs shared with other jobs the same archive took 42.5 / 46.6 / 60.5 s (61 MB/s). The fixed
+allowances held, but the slowest start left 44 s before Docker's health check (60 s start
+period, then 3 failures 15 s apart) would have marked the container unhealthy, and a bigger
+archive or a slower disk leaves none: so both allowances add the time an archive takes at
+:data:`EXTRACTION_BYTES_PER_S`, a third of the busy machine's rate.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ VERIFY_TIMEOUT_S = 180.0
 """Seconds verification waits for readiness, without environment archives."""
 EXTRACTION_BYTES_PER_S = 20 * 10**6
 """Archive bytes the python backend extracts per second, allowed for: a third of the 61 MB/s
-measured (see the module's text)."""
+measured on a busy machine (see the module's text)."""
 MEASURED_ARCHIVE_BYTES = 2_342_589_255
 """The 22.12 CUDA environment's archive as measured (``benchmarks/bench_cuda_environment.py``)."""
 MEASURED_READY_S = 60.5
-"""Its slowest start to ready of three, as a tarball, on the host Triton 2.51."""
+"""Its slowest start to ready as a tarball on the host Triton 2.51, on a busy machine (2.34 GB
+then, before archives were canonical): the worst case the allowances are held against."""
 
 
 def extraction_seconds(archive_bytes: int) -> int:
