@@ -152,6 +152,7 @@ def unpack_wheel(wheel: Path, root: Path,
     executables stay executable); ``root/.complete`` marks a finished extraction."""
     staging = root.with_name(root.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
             if info.filename.startswith(prefixes):

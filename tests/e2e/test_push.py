@@ -16,15 +16,8 @@ from builder.push.docker_push import PushError, push_image
 from builder.push.registry import (
     MANIFEST_TYPES,
     RegistryError,
-    is_loopback,
     manifest_digest,
 )
-
-
-def test_loopback_registries_are_the_insecure_default():
-    assert is_loopback("127.0.0.1:5000") and is_loopback("localhost:80")
-    assert is_loopback("[::1]:5000")
-    assert not is_loopback("registry.example.com:5000")
 
 
 @pytest.fixture(scope="module")

@@ -200,6 +200,16 @@ def test_no_two_modules_share_a_name():
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
 
 
+def test_the_unit_tests_mirror_the_packages():
+    """Every package of the builder has its folder of unit tests, named as it is."""
+    units = ROOT.parents[0] / "tests" / "unit"
+    packages = sorted(p.parent.relative_to(ROOT).as_posix() for p in ROOT.rglob("__init__.py")
+                      if p.parent != ROOT and any(p.parent.glob("*.py")))
+    top = sorted({package.split("/")[0] for package in packages})
+    missing = [package for package in top if not any((units / package).glob("test_*.py"))]
+    assert not missing, f"packages without unit tests in tests/unit/: {missing}"
+
+
 def test_the_environment_stage_makes_the_bridges_parts():
     source = (ROOT / "environment" / "prepare.py").read_text()
     assert "prepare_bridge(" in source
