@@ -140,6 +140,10 @@ def _kill(container, *models: str) -> list[str]:
     return killed
 
 
+def _log_tail(container, lines: int = 40) -> str:
+    return "\n".join(container.logs().decode(errors="replace").splitlines()[-lines:])
+
+
 def _supervisor_log(container) -> str:
     return "\n".join(line for line in container.logs().decode(errors="replace").splitlines()
                      if "triton-builder supervisor" in line)
@@ -225,6 +229,15 @@ class _Load:
                      if answered >= moment and why is not None]
         return min(times) if times else None
 
+    def since(self, moment: float, model: str) -> str:
+        """What came back for ``model`` after ``moment``: for a failure message."""
+        with self.lock:
+            after = [(answered - moment, why) for sent, answered, why in self.answers[model]
+                     if answered >= moment]
+        correct = [at for at, why in after if why is None]
+        return (f"{model} since then: {len(correct)} correct, {len(after) - len(correct)} failed"
+                + (f", the last answer at +{after[-1][0]:.2f}s" if after else ", no answer"))
+
     def failures_between(self, start: float, end: float, model: str) -> list[str]:
         with self.lock:
             return [why for sent, answered, why in self.answers[model]
@@ -292,11 +305,26 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
             for kill in range(HEAL_KILLS):
                 models = targets[kill % len(targets)]
                 time.sleep(2.5)  # beyond the window: each kill is a first failure
+                reloads = _metric(container, "triton_builder_stub_restarts_total")
                 killed_at = time.monotonic()  # the kill lands within the exec: an upper bound
                 _kill(container, *models)
-                down = [_wait_for(lambda m=model, since=killed_at: load.first_failure_after(
-                    since, m), 30) for model in models]
-                assert None not in down, f"kill {kill + 1}: no request failed: {models}, {down}"
+
+                def seen_dead(model: str, since: float = killed_at,
+                              reloads: dict[str, float] = reloads) -> float | None:
+                    """The first failed request of ``model``; where the dead stub held none (it
+                    happens, about one kill in 20 here), the reload the supervisor counted,
+                    seen by polling its metrics (an upper bound)."""
+                    failed = load.first_failure_after(since, model)
+                    if failed is not None:
+                        return failed
+                    now = _metric(container, "triton_builder_stub_restarts_total")
+                    return time.monotonic() if now.get(model, 0) > reloads.get(model, 0) else None
+
+                down = [_wait_for(lambda m=model: seen_dead(m), 30) for model in models]
+                assert None not in down, (
+                    f"kill {kill + 1}: {models} neither failed nor reloaded: {down}\n"
+                    + "; ".join(load.since(killed_at, m) for m in models) + "\n"
+                    + _supervisor_log(container))
                 healed = [_wait_for(lambda since=since, m=model:  # sent once it was seen dead
                                     load.first_correct_after(since, m), HEAL_BOUND_S)
                           for model, since in zip(models, down)]
@@ -321,10 +349,21 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
             zombies = container.exec_run(
                 ["sh", "-c", "grep -l '^State:.Z' /proc/[0-9]*/status | wc -l"])
             # the server itself aborting, as the backend does on a lock_exception: on demand
+            servers = _metric(container, "triton_builder_server_restarts_total").get("", 0)
             crashed_at = time.monotonic()
             aborted = container.exec_run(["python3", "-c", ABORT_SERVER])
             assert len(aborted.output.split()) == 1, aborted.output
-            down = _wait_for(lambda: load.first_failure_after(crashed_at, "pipeline"), 30)
+
+            def server_down() -> float | None:
+                """A failed direct request, or the restart the supervisor counted. The pipeline
+                client retries UNAVAILABLE, so a short outage may cost it no request at all."""
+                failed = load.first_failure_after(crashed_at, "text_encoder")
+                if failed is not None:
+                    return failed
+                now = _metric(container, "triton_builder_server_restarts_total").get("", 0)
+                return time.monotonic() if now > servers else None
+
+            down = _wait_for(server_down, 30)
             assert down, f"the server did not go down:\n{_supervisor_log(container)}"
             back = [_wait_for(lambda m=model: load.first_correct_after(down, m),
                               HEAL_BOUND_S) for model in ("pipeline", "text_encoder")]
@@ -375,10 +414,20 @@ BLS_KILLS = 3
 
 def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_base_image):
     """The example built with its model operator called over BLS (``in_process=False``, as on
-    a GPU release): kill ``text_encoder``'s stub BLS_KILLS times; each time the pipeline model's
-    requests fail until ``text_encoder`` is reloaded, then answer correctly again without the
-    pipeline model being reloaded (Triton's BLS finds a model by name on every call)."""
+    a GPU release): kill ``text_encoder``'s stub BLS_KILLS times under load; each time the
+    supervisor reloads ``text_encoder`` and the pipeline model answers correctly again without
+    being reloaded itself (Triton's BLS finds a model by name on every call).
+
+    Whether a pipeline request fails at all depends on whether one of its BLS calls was in the
+    batch the dead stub held: on an idle machine often none was (20,490 correct, 0 failed, in one
+    run here), so the heal is timed from the kill to the first correct answer sent after the
+    reload, and the failures are reported, not required. That the pipeline does call
+    ``text_encoder`` is shown by the server's own statistics first: N sequential pipeline
+    requests are N more requests of ``text_encoder``."""
+    import tritonclient.grpc as grpcclient
+
     from builder import build_docker_image
+    from builder.client.pipeline import Client
     from builder.verify.container import ServingContainer
     from pipelines.text_embedding import pipeline
 
@@ -386,20 +435,34 @@ def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_
     build_docker_image(pipeline, reference, client=docker_client, in_process=False)
     with ServingContainer(docker_client, reference) as endpoint:
         container = docker_client.containers.get(endpoint.container_id)
+        with grpcclient.InferenceServerClient(endpoint.grpc_url) as triton, \
+                Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+            def encoder_requests() -> int:
+                (stats,) = triton.get_inference_statistics("text_encoder").model_stats
+                return stats.inference_stats.success.count + stats.inference_stats.fail.count
+            before = encoder_requests()
+            for text in ("one", "two", "three", "four", "five"):
+                client(text)
+            assert encoder_requests() - before == 5, "the pipeline model does not call over BLS"
         with _Load(endpoint.grpc_url) as load:
             assert _wait_for(lambda: load.first_correct_after(0.0, "pipeline"), 30)
             for kill in range(BLS_KILLS):
                 time.sleep(1.0)
                 killed_at = time.monotonic()  # requests in flight fail at once, within the exec
                 _kill(container, "text_encoder")
-                failed_at = _wait_for(lambda since=killed_at: load.first_failure_after(
-                    since, "pipeline"), 30)
-                assert failed_at, "the pipeline model did not notice: is it calling over BLS?"
-                healed_at = _wait_for(lambda since=failed_at: load.first_correct_after(
+                reloaded_at = _wait_for(lambda k=kill: time.monotonic() if _metric(
+                    container, "triton_builder_stub_restarts_total").get("text_encoder", 0) > k
+                    else None, HEAL_BOUND_S)
+                assert reloaded_at is not None, _supervisor_log(container)
+                healed_at = _wait_for(lambda since=reloaded_at: load.first_correct_after(
                     since, "pipeline"), HEAL_BOUND_S)
-                assert healed_at is not None, _supervisor_log(container)
+                assert healed_at is not None, (
+                    f"{load.since(killed_at, 'pipeline')}\n{_supervisor_log(container)}")
+                failed = load.failures_between(killed_at, healed_at, "pipeline")
                 print(f"BLS kill {kill + 1}: the pipeline model answers correctly again "
-                      f"{healed_at - killed_at:.2f}s after text_encoder's stub was killed")
+                      f"{healed_at - killed_at:.2f}s after text_encoder's stub was killed (at "
+                      f"most: the reload is seen by polling the supervisor's metrics); "
+                      f"{len(failed)} of its requests failed meanwhile")
         restarts = _metric(container, "triton_builder_stub_restarts_total")
     assert restarts == {"pipeline": 0, "text_encoder": BLS_KILLS}, restarts
 
