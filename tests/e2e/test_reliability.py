@@ -270,6 +270,12 @@ def _metric(container, name: str) -> dict[str, float]:
     return values
 
 
+def _risen(container, name: str, label: str, before: float) -> float | None:
+    """Now, if the supervisor's counter ``name{label}`` is above ``before`` (polled: an upper
+    bound on when it rose); else None, as :func:`_wait_for` probes return."""
+    return time.monotonic() if _metric(container, name).get(label, 0) > before else None
+
+
 def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_image):
     """Kill python backend stubs HEAL_KILLS times under load — the pipeline model's, the model
     operator's (``text_encoder``) and both at once — in the built example image: the server
@@ -315,10 +321,9 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
                     happens, about one kill in 20 here), the reload the supervisor counted,
                     seen by polling its metrics (an upper bound)."""
                     failed = load.first_failure_after(since, model)
-                    if failed is not None:
-                        return failed
-                    now = _metric(container, "triton_builder_stub_restarts_total")
-                    return time.monotonic() if now.get(model, 0) > reloads.get(model, 0) else None
+                    return failed if failed is not None else _risen(
+                        container, "triton_builder_stub_restarts_total", model,
+                        reloads.get(model, 0))
 
                 down = [_wait_for(lambda m=model: seen_dead(m), 30) for model in models]
                 assert None not in down, (
@@ -358,10 +363,8 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
                 """A failed direct request, or the restart the supervisor counted. The pipeline
                 client retries UNAVAILABLE, so a short outage may cost it no request at all."""
                 failed = load.first_failure_after(crashed_at, "text_encoder")
-                if failed is not None:
-                    return failed
-                now = _metric(container, "triton_builder_server_restarts_total").get("", 0)
-                return time.monotonic() if now > servers else None
+                return failed if failed is not None else _risen(
+                    container, "triton_builder_server_restarts_total", "", servers)
 
             down = _wait_for(server_down, 30)
             assert down, f"the server did not go down:\n{_supervisor_log(container)}"
@@ -453,9 +456,9 @@ def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_
                 time.sleep(1.0)
                 killed_at = time.monotonic()  # requests in flight fail at once, within the exec
                 _kill(container, "text_encoder")
-                reloaded_at = _wait_for(lambda k=kill: time.monotonic() if _metric(
-                    container, "triton_builder_stub_restarts_total").get("text_encoder", 0) > k
-                    else None, HEAL_BOUND_S)
+                reloaded_at = _wait_for(lambda k=kill: _risen(
+                    container, "triton_builder_stub_restarts_total", "text_encoder", k),
+                    HEAL_BOUND_S)
                 assert reloaded_at is not None, _supervisor_log(container)
                 healed_at = _wait_for(lambda since=reloaded_at: load.first_correct_after(
                     since, "pipeline"), HEAL_BOUND_S)

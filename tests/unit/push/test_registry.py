@@ -69,8 +69,9 @@ def _basic(user: str, password: str) -> str:
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """A registry on a loopback port; yields a function giving its handler class a challenge."""
+def registry():
+    """A registry on a loopback port: yields its handler class (set ``challenge`` and
+    ``send_digest`` on it; it records ``token_requests``) and its host."""
     handler = type("Handler", (_Registry,), {"token_requests": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
