@@ -29,6 +29,11 @@ Sources:
 * Which ``nvidia-pytriton`` wheel bundles which Triton and which python backend stubs
   (:data:`PYTRITON_STUBS`): REFERENCE.md ("Another Python than the release's"), read from the
   wheels' ``pytriton/tritonserver/python_backend_stubs/`` directories.
+* Which Triton can restrict its administrative APIs to a header (:data:`RESTRICTED_APIS_FROM`):
+  the server's ``src/command_line_parser.cc`` per branch, read from triton-inference-server/server:
+  ``--grpc-restricted-protocol`` is in r23.04 and later, ``--http-restricted-api`` in r23.11 and
+  later (commit 4b481a6f6, "Enabling option to restrict access to HTTP APIs based on header
+  value pairs").
 * pybind11 of each python_backend branch (:data:`PYBIND11_OF_BRANCH`): ``CMakeLists.txt`` of
   r22.12 (branch v2.10) and r24.10 (v2.10.0) in ``../shared/triton-sources``; r24.11 moved to
   pybind11 2.12 (python_backend PR 384, numpy 2). Newest CPython each pybind11 supports
@@ -113,6 +118,13 @@ own shared-memory protocol — and NVIDIA's nvidia-pytriton 0.7.0 ships r24.10 s
 3.12 and 3.13, which r24.10's pin (2.10.0) cannot build."""
 
 
+RESTRICTED_APIS_FROM = "2.40.0"
+"""The first Triton (23.11) that restricts APIs over both protocols: HTTP's
+``--http-restricted-api`` came in 2.40, gRPC's ``--grpc-restricted-protocol`` in 2.33 (23.04).
+Before it, a repository API that HTTP clients can reach cannot be closed to them but by keeping
+explicit model control off (:attr:`Release.restricts_apis`)."""
+
+
 class UnsupportedCudaError(TritonBuilderError, ValueError):
     """No release matches the requested CUDA version, Triton version or base image."""
 
@@ -186,6 +198,12 @@ class Release:
         if python_version in self.wheel_stub_pythons:
             return StubSource.WHEEL
         return StubSource.COMPILE if self.compile_pybind11(python_version) else None
+
+    @property
+    def restricts_apis(self) -> bool:
+        """Whether this Triton can put its administrative APIs behind a header over HTTP and
+        gRPC alike (:data:`RESTRICTED_APIS_FROM`): only then may the repository API be on."""
+        return version_key(self.triton_version) >= version_key(RESTRICTED_APIS_FROM)
 
     @property
     def toolkit_driver(self) -> int | None:

@@ -40,10 +40,6 @@ class BridgeParts:
     """The backends whose models run on the stub: on the CPU base also its Python-based
     onnxruntime backend, whose packages then come from the environment (:attr:`requirements`)."""
     requirements: tuple[str, ...] = ()
-    unpacked: bool = False
-    """Whether the environment goes in as a directory (see
-    :func:`builder.environment.attach.attach_environment`): on the CPU base, whose two backends
-    would extract it at the same time."""
 
     @property
     def bridged(self) -> bool:
@@ -74,4 +70,4 @@ def prepare_bridge(client: docker.DockerClient, plan: PythonPlan, *,
                            interpreter_image=plan.interpreter.image)
     return BridgeParts(stub=path, libraries=libraries, interpreter_image=plan.interpreter.image,
                        backends=("python", "onnxruntime"),
-                       requirements=cpu_backend_requirements(plan.python_version), unpacked=True)
+                       requirements=cpu_backend_requirements(plan.python_version))

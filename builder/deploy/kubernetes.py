@@ -9,7 +9,12 @@
   loaded), and a ``livenessProbe`` that runs the image's health check
   (:mod:`builder.runtime.health` with ``--live``: the server answers and no python backend stub
   has died — Triton itself keeps saying ready with a dead stub, so without it a broken pod
-  would never be restarted). The pod template is annotated for Prometheus on the metrics port;
+  would never be restarted). The pod template is annotated for Prometheus on the metrics port.
+  Pods run locked down, as the Pod Security Standards' "restricted" profile asks: not as root
+  (the image's own unprivileged user), no privilege escalation, every capability dropped, the
+  ``RuntimeDefault`` seccomp profile, a read-only root file system with ``/tmp`` a writable
+  ``emptyDir`` (the health check's file of healed stubs; an environment archive's extraction on
+  releases before 23.07);
 * a ``Service`` with the http, grpc and metrics ports;
 * a ``HorizontalPodAutoscaler`` (``autoscaling/v2``) on CPU utilisation;
 * and, as an alternative to those three, a KServe ``InferenceService`` (``serving.kserve.io/
@@ -82,7 +87,9 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
               "app.kubernetes.io/component": "triton-inference-server",
               "app.kubernetes.io/managed-by": "triton-builder"}
     container = _container(image, options)
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}]
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
+               {"name": "tmp", "emptyDir": {}}]
+    pod_security = _pod_security(image)
     prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(image.metrics_port),
                   "prometheus.io/path": METRICS_PATH}
     deployment = {
@@ -95,8 +102,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels, "annotations": prometheus},
-                "spec": {"containers": [container], "volumes": volumes,
-                         "terminationGracePeriodSeconds": 40},
+                "spec": {"securityContext": pod_security, "containers": [container],
+                         "volumes": volumes, "terminationGracePeriodSeconds": 40},
             },
         },
     }
@@ -130,7 +137,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
         "spec": {"predictor": {
             "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
             "scaleMetric": "cpu", "scaleTarget": options.target_cpu_percent,
-            "containers": [predictor_container], "volumes": volumes,
+            "securityContext": pod_security, "containers": [predictor_container],
+            "volumes": volumes,
         }},
     }
     return {"deployment": deployment, "service": service, "hpa": hpa,
@@ -164,8 +172,24 @@ def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, 
         "livenessProbe": {"exec": {"command": image.liveness_command},
                           "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": {"requests": requests, **({"limits": limits} if limits else {})},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
     }
+
+
+def _pod_security(image: DeployableImage) -> dict[str, Any]:
+    """Not root, and the runtime's default seccomp profile. The image's numeric user is stated
+    as well: Kubernetes verifies ``runAsNonRoot`` only for a numeric ``USER``."""
+    security: dict[str, Any] = {"runAsNonRoot": True,
+                                "seccompProfile": {"type": "RuntimeDefault"}}
+    ids = image.uid_gid
+    if ids is not None:
+        security["runAsUser"] = ids[0]
+        if ids[1] is not None:
+            security["runAsGroup"] = ids[1]
+    return security
 
 
 def _metadata(options: KubernetesOptions, labels: dict[str, str]) -> dict[str, Any]:
@@ -203,7 +227,8 @@ def validate(documents: dict[str, dict[str, Any]],
                 targets = [{"apiVersion": "v1", "kind": "Pod",
                             "metadata": {"name": document["metadata"]["name"]},
                             "spec": {"containers": predictor["containers"],
-                                     "volumes": predictor.get("volumes", [])}}]
+                                     "volumes": predictor.get("volumes", []),
+                                     "securityContext": predictor.get("securityContext", {})}}]
             for target in targets:
                 try:
                     kubernetes_validate.validate(target, version, strict=True)
@@ -218,7 +243,8 @@ def validate(documents: dict[str, dict[str, Any]],
 
 
 _PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "containers",
-                     "volumes", "serviceAccountName", "nodeSelector", "tolerations"}
+                     "volumes", "securityContext", "serviceAccountName", "nodeSelector",
+                     "tolerations"}
 
 
 def _check_inference_service(document: dict[str, Any]) -> None:

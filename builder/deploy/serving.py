@@ -3,7 +3,9 @@
 Swarm stacks and Kubernetes manifests describe the same container: Triton's three ports, the
 health signals (``/v2/health/ready`` for readiness; :mod:`builder.runtime.health` for a dead
 python backend stub), the shared memory the stub needs, and whether the image wants GPUs (its
-``ai.triton-builder.cuda`` label). One description, two renderings.
+``ai.triton-builder.cuda`` label), and who it runs as (its ``USER``: not root, so that both
+can run it with a read-only root file system and no capabilities). One description, two
+renderings.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import docker.errors
 from builder.errors import TritonBuilderError
 from builder.image.labels import PREFIX
 from builder.image.serving_dockerfile import (
+    DEFAULT_USER,
     GRPC_PORT,
     HEALTH_SCRIPT,
     HTTP_PORT,
@@ -52,6 +55,22 @@ class DeployableImage:
     start_period_s: int = START_PERIOD_S
     """The image's own health check start period: longer where it carries environment archives
     to extract at each start (:mod:`builder.image.startup`)."""
+    user: str = DEFAULT_USER
+    """The image's ``USER`` (``uid[:gid]`` or a name), never root."""
+
+    def __post_init__(self) -> None:
+        if self.user.split(":", 1)[0] in ("", "0", "root"):
+            raise DeployError(
+                f"{self.reference} runs as root: the manifests run it as a non-root user on a "
+                f"read-only root file system; rebuild it with the default user (user=None)")
+
+    @property
+    def uid_gid(self) -> tuple[int, int | None] | None:
+        """The numeric uid and gid of :attr:`user`, where it is given as numbers."""
+        uid, _, gid = self.user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            return None
+        return int(uid), int(gid) if gid else None
 
     @property
     def health_command(self) -> list[str]:
@@ -73,6 +92,7 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     ImageReference.parse(reference)
     labels: dict[str, str] | None = None
     start_period_s = START_PERIOD_S
+    user = DEFAULT_USER
     if client is not None:
         try:
             image = client.images.get(reference)
@@ -83,13 +103,15 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
             health = (image.attrs.get("Config") or {}).get("Healthcheck") or {}
             test = health.get("Test") or []
             start_period_s = max(START_PERIOD_S, (health.get("StartPeriod") or 0) // 10**9)
+            user = (image.attrs.get("Config") or {}).get("User") or "root"
             if HEALTH_SCRIPT not in test:
                 raise DeployError(
                     f"{reference} has no triton-builder health check ({HEALTH_SCRIPT}): "
                     "deploy images built by triton-builder (rebuild older ones)")
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
-    return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s)
+    return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s,
+                           user=user)
 
 
 def size_bytes(size: str) -> int:

@@ -10,6 +10,8 @@ deployed with the Docker CLI — stacks are a CLI feature; the SDK has services 
   and healthy before an old one stops, one at a time, rolled back if the new one fails;
 * ``/dev/shm`` as a tmpfs mount of ``shm_size`` (Swarm ignores compose's ``shm_size``), for the
   python backend's shared memory;
+* locked down as far as a stack can say: a read-only root file system with ``/tmp`` a tmpfs,
+  every capability dropped; the image's own unprivileged user;
 * the three Triton ports, published through the routing mesh (``ingress``) by default; ``host``
   mode publishes each replica on its own host port (a random one when no port is given), for
   hosts without IPVS or a load balancer of your own;
@@ -100,7 +102,10 @@ def stack_document(image: DeployableImage,
         "image": image.reference,
         "ports": ports,
         "volumes": [{"type": "tmpfs", "target": "/dev/shm",
-                     "tmpfs": {"size": size_bytes(options.shm_size)}}],
+                     "tmpfs": {"size": size_bytes(options.shm_size)}},
+                    {"type": "tmpfs", "target": "/tmp"}],
+        "read_only": True,
+        "cap_drop": ["ALL"],
         "healthcheck": {
             "test": ["CMD", *image.health_command],
             "interval": f"{options.health_interval_s}s",

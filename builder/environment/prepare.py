@@ -111,8 +111,7 @@ def prepare_environment(
     models = attach_environment(built.model_root, tarball,
                                 stub=parts.stub if parts else None,
                                 backends=parts.backends if parts else ("python",),
-                                unpacked=ships_unpacked(
-                                    release, needs_directory=bool(parts and parts.unpacked)))
+                                unpacked=ships_unpacked(release))
     return PreparedEnvironment(tarball=tarball, target=target, models=models)
 
 

@@ -8,7 +8,7 @@ uses in place. A GPU release's environment carries CUDA torch, gigabytes: measur
 unpacked, the 24.05 (CUDA 12.4, 3.13 GB) one in 43.9 s against 4.9 s: over half a minute of
 every start. Unpacked, the same bytes sit in the image's environment layer instead (the
 registry compresses layers anyway, and the container no longer writes a second copy into
-``/tmp``), so every release whose python backend takes a directory gets one.
+``/tmp``), so every release whose python backend takes a directory gets one, the CPU base too.
 
 Which branches take one, read from python_backend's ``src/pb_env.cc`` in
 ``../shared/triton-sources``: r22.12 and r23.05 only extract (``ExtractIfNotExtracted`` has no
@@ -34,16 +34,16 @@ def accepts_directory(release: Release) -> bool:
     return found is not None and (int(found.group(1)), int(found.group(2))) >= DIRECTORY_FROM
 
 
-def ships_unpacked(release: Release, *, needs_directory: bool = False) -> bool:
-    """Whether the environment goes into the repository unpacked.
+def ships_unpacked(release: Release) -> bool:
+    """Whether the environment goes into the repository unpacked: wherever the release's python
+    backend takes a directory (:func:`accepts_directory`).
 
-    GPU releases that accept a directory: always (their environments carry CUDA packages, whose
-    extraction at each start is the cost measured above). ``needs_directory`` is a build that
-    must have one whatever the size: the bridged CPU base, whose two Python-based backends would
-    extract archives at the same time (:func:`builder.environment.attach.attach_environment`).
-    The native CPU base keeps its small archive. Releases before r23.07 get the archive: their
-    backend accepts nothing else.
+    Besides the start time above, an archive needs a ``/tmp`` that is writable *and* allows
+    executables at every start (its shared libraries are loaded from there): under
+    ``docker run --read-only --tmpfs /tmp`` (Docker mounts such a tmpfs ``noexec``) the example's
+    pipeline model failed to import numpy ("you should not try to import numpy from its source
+    directory"). Unpacked, nothing is written at start. Releases before r23.07 get the archive:
+    their backend accepts nothing else (a read-only container then needs
+    ``--tmpfs /tmp:exec``).
     """
-    if needs_directory:
-        return accepts_directory(release)
-    return release.gpu and accepts_directory(release)
+    return accepts_directory(release)

@@ -28,6 +28,7 @@ from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
 from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
 from builder.image.startup import START_PERIOD_S
+from builder.runtime.supervisor import locked_command
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -57,6 +58,14 @@ by multiples of the growth size when a request needs more (1 MiB: r24.10's own d
 r22.12's 64 MB would not fit either). Both options exist under the same names in r22.12,
 r23.05, r24.10, r24.12 and r25.11."""
 
+DEFAULT_USER = "1000:1000"
+"""Who every image runs as unless ``user=`` says otherwise: uid and gid 1000, NGC's
+``triton-server`` (and our CPU base's). Numeric, so that Kubernetes can verify
+``runAsNonRoot`` and a base without that user in ``/etc/passwd`` still runs it; no ``RUN`` step
+makes it (a ``useradd`` layer dates its files with the build's clock: two builds, two IDs)."""
+ROOT = "root"
+"""``user=ROOT`` runs the server as root, as images did before they were locked."""
+
 Stage = Literal["full", "payload", "serving"]
 
 # useradd's default NAME_REGEX: what a portable user name may be.
@@ -71,7 +80,8 @@ class ServingOptions:
 
     model_repository: str = DEFAULT_MODEL_REPOSITORY
     user: str | None = None
-    """Run as this non-root user (created with ``uid`` if the base lacks it)."""
+    """Run as this user (created with ``uid`` if the base lacks it); None: :data:`DEFAULT_USER`;
+    :data:`ROOT`: root."""
     uid: int = 1000
     server_args: tuple[str, ...] = field(default_factory=tuple)
     """Extra ``tritonserver`` flags, e.g. ``--log-verbose=1``."""
@@ -94,6 +104,20 @@ class ServingOptions:
         for arg in self.server_args:
             if not isinstance(arg, str) or not _SERVER_ARG.fullmatch(arg):
                 raise DockerfileError(f"not a tritonserver flag (--name[=value]): {arg!r}")
+        try:
+            locked_command(list(self.server_args), "k" * 32)
+        except ValueError as error:
+            raise DockerfileError(str(error)) from None
+
+    @property
+    def run_as(self) -> str:
+        """The ``USER`` of the image."""
+        return self.user or DEFAULT_USER
+
+    @property
+    def creates_user(self) -> bool:
+        """A named non-root user, made by a ``RUN`` step where the base lacks it."""
+        return self.user not in (None, ROOT)
 
     @property
     def http_port(self) -> int:
@@ -104,12 +128,23 @@ class ServingOptions:
                 return int(value)
         return HTTP_PORT
 
-    @property
-    def server_command(self) -> list[str]:
+    def server_command(self, release: Release) -> list[str]:
         """``tritonserver`` with explicit model control and every model loaded at start (what
-        lets the supervisor reload one model) unless ``server_args`` choose another mode, and
-        :data:`PYTHON_BACKEND_SHM` (each unless ``server_args`` sets it)."""
-        control = [] if any(arg.startswith("--model-control-mode") for arg in self.server_args) \
+        lets the supervisor reload one model) where ``release`` can lock the repository API
+        (:attr:`Release.restricts_apis`) and ``server_args`` choose no other mode, and
+        :data:`PYTHON_BACKEND_SHM` (each unless ``server_args`` sets it). Explicit model
+        control asked for on a release that cannot lock it is refused: any client could load
+        code."""
+        chosen = next((arg for arg in self.server_args
+                       if arg.startswith("--model-control-mode")), None)
+        if chosen is not None and chosen.endswith("explicit") and not release.restricts_apis:
+            raise DockerfileError(
+                f"{chosen} on Triton {release.triton_version} ({release.release}) opens the "
+                f"repository API to every client, which could load its own code: that Triton "
+                f"cannot restrict it over HTTP (Triton 2.40, release 23.11, and later can). Drop "
+                f"the flag (a dead stub then heals by a restart of the server), or choose a "
+                f"newer release")
+        control = [] if chosen is not None or not release.restricts_apis \
             else ["--model-control-mode=explicit", "--load-model=*"]
         shm = [f"--backend-config=python,{key}={value}"
                for key, value in PYTHON_BACKEND_SHM.items()
@@ -118,10 +153,12 @@ class ServingOptions:
         return ["tritonserver", f"--model-repository={self.model_repository}", *control, *shm,
                 *self.server_args]
 
-    @property
-    def command(self) -> list[str]:
-        """The container's command: the supervisor, which runs the server as its child."""
-        return ["python3", SUPERVISOR_SCRIPT, *self.server_command]
+    def command(self, release: Release) -> list[str]:
+        """The container's command: the supervisor, which runs the server as its child, and
+        locks its administrative APIs behind a key where ``release`` can
+        (``--lock-admin-apis``; ``$TRITON_BUILDER_ADMIN_KEY`` sets the key)."""
+        lock = ["--lock-admin-apis"] if release.restricts_apis else []
+        return ["python3", SUPERVISOR_SCRIPT, *lock, *self.server_command(release)]
 
 
 def child_template(release: Release) -> str:
@@ -178,6 +215,8 @@ def render_serving_dockerfile(
         min_driver=release.safe_driver or "-",
         compute_capability=release.min_compute_capability or "-",
         user=options.user,
+        create_user=options.creates_user,
+        run_as=options.run_as,
         uid=options.uid,
         model_repository=options.model_repository,
         has_environment=has_environment,
@@ -189,7 +228,7 @@ def render_serving_dockerfile(
         healing_metrics_port=HEALING_METRICS_PORT,
         sbom_path=SBOM_PATH,
         sbom_context=SBOM_CONTEXT,
-        command=options.command,
+        command=options.command(release),
         python_models=options.python_models,
         labels=dict(labels or {}),
     )

@@ -33,6 +33,21 @@ started again in place, with the same command, after the shared memory regions o
 removed; the same policy counts the crashes (more than ``max_failures`` within ``window_s``:
 the supervisor exits with the server's status). Models come back as at any start, in seconds.
 
+Where the repository API must stay closed (a Triton before 2.40, which cannot restrict it over
+HTTP, so the image runs without explicit model control), a dead stub is healed by starting the
+whole server again in place instead: SIGTERM, SIGKILL after :data:`HEAL_STOP_GRACE_S`, the dead
+server's shared memory regions removed, the same command again. It costs every model's load
+time instead of one model's, and counts against the same policy.
+
+Locked administrative APIs (``--lock-admin-apis``, set by images whose Triton can restrict
+APIs): the server is started with ``--http-restricted-api`` and ``--grpc-restricted-protocol``
+for :data:`ADMIN_APIS`, behind the header :data:`ADMIN_KEY_HEADER`. Its value is
+``TRITON_BUILDER_ADMIN_KEY`` when the operator sets one (to use those APIs themselves), else a
+key made at start from :mod:`secrets`, never printed, known only to this process and the
+server. The server's environment does not carry it; its command line does (Triton takes
+the key no other way), which only processes of the container can read. Inference, health,
+metadata, model configuration and statistics stay public: see :data:`ADMIN_APIS`.
+
 PID 1 duties: forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the server,
 reaps every orphan, and exits with the server's status (128 + the signal if a signal ended it).
 
@@ -44,13 +59,14 @@ metrics port cannot carry them: custom metrics can only be registered from insid
 
 Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervises),
 ``TRITON_BUILDER_HEAL_MAX_FAILURES`` (5), ``TRITON_BUILDER_HEAL_WINDOW_S`` (60),
-``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
+``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_ADMIN_KEY`` (the operator's key
+for the locked APIs; unset: one made at start), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
 endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check).
 Copied into the image beside ``health.py`` and run with the image's own ``python3`` (standard
 library only)::
 
-    python3 /opt/triton-builder/supervisor.py tritonserver --model-repository=/models \\
-        --model-control-mode=explicit --load-model=* ...
+    python3 /opt/triton-builder/supervisor.py --lock-admin-apis tritonserver \\
+        --model-repository=/models --model-control-mode=explicit --load-model=* ...
 """
 
 from __future__ import annotations
@@ -58,6 +74,8 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -91,6 +109,24 @@ CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal
 a server they end is started again, unless the supervisor forwarded a stop signal."""
 STOPPING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 SHARED_MEMORY = Path("/dev/shm")
+ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+"""What only the key opens, over HTTP and gRPC: loading (with uploaded files: code), unloading and
+reconfiguring models; registering shared memory regions the server then reads and writes;
+trace and log settings, which name files the server writes. Left public, read-only and needed by
+clients: inference, health, metadata, ``model-config`` (a model's batching and shapes: our
+clients and NVIDIA's perf_analyzer read it) and ``statistics`` (the counts the public metrics
+port already serves; perf_analyzer reads them)."""
+ADMIN_KEY_HEADER = "triton-builder-admin-key"
+"""The header that carries the key. Over gRPC Triton prefixes restricted protocols' headers: the
+metadata key is :data:`GRPC_ADMIN_KEY_HEADER`."""
+GRPC_ADMIN_KEY_HEADER = f"triton-grpc-protocol-{ADMIN_KEY_HEADER}"
+ADMIN_KEY_VARIABLE = "TRITON_BUILDER_ADMIN_KEY"
+ADMIN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{16,256}")
+"""What an operator's key may be: 16 characters or more that travel unchanged in an HTTP header
+and a gRPC metadata value, and that Triton's ``<apis>:<header>=<value>`` option parses."""
+HEAL_STOP_GRACE_S = 5.0
+"""How long a server stopped to heal a stub (the repository API closed) may take to exit before
+SIGKILL: the requests in flight on its healthy models finish meanwhile."""
 STOP_GRACE_S = 10.0
 """After giving up, how long the server may take to stop before SIGKILL (Triton waits up to its
 ``--exit-timeout-secs``, 30 s, for models that will not unload)."""
@@ -257,7 +293,8 @@ class LoadTimeout(Exception):
     """Triton did not answer a load within the policy's ``load_timeout_s``."""
 
 
-def load_model(http_port: int, model: str, timeout: float) -> str | None:
+def load_model(http_port: int, model: str, timeout: float,
+               admin_key: str | None = None) -> str | None:
     """Reload ``model`` with the configuration it runs with: None once loaded, else Triton's
     reason (its first line). Raises :class:`LoadTimeout` when Triton does not answer within
     ``timeout``.
@@ -269,14 +306,14 @@ def load_model(http_port: int, model: str, timeout: float) -> str | None:
     previous load's. So the supervisor sends the model's own configuration with one parameter
     added, :data:`RELOAD_PARAMETER`, whose value differs on every reload. Until the new
     instances are ready the old version keeps its place, so the model never becomes unknown to
-    its BLS callers."""
+    its BLS callers. ``admin_key`` opens the repository API where it is locked."""
     base = f"http://127.0.0.1:{http_port}/v2"
     try:
-        config = json.loads(_http(f"{base}/models/{model}/config", None, timeout))
+        config = json.loads(_http(f"{base}/models/{model}/config", None, timeout, admin_key))
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f" {time.monotonic_ns()}"
         config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": stamp}
         body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
-        _http(f"{base}/repository/models/{model}/load", body, timeout)
+        _http(f"{base}/repository/models/{model}/load", body, timeout, admin_key)
     except urllib.error.HTTPError as error:
         try:
             detail = json.loads(error.read() or b"{}").get("error", "")
@@ -293,11 +330,44 @@ def load_model(http_port: int, model: str, timeout: float) -> str | None:
     return None
 
 
-def _http(url: str, body: bytes | None, timeout: float) -> bytes:
+def _http(url: str, body: bytes | None, timeout: float, admin_key: str | None) -> bytes:
+    headers = {"Content-Type": "application/json"}
+    if admin_key:
+        headers[ADMIN_KEY_HEADER] = admin_key
     request = urllib.request.Request(url, data=body, method="POST" if body else "GET",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read()
+
+
+def locked_command(command: list[str], key: str) -> list[str]:
+    """``command`` with :data:`ADMIN_APIS` restricted to the header :data:`ADMIN_KEY_HEADER`
+    carrying ``key``, over HTTP and gRPC. Raises ValueError, naming them, where the command
+    restricts one of those APIs already (Triton refuses an API in two groups)."""
+    taken = sorted({api for arg in command
+                    for option in ("--http-restricted-api", "--grpc-restricted-protocol")
+                    if arg.startswith(f"{option}=")
+                    for api in arg.split("=", 1)[1].split(":", 1)[0].split(",")
+                    if api in ADMIN_APIS})
+    if taken:
+        raise ValueError(f"the server's flags restrict {', '.join(taken)} already, which the "
+                         f"image locks itself: drop those from the flags and set "
+                         f"{ADMIN_KEY_VARIABLE} to choose the key")
+    apis = ",".join(ADMIN_APIS)
+    return [*command, f"--http-restricted-api={apis}:{ADMIN_KEY_HEADER}={key}",
+            f"--grpc-restricted-protocol={apis}:{ADMIN_KEY_HEADER}={key}"]
+
+
+def admin_key(environ: dict[str, str] | os._Environ) -> tuple[str, str]:
+    """The key of the locked APIs and where it came from: the operator's
+    :data:`ADMIN_KEY_VARIABLE`, else a new random one."""
+    chosen = environ.get(ADMIN_KEY_VARIABLE, "")
+    if not chosen:
+        return secrets.token_urlsafe(32), "a key made at start"
+    if not ADMIN_KEY.fullmatch(chosen):
+        raise ValueError(f"{ADMIN_KEY_VARIABLE} must be 16 to 256 characters of letters, digits "
+                         f"and ._~+/- (it travels in a header)")
+    return chosen, f"the operator's key ({ADMIN_KEY_VARIABLE})"
 
 
 def server_option(command: list[str], name: str) -> str | None:
@@ -315,12 +385,20 @@ class Supervisor:
     """Watches one server's stubs and heals them; :meth:`run` is the watching thread."""
 
     def __init__(self, server_pid: int, http_port: int, policy: RestartPolicy, *,
-                 heal: bool = True, proc: Path = Path("/proc"),
-                 healed_path: Path = health.HEALED_STUBS) -> None:
+                 heal: bool = True, reload: bool = True, admin_key: str | None = None,
+                 proc: Path = Path("/proc"), healed_path: Path = health.HEALED_STUBS) -> None:
         self.watch = StubWatch(server_pid, proc)
         self.http_port = http_port
         self.policy = policy
         self.heal = heal
+        self.reload = reload
+        """Heal by reloading the model (explicit model control), else by restarting the server."""
+        self.admin_key = admin_key
+        self.restart_requested = False
+        """A server stopped to heal its stubs (``reload`` off): start it again when it exits."""
+        self.kill_timer: threading.Timer | None = None
+        """SIGKILL for a server stopped to heal that does not exit in time; cancelled by
+        :meth:`follow` (its pid may be another process's by then)."""
         self.healed_path = healed_path
         self.records: dict[str, ModelRecord] = {}
         self.restarts: dict[str, int] = {}
@@ -336,10 +414,23 @@ class Supervisor:
         self.stopped = threading.Event()
 
     def follow(self, server_pid: int) -> None:
-        """Watch a server started again after a crash: its stubs and models start afresh."""
+        """Watch a server started again: its stubs start afresh. After a crash its models do
+        too; after a restart that healed stubs, each model keeps its failures in the window
+        (a model that kills its stub again and again still makes the supervisor give up)."""
         with self.lock:
+            if self.kill_timer is not None:
+                self.kill_timer.cancel()
+                self.kill_timer = None
+            healing = self.restart_requested
             self.watch = StubWatch(server_pid, self.watch.proc)
-            self.records.clear()
+            if healing:
+                for model, record in self.records.items():
+                    if record.dead:
+                        self.restarts[model] = self.restarts.get(model, 0) + 1
+                    record.dead, record.due, record.loading, record.died_at = [], None, False, None
+            else:
+                self.records.clear()
+            self.restart_requested = False
             self.healed.clear()
             self.generation += 1
             self._write_healed()
@@ -365,7 +456,9 @@ class Supervisor:
             self.stopped.wait(SCAN_INTERVAL_S)
 
     def step(self, now: float) -> None:
-        """One scan: record deaths, start the reloads that are due."""
+        """One scan: record deaths, start the reloads (or the server restart) that are due."""
+        if self.restart_requested:  # its stubs end with it: no deaths of their own
+            return
         deaths = self.watch.scan()
         with self.lock:
             for model in self.watch.models():
@@ -375,12 +468,32 @@ class Supervisor:
                 self._died(death, now)
             if not self.heal:
                 return
-            for model, record in self.records.items():
-                if record.due is not None and record.due <= now and not record.loading:
-                    record.loading, record.due = True, None
-                    threading.Thread(target=self._reload,
-                                     args=(model, list(record.dead), self.generation),
-                                     daemon=True).start()
+            due = [model for model, record in self.records.items()
+                   if record.due is not None and record.due <= now and not record.loading]
+            if due and not self.reload and self.gave_up is None:
+                self._restart_server(due)
+                return
+            for model in due:
+                record = self.records[model]
+                record.loading, record.due = True, None
+                threading.Thread(target=self._reload,
+                                 args=(model, list(record.dead), self.generation),
+                                 daemon=True).start()
+
+    def _restart_server(self, models: list[str]) -> None:
+        """Heal where the repository API is closed: stop the server (SIGTERM, then SIGKILL after
+        :data:`HEAL_STOP_GRACE_S`) so that :func:`main` starts it again and calls
+        :meth:`follow`."""
+        self.restart_requested = True
+        self.server_restarts += 1
+        log(f"model{'s' if len(models) > 1 else ''} {', '.join(map(repr, sorted(models)))}: "
+            f"restarting the server to heal {'them' if len(models) > 1 else 'it'} (the "
+            f"repository API is closed; server restart {self.server_restarts})")
+        pid = self.watch.server_pid
+        _forward(pid, signal.SIGTERM)
+        self.kill_timer = threading.Timer(HEAL_STOP_GRACE_S, _forward, (pid, signal.SIGKILL))
+        self.kill_timer.daemon = True
+        self.kill_timer.start()
 
     def _died(self, death: Death, now: float) -> None:
         self.deaths[death.model] = self.deaths.get(death.model, 0) + 1
@@ -400,7 +513,7 @@ class Supervisor:
         else:  # the reload in flight may have started before this death: reload once more
             record.due = due
         log(f"model {death.model!r}: stub pid {death.stub.pid} ({death.instance}) {death.why}; "
-            f"reloading {self._when(due, now)} "
+            f"{'reloading' if self.reload else 'restarting the server'} {self._when(due, now)} "
             f"(failure {len(record.failures)} of {self.policy.max_failures} allowed within "
             f"{self.policy.window_s:g}s)")
 
@@ -408,7 +521,8 @@ class Supervisor:
         """Reload ``model``; on success its stubs in ``dead`` (dead before the load) are healed."""
         started = time.monotonic()
         try:
-            problem = load_model(self.http_port, model, self.policy.load_timeout_s)
+            problem = load_model(self.http_port, model, self.policy.load_timeout_s,
+                                 self.admin_key)
         except LoadTimeout as stuck:
             with self.lock:
                 if generation == self.generation:
@@ -484,7 +598,8 @@ class Supervisor:
             lines += [f'{name}{{model="{_label(model)}"}} {count}'
                       for model, count in sorted(values.items())]
         name = "triton_builder_server_restarts_total"
-        lines += [f"# HELP {name} Servers started again in place after a crash.",
+        lines += [f"# HELP {name} Servers started again in place: after a crash, or to heal a "
+                  "dead stub where the repository API is closed.",
                   f"# TYPE {name} counter", f"{name} {server_restarts}"]
         return "\n".join(lines) + "\n"
 
@@ -538,24 +653,44 @@ def exit_code(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
+SUPERVISOR_OPTIONS = {"--lock-admin-apis": "start the server with ADMIN_APIS behind a key"}
+"""The supervisor's own flags, before the server's command."""
+
+
 def main(argv: list[str] | None = None) -> int:
     command = list(sys.argv[1:] if argv is None else argv)
+    own = []
+    while command and command[0] in SUPERVISOR_OPTIONS:
+        own.append(command.pop(0))
     if command[:1] == ["--"]:
         command = command[1:]
-    if not command:
-        print("usage: supervisor.py tritonserver [FLAG...]", file=sys.stderr)
+    if not command or command[0].startswith("--"):
+        print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]",
+              file=sys.stderr)
         return 2
     environ = os.environ
     policy = RestartPolicy.from_environment(environ)
+    key = None
+    if "--lock-admin-apis" in own:
+        try:
+            key, whose = admin_key(environ)
+            command = locked_command(command, key)
+        except ValueError as error:
+            log(f"cannot start: {error}")
+            return 2
+        log(f"administrative APIs ({', '.join(ADMIN_APIS)}) locked over HTTP and gRPC behind "
+            f"the header {ADMIN_KEY_HEADER!r}, with {whose}")
+    server_environment = {name: value for name, value in environ.items()
+                          if name != ADMIN_KEY_VARIABLE}
     mode = server_option(command, "--model-control-mode")
     heal = environ.get("TRITON_BUILDER_HEAL", "on").lower() not in ("off", "0", "false", "no")
-    if heal and mode != "explicit":
-        log(f"healing is off: the server runs with --model-control-mode={mode or 'none'}, and "
-            "only 'explicit' lets a model be reloaded")
-        heal = False
+    reload = mode == "explicit"
+    if heal and not reload:
+        log(f"healing by restarting the server: it runs with --model-control-mode="
+            f"{mode or 'none'}, and only 'explicit' lets one model be reloaded")
     http_port = int(server_option(command, "--http-port") or 8000)
 
-    server = subprocess.Popen(command)
+    server = subprocess.Popen(command, env=server_environment)
     stopping = threading.Event()
 
     def forward(received: int, frame: object) -> None:
@@ -565,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
-    supervisor = Supervisor(server.pid, http_port, policy, heal=heal)
+    supervisor = Supervisor(server.pid, http_port, policy, heal=heal, reload=reload,
+                            admin_key=key)
     metrics_port = int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT))
     if metrics_port:
         try:
@@ -580,12 +716,18 @@ def main(argv: list[str] | None = None) -> int:
 
     while True:
         status = _reap_until(server.pid)
-        crash = crash_signal(status)
-        if (crash is None or stopping.is_set() or supervisor.gave_up is not None
-                or not supervisor.server_crashed(f"was killed by {crash.name}",
-                                                 time.monotonic())):
+        if stopping.is_set() or supervisor.gave_up is not None:
             break
-        server = subprocess.Popen(command)
+        if supervisor.restart_requested:
+            removed = remove_regions(supervisor.watch.regions)
+            log(f"the server stopped (status {exit_code(status)}) to heal its stubs; starting "
+                f"it again ({removed} shared memory regions of its stubs removed)")
+        else:
+            crash = crash_signal(status)
+            if crash is None or not supervisor.server_crashed(f"was killed by {crash.name}",
+                                                              time.monotonic()):
+                break
+        server = subprocess.Popen(command, env=server_environment)
         supervisor.follow(server.pid)
         log(f"started {command[0]} again (pid {server.pid})")
     supervisor.stopped.set()

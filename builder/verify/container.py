@@ -50,7 +50,9 @@ class ServingContainer:
     ``host_ports`` maps (http, grpc, metrics) to fixed host ports; by default each is a free
     port on 127.0.0.1, so parallel runs never collide. ``healthcheck`` overrides the image's
     (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...); ``environment``
-    sets the container's variables (e.g. the supervisor's ``TRITON_BUILDER_HEAL_*``).
+    sets the container's variables (e.g. the supervisor's ``TRITON_BUILDER_HEAL_*``);
+    ``read_only`` and ``tmpfs`` (path → mount options) harden it as ``docker run --read-only
+    --tmpfs /tmp`` does; ``command`` replaces the image's.
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
@@ -59,13 +61,16 @@ class ServingContainer:
                  labels: dict[str, str] | None = None,
                  healthcheck: dict | None = None,
                  volumes: dict[str, dict[str, str]] | None = None,
-                 environment: dict[str, str] | None = None) -> None:
+                 environment: dict[str, str] | None = None, read_only: bool = False,
+                 tmpfs: dict[str, str] | None = None,
+                 command: list[str] | None = None) -> None:
         self.client = client
         self.image = image
         self.gpus = gpus_available(client) if gpus is None else gpus
         self._options = dict(
             shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
-            volumes=volumes, environment=environment,
+            volumes=volumes, environment=environment, read_only=read_only, tmpfs=tmpfs,
+            command=command,
             device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
                              if self.gpus else None),
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)

@@ -12,6 +12,7 @@ always removed.
 from __future__ import annotations
 
 import json
+import secrets
 import tempfile
 import time
 import urllib.error
@@ -27,6 +28,7 @@ import numpy as np
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.progress import Log
+from builder.runtime.supervisor import ADMIN_KEY_HEADER, ADMIN_KEY_VARIABLE
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerEndpoint,
@@ -119,12 +121,14 @@ def verify_image(
     with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir:
         volumes = (cpu_config_mounts(repository_dir, on_gpu, Path(workdir), image_repository)
                    if on_gpu and not gpus else None)
+        admin_key = secrets.token_urlsafe(24)
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
                                      labels={"ai.triton-builder.verification": "1"},
-                                     volumes=volumes)
+                                     volumes=volumes,
+                                     environment={ADMIN_KEY_VARIABLE: admin_key})
         try:
             endpoint = container.start(timeout)
-            models = _check_models_ready(endpoint)
+            models = _check_models_ready(endpoint, admin_key)
             for check in checks:
                 try:
                     check(endpoint)
@@ -195,11 +199,16 @@ def infer(
     return {name: result.as_numpy(name) for name in outputs}
 
 
-def _check_models_ready(endpoint: ContainerEndpoint) -> list[str]:
-    """Every model of the repository index must be READY (readiness alone allows none)."""
+def _check_models_ready(endpoint: ContainerEndpoint, admin_key: str) -> list[str]:
+    """Every model of the repository index must be READY (readiness alone allows none).
+
+    The index belongs to the repository API, which images lock: the container runs with an
+    operator's key of the verification's own (``TRITON_BUILDER_ADMIN_KEY``), as an operator's
+    tooling would, and the index lists each model that failed with Triton's reason."""
     request = urllib.request.Request(f"http://{endpoint.http_url}/v2/repository/index",
                                      data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              ADMIN_KEY_HEADER: admin_key})
     with urllib.request.urlopen(request, timeout=10) as response:
         index = json.load(response)
     if not index:

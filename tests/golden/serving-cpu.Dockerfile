@@ -11,7 +11,8 @@ COPY weights/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
-CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
+USER 1000:1000
+CMD ["python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
 
 # 3. The health check (ready, and no dead python backend stub that is not healed) and the
 #    supervisor that runs tritonserver and heals a dead stub: builder/runtime/{health,supervisor}.py,

@@ -37,7 +37,9 @@ def test_the_stack_heals_updates_start_first_and_mounts_shared_memory():
     assert service["healthcheck"]["test"] == ["CMD", "python3", "/opt/triton-builder/health.py",
                                               "--http-port=8000"]
     assert service["volumes"] == [{"type": "tmpfs", "target": "/dev/shm",
-                                   "tmpfs": {"size": 1024**3}}]
+                                   "tmpfs": {"size": 1024**3}},
+                                  {"type": "tmpfs", "target": "/tmp"}]
+    assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
     assert [(p["target"], p["published"], p["mode"]) for p in service["ports"]] == [
         (8000, 8000, "ingress"), (8001, 8001, "ingress"), (8002, 8002, "ingress")]
     assert "resources" not in deploy
@@ -138,11 +140,39 @@ def test_gpu_images_ask_for_gpus_and_every_pod_gets_memory_backed_shm():
         container = pod["containers"][0]
         assert container["resources"].get("limits", {}).get("nvidia.com/gpu") == gpus
         assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                                "sizeLimit": "1Gi"}}]
-        assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+                                                                "sizeLimit": "1Gi"}},
+                                  {"name": "tmp", "emptyDir": {}}]
+        assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"},
+                                             {"name": "tmp", "mountPath": "/tmp"}]
         predictor = documents["inferenceservice"]["spec"]["predictor"]
         assert predictor["volumes"] == pod["volumes"]
         assert predictor["containers"][0]["resources"] == container["resources"]
+
+
+def test_pods_run_as_the_images_user_locked_down():
+    """The Pod Security Standards' "restricted" profile: not root (the image's numeric user, so
+    that the kubelet can verify it), no privilege escalation, no capability, RuntimeDefault
+    seccomp, a read-only root file system; the InferenceService's predictor alike."""
+    documents = kubernetes.manifests(CPU)
+    pod = documents["deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000,
+                                      "runAsGroup": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}}
+    predictor = documents["inferenceservice"]["spec"]["predictor"]
+    assert predictor["securityContext"] == pod["securityContext"]
+    assert predictor["containers"][0]["securityContext"] == pod["containers"][0][
+        "securityContext"]
+    named = kubernetes.manifests(DeployableImage("r:5000/e:2", gpu=False, user="triton"))
+    assert "runAsUser" not in named["deployment"]["spec"]["template"]["spec"]["securityContext"]
+
+
+@pytest.mark.parametrize("user", ["root", "0", "0:0", ""])
+def test_an_image_that_runs_as_root_is_not_deployed(user):
+    with pytest.raises(DeployError, match="runs as root: the manifests run it as a non-root"):
+        DeployableImage("registry.example:5000/embed:1", gpu=False, user=user)
 
 
 def test_probes_and_ports_name_tritons_endpoints():

@@ -68,21 +68,56 @@ def test_layers_go_from_stable_to_volatile(cuda):
     assert "EXPOSE 8000 8001 8002 8003" in lines
     assert any(line.startswith("HEALTHCHECK") and "/opt/triton-builder/health.py" in line
                for line in lines)
-    assert ('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
-            '"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", '
-            '"--backend-config=python,shm-default-byte-size=4194304", '
+    assert "USER 1000:1000" in lines, "not root unless asked"
+    locked = cuda is None  # Triton 2.51 restricts APIs; 22.12 (11.8) cannot
+    assert (('CMD ["python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", '
+             '"tritonserver", "--model-repository=/models", "--model-control-mode=explicit", '
+             '"--load-model=*", ' if locked else
+             'CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
+             '"--model-repository=/models", ')
+            + '"--backend-config=python,shm-default-byte-size=4194304", '
             '"--backend-config=python,shm-growth-byte-size=1048576"]' in lines)
 
 
 def test_a_model_control_mode_of_the_users_own_is_kept():
-    """The supervisor can heal only with explicit model control: the image asks for it unless
-    the user chose a mode (the supervisor then only supervises, and says so)."""
+    """The supervisor reloads a model only with explicit model control: the image asks for it
+    unless the user chose a mode (the supervisor then heals by restarting the server)."""
     options = ServingOptions(server_args=("--model-control-mode=poll",))
-    assert options.command == ["python3", "/opt/triton-builder/supervisor.py", "tritonserver",
-                               "--model-repository=/models",
-                               "--backend-config=python,shm-default-byte-size=4194304",
-                               "--backend-config=python,shm-growth-byte-size=1048576",
-                               "--model-control-mode=poll"]
+    assert options.command(resolve(None)) == [
+        "python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", "tritonserver",
+        "--model-repository=/models", "--backend-config=python,shm-default-byte-size=4194304",
+        "--backend-config=python,shm-growth-byte-size=1048576", "--model-control-mode=poll"]
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "12.1"])
+def test_a_release_that_cannot_lock_its_repository_api_never_opens_it(cuda):
+    """22.12 and 23.07 cannot restrict HTTP APIs (Triton 2.40, 23.11, brought that): their
+    images run without explicit model control, so that no client can load code, and a user's
+    explicit mode is refused, naming why."""
+    release = resolve(cuda)
+    assert not release.restricts_apis
+    command = ServingOptions().command(release)
+    assert "--lock-admin-apis" not in command
+    assert not any(arg.startswith("--model-control-mode") or arg.startswith("--load-model")
+                   for arg in command)
+    with pytest.raises(DockerfileError, match=r"opens the repository API to every client.*"
+                                              r"Triton 2.40, release 23.11"):
+        ServingOptions(server_args=("--model-control-mode=explicit",)).command(release)
+
+
+def test_restricting_an_api_the_image_locks_itself_is_refused_by_name():
+    with pytest.raises(DockerfileError, match="restrict model-repository already"):
+        ServingOptions(server_args=("--http-restricted-api=model-repository:k=v",))
+    assert ServingOptions(server_args=("--http-restricted-api=inference:k=v",))
+
+
+@pytest.mark.parametrize("user, uid, run_as, creates", [
+    (None, 1000, "1000:1000", False), ("root", 1000, "root", False),
+    ("triton", 1001, "triton", True)])
+def test_images_run_as_an_unprivileged_user_unless_told(user, uid, run_as, creates):
+    text = render_serving_dockerfile(resolve("12.6"), options=ServingOptions(user=user, uid=uid))
+    assert f"USER {run_as}" in text.splitlines()
+    assert ("useradd" in text) is creates
 
 
 def test_the_healthcheck_follows_a_moved_http_port():
@@ -143,8 +178,9 @@ def test_server_args_with_quotes_stay_one_json_string():
     cmd = [line for line in text.splitlines() if line.startswith("CMD")]
     assert len(cmd) == 1
     assert cmd[0].endswith(', "--backend-config=python,x=\\"1\\" $(id) \\\\"]')
-    assert cmd[0].startswith('CMD ["python3", "/opt/triton-builder/supervisor.py", "tritonserver", '
-                             '"--model-repository=/models", "--model-control-mode=explicit"')
+    assert cmd[0].startswith('CMD ["python3", "/opt/triton-builder/supervisor.py", '
+                             '"--lock-admin-apis", "tritonserver", "--model-repository=/models", '
+                             '"--model-control-mode=explicit"')
     assert text.count("\nRUN") == 0
 
 
@@ -237,7 +273,8 @@ def test_the_image_command_sizes_the_python_backends_shared_memory(cuda):
 def test_a_users_own_shared_memory_flag_replaces_ours():
     options = ServingOptions(server_args=(
         "--backend-config=python,shm-default-byte-size=67108864",))
-    config = _backend_config(options.command)
+    command = options.command(resolve(None))
+    config = _backend_config(command)
     assert config["shm-default-byte-size"] == 64 * MIB
-    assert options.command.count("--backend-config=python,shm-default-byte-size=67108864") == 1
+    assert command.count("--backend-config=python,shm-default-byte-size=67108864") == 1
     assert "shm-growth-byte-size" in config

@@ -6,8 +6,10 @@ demand there (a model that keeps failing, a server that will not reload), the se
 real process that stands for ``tritonserver``: it starts real child processes whose command
 line and process name (``triton_python_backend_stub``, through a symlink to this Python) are
 what the python backend starts, never reaps one that dies (as the backend does not), and
-answers the repository API's ``load`` by starting a new one. The supervisor runs as in the
-image: ``python3 supervisor.py COMMAND`` in a process of its own, as that process's parent.
+answers the repository API's ``load`` by starting a new one — behind the header that
+``--http-restricted-api`` names, as Triton does, when the command restricts that API. The
+supervisor runs as in the image: ``python3 supervisor.py COMMAND`` in a process of its own, as
+that process's parent.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +37,12 @@ FAKE_SERVER = textwrap.dedent('''
 
     stub, repository, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     models = [arg for arg in sys.argv[4:] if not arg.startswith("--")]
+    restricted = {}  # api -> (header, value), from --http-restricted-api=<apis>:<header>=<value>
+    for arg in sys.argv[4:]:
+        if arg.startswith("--http-restricted-api="):
+            apis, _, header = arg.split("=", 1)[1].partition(":")
+            for api in apis.split(","):
+                restricted[api] = tuple(header.split("=", 1))
     loads = {model: 0 for model in models}
     stamps = set()
 
@@ -45,13 +54,24 @@ FAKE_SERVER = textwrap.dedent('''
         return os.posix_spawn(stub, argv, os.environ)
 
     class Load(http.server.BaseHTTPRequestHandler):
+        def refused(self, api):
+            if api in restricted and self.headers.get(restricted[api][0]) != restricted[api][1]:
+                self.send_response(403)
+                self.end_headers()
+                return True
+            return False
+
         def do_GET(self):  # the model's configuration, sent back with the load
+            if self.refused("model-config"):
+                return
             body = json.dumps({"name": self.path.split("/")[-2]}).encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
 
         def do_POST(self):
+            if self.refused("model-repository"):
+                return
             sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             config = json.loads(sent["parameters"]["config"])  # Triton reloads only a change
             stamp = config["parameters"]["triton_builder_reloaded"]["string_value"]
@@ -287,22 +307,131 @@ def test_a_model_that_keeps_failing_makes_it_give_up_and_exit_75(repository):
     assert "exiting 75" in log
 
 
-def test_healing_is_off_without_explicit_model_control(repository):
-    running = _supervise(_server_command(repository, 0))
+def _server_of(running: subprocess.Popen, other_than: int | None = None) -> health.Process:
+    return _wait(lambda: [p for p in health.processes() if p.parent == running.pid
+                          and p.name != health.STUB and p.state != "Z" and p.pid != other_than],
+                 timeout=15, what="the server")[0]
+
+
+def _live_stub(server: health.Process, model: str) -> health.Process:
+    def found():
+        return [p for p in _stubs_of(server.pid) if p.state != "Z"
+                and f"/{model}/".encode() in Path(f"/proc/{p.pid}/cmdline").read_bytes()]
+    return _wait(found, what=f"a live {model} stub")[0]
+
+
+def test_without_explicit_model_control_a_dead_stub_heals_by_restarting_the_server(repository):
+    """Where the repository API stays closed (a Triton that cannot restrict it), the supervisor
+    heals by starting the server again; the model's failures still count."""
+    from builder.tritonserver.host_process import free_ports
+
+    (metrics_port,) = free_ports(1)
+    running = _supervise(_server_command(repository, 0),
+                         TRITON_BUILDER_METRICS_PORT=str(metrics_port),
+                         TRITON_BUILDER_HEAL_MAX_FAILURES="2")
     try:
-        server = _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
-                       what="the server")[0]
+        first = _server_of(running)
+        _wait(lambda: len(_stubs_of(first.pid)) == 2, what="two stubs")
+        time.sleep(0.5)  # the supervisor has read their command lines
+        os.kill(_live_stub(first, "text_encoder").pid, signal.SIGKILL)
+        second = _server_of(running, other_than=first.pid)
+        _wait(lambda: len([p for p in _stubs_of(second.pid) if p.state != "Z"]) == 2,
+              what="the new server's stubs")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+            metrics = response.read().decode()
+        assert 'triton_builder_stub_restarts_total{model="text_encoder"} 1' in metrics, metrics
+        assert "triton_builder_server_restarts_total 1" in metrics, metrics
+        time.sleep(0.5)
+        os.kill(_live_stub(second, "text_encoder").pid, signal.SIGKILL)  # failure 2 of 2
+        third = _server_of(running, other_than=second.pid)
+        time.sleep(0.5)
+        os.kill(_live_stub(third, "text_encoder").pid, signal.SIGKILL)  # 3 > 2: give up
+        assert running.wait(30) == supervisor.GAVE_UP
+    finally:
+        log = _stop(running)
+    assert "healing by restarting the server: it runs with --model-control-mode=none" in log
+    assert "restarting the server to heal it (the repository API is closed" in log, log
+    assert log.count("stopped (status 143) to heal its stubs; starting it again") == 2, log
+    assert "giving up: model 'text_encoder' failed more than 2 times within 60s" in log
+
+
+def test_locked_apis_reach_the_server_behind_a_key_its_reloads_carry(repository, tmp_path):
+    """``--lock-admin-apis``: the server gets the restrictions for ADMIN_APIS over HTTP and gRPC
+    with a key made at start (never logged, not in the server's environment), and a heal's
+    reload sends it (the stand-in refuses the load with 403 without it)."""
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    healed_file = tmp_path / "healed.json"
+    running = _supervise(["--lock-admin-apis", *_server_command(
+        repository, port, f"--http-port={port}", "--model-control-mode=explicit")],
+        TRITON_BUILDER_HEALED_STUBS=str(healed_file))
+    try:
+        server = _server_of(running)
+        command = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode().split("\0")
+        (http,) = [arg for arg in command if arg.startswith("--http-restricted-api=")]
+        (grpc,) = [arg for arg in command if arg.startswith("--grpc-restricted-protocol=")]
+        apis, _, header = http.split("=", 1)[1].partition(":")
+        assert apis.split(",") == list(supervisor.ADMIN_APIS)
+        name, key = header.split("=", 1)
+        assert name == supervisor.ADMIN_KEY_HEADER and len(key) >= 32
+        assert grpc == f"--grpc-restricted-protocol={apis}:{header}"
+        assert supervisor.ADMIN_KEY_VARIABLE.encode() not in Path(
+            f"/proc/{server.pid}/environ").read_bytes()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/repository/models/pipeline/load", data=b"{}",
+            method="POST")
+
+        def answer() -> int | None:
+            try:
+                urllib.request.urlopen(request)
+            except urllib.error.HTTPError as error:
+                return error.code
+            except urllib.error.URLError:
+                return None
+            return 200
+        assert _wait(answer, what="the server's answer") == 403, "a load without the key"
         _wait(lambda: len(_stubs_of(server.pid)) == 2, what="two stubs")
         time.sleep(0.5)
-        os.kill(_stubs_of(server.pid)[0].pid, signal.SIGKILL)
-        time.sleep(1.0)
-        assert running.poll() is None
+        victim = _live_stub(server, "pipeline")
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait(lambda: health.healed_stubs(healed_file) == {victim.identity},
+              what="the stub healed by a reload with the key")
         running.send_signal(signal.SIGTERM)
         running.wait(10)
     finally:
         log = _stop(running)
-    assert "healing is off: the server runs with --model-control-mode=none" in log
-    assert "OOM killer); healing is off" in log
+    assert "model 'pipeline': reloaded in" in log, log
+    assert "locked over HTTP and gRPC behind the header 'triton-builder-admin-key', with a key " \
+        "made at start" in log, log
+    assert key not in log
+
+
+def test_an_operators_key_is_used_and_a_key_that_cannot_travel_is_refused(repository):
+    key = "operator-key.0123456789"
+    running = _supervise(["--lock-admin-apis", *_server_command(repository, 0)],
+                         TRITON_BUILDER_ADMIN_KEY=key)
+    try:
+        server = _server_of(running)
+        command = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode()
+        assert f"--http-restricted-api=model-repository,shared-memory,trace,logging:" \
+            f"triton-builder-admin-key={key}" in command
+    finally:
+        log = _stop(running)
+    assert "with the operator's key (TRITON_BUILDER_ADMIN_KEY)" in log
+    refused = _supervise(["--lock-admin-apis", *_server_command(repository, 0)],
+                         TRITON_BUILDER_ADMIN_KEY="short:key=x")
+    assert refused.wait(10) == 2
+    assert "TRITON_BUILDER_ADMIN_KEY must be 16 to 256 characters" in refused.communicate()[1]
+
+
+def test_restrictions_of_the_locked_apis_in_the_servers_flags_are_refused_by_name():
+    with pytest.raises(ValueError, match="restrict logging, trace already"):
+        supervisor.locked_command(["tritonserver", "--http-restricted-api=trace,logging:k=v"],
+                                  "k" * 32)
+    command = ["tritonserver", "--grpc-restricted-protocol=inference:k=v"]
+    assert supervisor.locked_command(command, "k" * 32)[:2] == command, \
+        "other APIs may be restricted by the operator"
 
 
 def test_a_reload_that_never_ends_gives_up_at_once(repository):
