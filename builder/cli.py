@@ -148,7 +148,10 @@ def image(
                                     "its Python operators on one core)."),
     verify: bool = typer.Option(True, help="Run the image and compare with the pipeline."),
     push: bool = typer.Option(False, help="Push every tag after the build."),
-    user: str = typer.Option(None, help="Run the server as this (non-root) user."),
+    user: str = typer.Option(None, help="Run the server as this user [default: uid 1000; "
+                             "'root' for root]."),
+    drain_seconds: float = typer.Option(5.0, min=0, max=300, help="How long a stopping "
+                                        "container serves on after its readiness failed."),
     pytorch_index: str = typer.Option(
         "https://download.pytorch.org/whl",
         help="PyTorch's wheel indexes (<url>/cu124, <url>/cpu); 'none' to use only the "
@@ -177,7 +180,8 @@ def image(
     built = _run("building the image", lambda: build_docker_image(
         pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
-        push=push, user=user, client=ensure_engine(), parallelism=parallelism,
+        push=push, user=user, drain_s=drain_seconds, client=ensure_engine(),
+        parallelism=parallelism,
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
         bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
         compile_stub=compile_stub, triton_sources=triton_sources))

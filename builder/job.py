@@ -35,6 +35,7 @@ from builder.environment import (
     prepare_environment,
 )
 from builder.image import (
+    DRAIN_S,
     ImageOptions,
     PythonRuntime,
     ServingImage,
@@ -94,6 +95,7 @@ def build_docker_image(
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
     user: str | None = None,
+    drain_s: float = DRAIN_S,
     push: bool = False,
     options: Sequence[StageOptions] = (),
     client: docker.DockerClient | None = None,
@@ -137,7 +139,7 @@ def build_docker_image(
                             compile_stub=compile_stub, triton_sources=triton_sources),
         EnvironmentOptions: dict(env_specs=tuple(env_specs), requirements=tuple(requirements),
                                  packer=packer, index=index, pytorch_index=pytorch_index),
-        ImageOptions: dict(user=user),
+        ImageOptions: dict(user=user, drain_s=drain_s),
         VerifyOptions: dict(enabled=verify, calls=verify_calls, tolerance=tolerance)})
     base_options, bridging, environment, image_options, verifying = (
         chosen[BaseOptions], chosen[BridgeOptions], chosen[EnvironmentOptions],

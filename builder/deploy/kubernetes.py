@@ -3,14 +3,16 @@
 :func:`manifests` writes what a cluster needs to run the image and keep it honest:
 
 * a ``Deployment`` whose pods mount ``/dev/shm`` as a memory ``emptyDir`` (the python backend's
-  shared memory; the container runtime's 64 MB default is too small), ask for
-  ``nvidia.com/gpu`` when the image is a CUDA one, and carry three probes: a ``startupProbe`` and
-  a ``readinessProbe`` on Triton's ``/v2/health/ready`` (traffic only to pods whose models are
-  loaded), and a ``livenessProbe`` that runs the image's health check
-  (:mod:`builder.runtime.health` with ``--live``: the server answers and no python backend stub
-  has died — Triton itself keeps saying ready with a dead stub, so without it a broken pod
-  would never be restarted). The pod template is annotated for Prometheus on the metrics port.
-  Pods run locked down, as the Pod Security Standards' "restricted" profile asks: not as root
+  shared memory), ask for ``nvidia.com/gpu`` when the image is a CUDA one, and carry three probes: a
+  ``startupProbe`` on Triton's ``/v2/health/ready``, a ``readinessProbe`` on the supervisor's
+  (traffic only to pods whose models are loaded and that are not stopping), and a ``livenessProbe``
+  that runs the image's health check (:mod:`builder.runtime.health` with ``--live``: the server
+  answers and no python backend stub has died — Triton itself keeps saying ready with a dead stub,
+  so without it a broken pod would never be restarted). A ``preStop`` hook starts the container's
+  drain and waits for it (:mod:`builder.runtime.drain`: not ready at once, serving on while the
+  Service's endpoints drop the pod, then the requests in flight answered); the grace period covers
+  the drain and the requests in flight. The pod template is annotated for Prometheus on the metrics
+  port. Pods run locked down, as the Pod Security Standards' "restricted" profile asks: not as root
   (the image's own unprivileged user), no privilege escalation, every capability dropped, the
   ``RuntimeDefault`` seccomp profile, a read-only root file system with ``/tmp`` a writable
   ``emptyDir`` (the health check's file of healed stubs; an environment archive's extraction on
@@ -103,7 +105,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
             "template": {
                 "metadata": {"labels": labels, "annotations": prometheus},
                 "spec": {"securityContext": pod_security, "containers": [container],
-                         "volumes": volumes, "terminationGracePeriodSeconds": 40},
+                         "volumes": volumes,
+                         "terminationGracePeriodSeconds": image.stop_seconds},
             },
         },
     }
@@ -138,7 +141,7 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
             "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
             "scaleMetric": "cpu", "scaleTarget": options.target_cpu_percent,
             "securityContext": pod_security, "containers": [predictor_container],
-            "volumes": volumes,
+            "volumes": volumes, "terminationGracePeriodSeconds": image.stop_seconds,
         }},
     }
     return {"deployment": deployment, "service": service, "hpa": hpa,
@@ -163,12 +166,13 @@ def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, 
         "name": "triton",
         "image": image.reference,
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"}
-                  for name, port in _ports(image)],
+                  for name, port in [*_ports(image), ("supervisor", image.supervisor_port)]],
         "startupProbe": {"httpGet": {"path": READY_PATH, "port": "http"},
                          "periodSeconds": period,
                          "failureThreshold": max(1, options.startup_seconds // period)},
-        "readinessProbe": {"httpGet": {"path": READY_PATH, "port": "http"},
+        "readinessProbe": {"httpGet": {"path": READY_PATH, "port": "supervisor"},
                            "periodSeconds": 5, "timeoutSeconds": 4, "failureThreshold": 2},
+        "lifecycle": {"preStop": {"exec": {"command": image.drain_command}}},
         "livenessProbe": {"exec": {"command": image.liveness_command},
                           "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": {"requests": requests, **({"limits": limits} if limits else {})},
@@ -228,6 +232,8 @@ def validate(documents: dict[str, dict[str, Any]],
                             "metadata": {"name": document["metadata"]["name"]},
                             "spec": {"containers": predictor["containers"],
                                      "volumes": predictor.get("volumes", []),
+                                     "terminationGracePeriodSeconds": predictor.get(
+                                         "terminationGracePeriodSeconds", 30),
                                      "securityContext": predictor.get("securityContext", {})}}]
             for target in targets:
                 try:
@@ -243,8 +249,8 @@ def validate(documents: dict[str, dict[str, Any]],
 
 
 _PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "containers",
-                     "volumes", "securityContext", "serviceAccountName", "nodeSelector",
-                     "tolerations"}
+                     "volumes", "securityContext", "terminationGracePeriodSeconds",
+                     "serviceAccountName", "nodeSelector", "tolerations"}
 
 
 def _check_inference_service(document: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ renderings.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -24,9 +25,12 @@ from builder.image.serving_dockerfile import (
     HEALTH_SCRIPT,
     HTTP_PORT,
     METRICS_PORT,
+    SUPERVISOR_SCRIPT,
     healthcheck_command,
 )
 from builder.image.startup import START_PERIOD_S
+from builder.runtime.supervisor import DRAIN_S, FINISH_S
+from builder.runtime.supervisor import METRICS_PORT as SUPERVISOR_PORT
 
 READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
@@ -57,6 +61,11 @@ class DeployableImage:
     to extract at each start (:mod:`builder.image.startup`)."""
     user: str = DEFAULT_USER
     """The image's ``USER`` (``uid[:gid]`` or a name), never root."""
+    drain_s: float = DRAIN_S
+    """How long a stopping container serves on after its readiness failed (the image's
+    ``TRITON_BUILDER_DRAIN_S``)."""
+    supervisor_port: int = SUPERVISOR_PORT
+    """The supervisor's readiness (503 at once when the container starts to stop) and metrics."""
 
     def __post_init__(self) -> None:
         if self.user.split(":", 1)[0] in ("", "0", "root"):
@@ -71,6 +80,17 @@ class DeployableImage:
         if not uid.isdigit() or (gid and not gid.isdigit()):
             return None
         return int(uid), int(gid) if gid else None
+
+    @property
+    def stop_seconds(self) -> int:
+        """The longest a stop takes: the drain, then the requests in flight (at most
+        :data:`FINISH_S`), and a margin for the process to end. Grace periods cover it."""
+        return math.ceil(self.drain_s + FINISH_S + 5)
+
+    @property
+    def drain_command(self) -> list[str]:
+        """Starts the drain and returns when the container closes: a ``preStop`` hook."""
+        return ["python3", SUPERVISOR_SCRIPT, "--drain"]
 
     @property
     def health_command(self) -> list[str]:
@@ -93,6 +113,7 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     labels: dict[str, str] | None = None
     start_period_s = START_PERIOD_S
     user = DEFAULT_USER
+    drain_s = DRAIN_S
     if client is not None:
         try:
             image = client.images.get(reference)
@@ -104,6 +125,7 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
             test = health.get("Test") or []
             start_period_s = max(START_PERIOD_S, (health.get("StartPeriod") or 0) // 10**9)
             user = (image.attrs.get("Config") or {}).get("User") or "root"
+            drain_s = _drain_of(image.attrs.get("Config") or {})
             if HEALTH_SCRIPT not in test:
                 raise DeployError(
                     f"{reference} has no triton-builder health check ({HEALTH_SCRIPT}): "
@@ -111,7 +133,20 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
     return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s,
-                           user=user)
+                           user=user, drain_s=drain_s)
+
+
+def _drain_of(config: dict) -> float:
+    """The image's ``TRITON_BUILDER_DRAIN_S`` (images built before drains existed: the
+    default, which their grace periods then cover too)."""
+    for entry in config.get("Env") or []:
+        name, _, value = entry.partition("=")
+        if name == "TRITON_BUILDER_DRAIN_S":
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return DRAIN_S
 
 
 def size_bytes(size: str) -> int:

@@ -10,6 +10,9 @@ deployed with the Docker CLI — stacks are a CLI feature; the SDK has services 
   and healthy before an old one stops, one at a time, rolled back if the new one fails;
 * ``/dev/shm`` as a tmpfs mount of ``shm_size`` (Swarm ignores compose's ``shm_size``), for the
   python backend's shared memory;
+* a stop grace period that covers the image's drain (:mod:`builder.runtime.drain`): on SIGTERM
+  a replica turns unhealthy at once, serves on while balancers drop it, answers the requests it
+  holds, and refuses the rest with ``UNAVAILABLE``;
 * locked down as far as a stack can say: a read-only root file system with ``/tmp`` a tmpfs,
   every capability dropped; the image's own unprivileged user;
 * the three Triton ports, published through the routing mesh (``ingress``) by default; ``host``
@@ -55,8 +58,9 @@ class SwarmOptions:
     """At least this; an image whose own start period is longer (environment archives to extract:
     :mod:`builder.image.startup`) keeps its own."""
     gpus_per_replica: int = 1
-    stop_grace_period_s: int = 30
-    """Triton finishes the requests in flight on SIGTERM (``--exit-timeout-secs``, 30 s)."""
+    stop_grace_period_s: int | None = None
+    """How long Swarm waits after SIGTERM before SIGKILL; default: the image's whole stop (its
+    drain, then the requests in flight: :attr:`DeployableImage.stop_seconds`), and never less."""
     labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -113,10 +117,21 @@ def stack_document(image: DeployableImage,
             "retries": options.health_retries,
             "start_period": f"{max(options.start_period_s, image.start_period_s)}s",
         },
-        "stop_grace_period": f"{options.stop_grace_period_s}s",
+        "stop_grace_period": f"{_grace(image, options)}s",
         "deploy": deploy,
     }
     return {"version": "3.8", "services": {SERVICE: service}}
+
+
+def _grace(image: DeployableImage, options: SwarmOptions) -> int:
+    if options.stop_grace_period_s is None:
+        return image.stop_seconds
+    if options.stop_grace_period_s < image.stop_seconds:
+        raise DeployError(
+            f"stop_grace_period_s={options.stop_grace_period_s} is shorter than the stop of "
+            f"{image.reference} ({image.stop_seconds}s: it drains for {image.drain_s:g}s, then "
+            f"answers the requests in flight): Swarm would kill it mid-drain")
+    return options.stop_grace_period_s
 
 
 def write_stack(document: dict[str, Any], path: str | os.PathLike) -> Path:

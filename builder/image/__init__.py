@@ -2,6 +2,7 @@
 runtime code, each its own layer), the SDK build and the image's labels."""
 from builder.image.sbom import PythonRuntime
 from builder.image.serving_image import (
+    DRAIN_S,
     ImageOptions,
     ServingImage,
     build_serving_image,
@@ -9,6 +10,7 @@ from builder.image.serving_image import (
 )
 
 __all__ = [
+    "DRAIN_S",
     "ImageOptions",
     "PythonRuntime",
     "ServingImage",

@@ -28,7 +28,7 @@ from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
 from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
 from builder.image.startup import START_PERIOD_S
-from builder.runtime.supervisor import locked_command
+from builder.runtime.supervisor import DRAIN_S, locked_command
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -39,7 +39,7 @@ RUNTIME_DIR = "/opt/triton-builder"
 HEALTH_SCRIPT = f"{RUNTIME_DIR}/health.py"
 SUPERVISOR_SCRIPT = f"{RUNTIME_DIR}/supervisor.py"
 RUNTIME_SOURCES = Path(__file__).parents[1] / "runtime"
-RUNTIME_SCRIPTS = ("health.py", "supervisor.py")
+RUNTIME_SCRIPTS = ("drain.py", "health.py", "supervisor.py")
 """The modules of :mod:`builder.runtime` the container itself runs (standard library only)."""
 RUNTIME_SCRIPTS_CONTEXT = "runtime"
 """The context directory copied to ``/`` that holds :data:`RUNTIME_SCRIPTS` at
@@ -58,6 +58,8 @@ by multiples of the growth size when a request needs more (1 MiB: r24.10's own d
 r22.12's 64 MB would not fit either). Both options exist under the same names in r22.12,
 r23.05, r24.10, r24.12 and r25.11."""
 
+MAX_DRAIN_S = 300
+"""A drain longer than this is a stuck stop, not a drain."""
 DEFAULT_USER = "1000:1000"
 """Who every image runs as unless ``user=`` says otherwise: uid and gid 1000, NGC's
 ``triton-server`` (and our CPU base's). Numeric, so that Kubernetes can verify
@@ -88,6 +90,10 @@ class ServingOptions:
     python_models: str | None = None
     """How the python models run when not on the release's own stub (the bridge), for the
     header: the stub and environment themselves are files of the model repository."""
+    drain_s: float = DRAIN_S
+    """How long a stopping container serves on after its readiness failed
+    (:mod:`builder.runtime.drain`): the image's ``TRITON_BUILDER_DRAIN_S``, which ``docker run
+    -e`` may change."""
 
     def __post_init__(self) -> None:
         if not _PATH.fullmatch(self.model_repository) or ".." in self.model_repository.split("/"):
@@ -101,6 +107,10 @@ class ServingOptions:
         if not isinstance(self.uid, int) or isinstance(self.uid, bool) or not (
                 0 < self.uid < 2**31):
             raise DockerfileError(f"uid must be a positive integer: {self.uid!r}")
+        if isinstance(self.drain_s, bool) or not isinstance(self.drain_s, (int, float)) or not (
+                0 <= self.drain_s <= MAX_DRAIN_S):
+            raise DockerfileError(f"drain_s must be seconds from 0 to {MAX_DRAIN_S:g}: "
+                                  f"{self.drain_s!r}")
         for arg in self.server_args:
             if not isinstance(arg, str) or not _SERVER_ARG.fullmatch(arg):
                 raise DockerfileError(f"not a tritonserver flag (--name[=value]): {arg!r}")
@@ -222,6 +232,7 @@ def render_serving_dockerfile(
         has_environment=has_environment,
         has_weights=has_weights,
         healthcheck=healthcheck_command(options.http_port),
+        drain_s=f"{options.drain_s:g}",
         start_period=start_period,
         runtime_dir=RUNTIME_DIR,
         runtime_scripts_context=RUNTIME_SCRIPTS_CONTEXT,

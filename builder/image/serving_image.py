@@ -85,6 +85,7 @@ from builder.image.startup import (
     verify_timeout,
 )
 from builder.progress import Log, step_log
+from builder.runtime.supervisor import DRAIN_S
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
 
@@ -121,7 +122,8 @@ class ImageOptions:
     ``ai.triton-builder.*``); ``signature`` (the pipeline's inputs and outputs) becomes the
     ``ai.triton-builder.signature`` label (default: the models' configs summarised); ``version``
     and ``revision`` the OCI ones. ``user`` runs the server as that non-root user;
-    ``server_args`` are extra ``tritonserver`` flags. ``environment`` is a packed environment
+    ``server_args`` are extra ``tritonserver`` flags; ``drain_s`` how long a stopping
+    container serves on after its readiness failed. ``environment`` is a packed environment
     placed beside the repository; ``environment_python`` the Python of the environments (default:
     the release's; the builder's for a bridged image).
     """
@@ -132,6 +134,7 @@ class ImageOptions:
     revision: str | None = None
     user: str | None = None
     server_args: tuple[str, ...] = ()
+    drain_s: float = DRAIN_S
     environment: str | os.PathLike | None = None
     environment_python: str | None = None
 
@@ -166,7 +169,7 @@ def build_serving_image(
     """
     environment_python = options.environment_python
     serving = ServingOptions(user=options.user, server_args=options.server_args,
-                             python_models=python_models)
+                             python_models=python_models, drain_s=options.drain_s)
     environments = [Path(options.environment)] if options.environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=serving.model_repository)

@@ -21,7 +21,9 @@ Copied into the image as ``/opt/triton-builder/health.py`` and run with the imag
 
     python3 /opt/triton-builder/health.py [--http-port 8000] [--live]
 
-Exit 0 healthy, 1 unhealthy; the reason is printed (``docker inspect`` shows it).
+Exit 0 healthy, 1 unhealthy; the reason is printed (``docker inspect`` shows it). A replica
+that is draining (:mod:`builder.runtime.drain`) is unhealthy at once: Swarm and a balancer that
+reads the health check stop sending to it.
 ``--live`` asks ``/v2/health/live`` instead of ``/v2/health/ready``: for a liveness probe,
 which must not restart a server that is still loading its models.
 """
@@ -36,6 +38,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+if __package__:  # imported from the repository (builder.runtime.health)
+    from . import drain
+else:  # run as /opt/triton-builder/health.py, drain.py beside it
+    import drain
 
 SERVER = "tritonserver"
 STUB = "triton_python_backend_stub"[:15]
@@ -111,8 +118,10 @@ def server_answers(http_port: int, path: str, timeout: float = 4.0) -> str | Non
 
 
 def check(http_port: int = 8000, live: bool = False, proc: Path = Path("/proc"),
-          healed: Path = HEALED_STUBS) -> str | None:
-    """None when healthy, else the reason."""
+          healed: Path = HEALED_STUBS, drain_state: Path | None = None) -> str | None:
+    """None when healthy, else the reason. A draining replica is not ready (but alive)."""
+    if not live and drain.draining(drain_state):
+        return "draining: this replica is stopping"
     problem = server_answers(http_port, "/v2/health/live" if live else "/v2/health/ready")
     if problem is not None:
         return problem

@@ -38,6 +38,10 @@ try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported outside Triton: unit tests pass a stand-in to TritonPythonModel
     pb_utils = None
+try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
+    from . import triton_builder_drain as drain
+except ImportError:  # in the builder's package: builder.runtime.drain
+    from . import drain
 
 PIPELINE_FILE = "pipe.pickle"
 VERSIONS_FILE = "pipe.versions.json"
@@ -48,7 +52,17 @@ class PipelineLoadError(RuntimeError):
 
 
 class BlsError(RuntimeError):
-    """A model operator's BLS request failed."""
+    """A model operator's BLS request failed; ``unavailable`` where the model could not take it
+    now (its queue full, or its latency budget spent: Triton's ``UNAVAILABLE``), which the
+    pipeline's own answer then says too, so that the client may send it again."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+STOPPING = "the server is stopping: send the request again (to another replica)"
+"""The answer to a request that comes while the replica closes (:mod:`builder.runtime.drain`)."""
 
 
 # -- the python backend API of the release this model runs on -------------------------------
@@ -141,7 +155,10 @@ class TritonApi:
         )
         response = request.exec()
         if response.has_error():
-            raise BlsError(f"model {model_name!r}: {response.error().message()}")
+            error = response.error()
+            unavailable = (self.features.error_codes
+                           and error.code() == pb.TritonError.UNAVAILABLE)
+            raise BlsError(f"model {model_name!r}: {error.message()}", unavailable=unavailable)
         arrays = []
         for name in output_names:
             tensor = pb.get_output_tensor_by_name(response, name)
@@ -156,14 +173,16 @@ class TritonApi:
         return self.pb.InferenceResponse(output_tensors=[
             tensor(name, array) for name, array in outputs.items()])
 
-    def error_response(self, message: str, *, bad_request: bool = False) -> Any:
+    def error_response(self, message: str, *, bad_request: bool = False,
+                       unavailable: bool = False) -> Any:
         """An error response; ``bad_request`` makes it the client's fault (gRPC
-        ``INVALID_ARGUMENT``, HTTP 400) instead of the server's (``INTERNAL``, 500) where the
-        release has error codes; before them every error is the server's."""
+        ``INVALID_ARGUMENT``, HTTP 400), ``unavailable`` a refusal to retry (``UNAVAILABLE``,
+        503), instead of the server's fault (``INTERNAL``, 500) where the release has error
+        codes; before them every error is the server's."""
         error = self.pb.TritonError
-        if bad_request and self.features.error_codes:
-            return self.pb.InferenceResponse(output_tensors=[],
-                                             error=error(message, error.INVALID_ARG))
+        if self.features.error_codes and (bad_request or unavailable):
+            code = error.INVALID_ARG if bad_request else error.UNAVAILABLE
+            return self.pb.InferenceResponse(output_tensors=[], error=error(message, code))
         return self.pb.InferenceResponse(output_tensors=[], error=error(message))
 
     def log_warning(self, message: str) -> None:
@@ -481,7 +500,9 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
         failed = next((r for r in own if not r.ok), None)
         if failed is not None:
             where = f" (call {own.index(failed)} of the request's batch)" if count > 1 else ""
-            responses[index] = api.error_response(f"{failed.error}{where}")
+            responses[index] = api.error_response(
+                f"{failed.error}{where}",
+                unavailable=getattr(failed.error.__cause__, "unavailable", False))
             continue
         try:
             outputs = {
@@ -525,8 +546,22 @@ class TritonPythonModel:
         self.metrics = OperatorMetrics.create(
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])
+        self.in_flight = drain.InFlight() if drain.supervised() else None
 
     def execute(self, requests: list) -> list:
+        """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
+        The requests are counted first and checked second (:class:`drain.InFlight`)."""
+        if self.in_flight is None:
+            return self._serve(requests)
+        self.in_flight.add(len(requests))
+        try:
+            if drain.closing():
+                return [self.api.error_response(STOPPING, unavailable=True) for _ in requests]
+            return self._serve(requests)
+        finally:
+            self.in_flight.add(-len(requests))
+
+    def _serve(self, requests: list) -> list:
         if self.metrics is None:
             return serve(self.pipeline, self.api, requests)
         with self.metrics.lock:
@@ -535,3 +570,5 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        if self.in_flight is not None:
+            self.in_flight.close()

@@ -48,8 +48,18 @@ server. The server's environment does not carry it; its command line does (Trito
 the key no other way), which only processes of the container can read. Inference, health,
 metadata, model configuration and statistics stay public: see :data:`ADMIN_APIS`.
 
-PID 1 duties: forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the server,
-reaps every orphan, and exits with the server's status (128 + the signal if a signal ended it).
+A stop that drains (SIGTERM: ``docker stop``, Swarm, Kubernetes after the ``preStop`` hook
+``supervisor.py --drain``, which starts it early and waits for it): readiness fails at once
+(:data:`drain.DRAINING`: the health check, and ``/v2/health/ready`` on the supervisor's port)
+while the server serves on for :data:`DRAIN_S`, so that load balancers stop sending; then the
+pipeline model refuses new requests with ``UNAVAILABLE`` (:data:`drain.CLOSING`) and the
+supervisor waits until the requests it holds are answered (at most :data:`FINISH_S`), kills the
+server and exits 0. Triton's own SIGTERM is never used for a stop: it unloads the models while
+its endpoints answer ``NOT_FOUND`` (see :mod:`builder.runtime.drain`). Healing pauses meanwhile.
+
+PID 1 duties: forwards SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the server (SIGINT and
+SIGQUIT stop it at once, without a drain), reaps every orphan, and exits with the server's
+status (128 + the signal if a signal ended it), or 0 after a drain.
 
 Metrics: Prometheus text at ``http://<container>:8003/metrics`` (:data:`METRICS_PORT`),
 ``triton_builder_stub_restarts_total{model=…}`` (stubs healed),
@@ -59,7 +69,9 @@ metrics port cannot carry them: custom metrics can only be registered from insid
 
 Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervises),
 ``TRITON_BUILDER_HEAL_MAX_FAILURES`` (5), ``TRITON_BUILDER_HEAL_WINDOW_S`` (60),
-``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_ADMIN_KEY`` (the operator's key
+``TRITON_BUILDER_HEAL_MAX_DELAY_S`` (16), ``TRITON_BUILDER_DRAIN_S`` (the drain period, 5 s
+unless the image was built with another), ``TRITON_BUILDER_DRAIN_FINISH_S`` (20),
+``TRITON_BUILDER_ADMIN_KEY`` (the operator's key
 for the locked APIs; unset: one made at start), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
 endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check).
 Copied into the image beside ``health.py`` and run with the image's own ``python3`` (standard
@@ -88,15 +100,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__:  # imported from the repository (builder.runtime.supervisor)
-    from . import health
-else:  # run as /opt/triton-builder/supervisor.py, health.py beside it
+    from . import drain, health
+else:  # run as /opt/triton-builder/supervisor.py, drain.py and health.py beside it
+    import drain
     import health
 
 GAVE_UP = 75
 """The exit status after giving up (EX_TEMPFAIL: a fresh container may well do better)."""
 METRICS_PORT = 8003
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                     signal.SIGUSR1, signal.SIGUSR2)
+READY_PATH = "/v2/health/ready"
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                     signal.SIGUSR2)
+DRAIN_S = 5.0
+"""How long a stopping replica goes on serving after its readiness failed: long enough for a
+Kubernetes Service's endpoints and a balancer's health checks to drop it (a few seconds), short
+enough that Docker's default 10 s before SIGKILL still fits the whole stop."""
+FINISH_S = 20.0
+"""How long the requests a closing replica holds may take to be answered before the server is
+killed anyway. The grace periods of the manifests cover ``DRAIN_S + FINISH_S``."""
 SCAN_INTERVAL_S = 0.25
 """How often ``/proc`` is read. At 0.1 s the supervisor took 0.7 % of a core in the example's
 container (measured from ``/proc/1/stat`` over 30 s idle); a death is seen at most this late,
@@ -107,7 +128,7 @@ CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal
                            signal.SIGILL, signal.SIGKILL})
 """Signals that end a server by a crash (SIGKILL: the kernel's OOM killer) and not by a stop:
 a server they end is started again, unless the supervisor forwarded a stop signal."""
-STOPPING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+STOPPING_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 SHARED_MEMORY = Path("/dev/shm")
 ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
 """What only the key opens, over HTTP and gRPC: loading (with uploaded files: code), unloading and
@@ -396,6 +417,8 @@ class Supervisor:
         self.admin_key = admin_key
         self.restart_requested = False
         """A server stopped to heal its stubs (``reload`` off): start it again when it exits."""
+        self.draining = False
+        """The replica is stopping: no more heals."""
         self.kill_timer: threading.Timer | None = None
         """SIGKILL for a server stopped to heal that does not exit in time; cancelled by
         :meth:`follow` (its pid may be another process's by then)."""
@@ -457,7 +480,7 @@ class Supervisor:
 
     def step(self, now: float) -> None:
         """One scan: record deaths, start the reloads (or the server restart) that are due."""
-        if self.restart_requested:  # its stubs end with it: no deaths of their own
+        if self.restart_requested or self.draining:  # its stubs end with it
             return
         deaths = self.watch.scan()
         with self.lock:
@@ -582,6 +605,18 @@ class Supervisor:
     def _when(due: float, now: float) -> str:
         return "now" if due <= now else f"in {due - now:.1f}s"
 
+    def readiness(self) -> tuple[int, str]:
+        """What ``/v2/health/ready`` answers: 503 while draining, else Triton's answer."""
+        if self.draining:
+            return 503, "draining: this replica is stopping\n"
+        try:
+            _http(f"http://127.0.0.1:{self.http_port}{READY_PATH}", None, 2.0, None)
+        except urllib.error.HTTPError as error:
+            return 503, f"not ready: Triton answered {error.code}\n"
+        except OSError as error:
+            return 503, f"not ready: {error}\n"
+        return 200, "ready\n"
+
     def metrics(self) -> str:
         """Prometheus text exposition of the restart and death counters."""
         with self.lock:
@@ -623,16 +658,26 @@ def remove_regions(regions: set[str], directory: Path = SHARED_MEMORY) -> int:
 
 
 def serve_metrics(supervisor: Supervisor, port: int) -> http.server.ThreadingHTTPServer:
-    """``GET /metrics`` on ``port`` (all interfaces, as Triton's own), in a daemon thread."""
+    """``GET /metrics`` on ``port`` (all interfaces, as Triton's own), and ``GET
+    /v2/health/ready`` (:data:`READY_PATH`): Triton's readiness, except that a draining replica
+    answers 503 at once (Triton's own stays 200 until it stops: a readiness probe that asks
+    Triton would keep sending traffic to a replica that is going away). In a daemon thread."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            if self.path.split("?")[0] != "/metrics":
+            path = self.path.split("?")[0]
+            if path == READY_PATH:
+                status, text = supervisor.readiness()
+                self._answer(status, text.encode(), "text/plain; charset=utf-8")
+            elif path == "/metrics":
+                self._answer(200, supervisor.metrics().encode(),
+                             "text/plain; version=0.0.4; charset=utf-8")
+            else:
                 self.send_error(404)
-                return
-            body = supervisor.metrics().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+
+        def _answer(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -657,19 +702,88 @@ SUPERVISOR_OPTIONS = {"--lock-admin-apis": "start the server with ADMIN_APIS beh
 """The supervisor's own flags, before the server's command."""
 
 
+def drain_periods(environ: dict[str, str] | os._Environ) -> tuple[float, float]:
+    """``(drain, finish)`` seconds: :data:`DRAIN_S` and :data:`FINISH_S` unless set."""
+    try:
+        periods = (float(environ.get("TRITON_BUILDER_DRAIN_S", DRAIN_S)),
+                   float(environ.get("TRITON_BUILDER_DRAIN_FINISH_S", FINISH_S)))
+    except ValueError as error:
+        raise SystemExit(f"triton-builder supervisor: bad TRITON_BUILDER_DRAIN_* setting: "
+                         f"{error}") from None
+    if min(periods) < 0:
+        raise SystemExit("triton-builder supervisor: TRITON_BUILDER_DRAIN_* settings are "
+                         "seconds, 0 or more")
+    return periods
+
+
+class Drain:
+    """A stop that drains (see the module's docstring), run once in a thread of its own; when
+    it is done the server is killed and :attr:`done` is set."""
+
+    def __init__(self, supervisor: Supervisor, drain_s: float, finish_s: float,
+                 directory: Path | None = None) -> None:
+        self.supervisor, self.drain_s, self.finish_s = supervisor, drain_s, finish_s
+        self.directory = directory
+        self.started = threading.Event()
+        self.done = threading.Event()
+
+    def start(self) -> None:
+        if self.started.is_set():
+            return
+        self.started.set()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        began = time.monotonic()
+        self.supervisor.draining = True
+        drain.announce(drain.DRAINING, self.directory)
+        log(f"draining: not ready any more, serving on for {self.drain_s:g}s")
+        time.sleep(self.drain_s)
+        drain.announce(drain.CLOSING, self.directory)
+        held = drain.in_flight(self.directory)
+        log(f"closing: new requests are answered UNAVAILABLE; {held} in flight")
+        deadline = time.monotonic() + self.finish_s
+        while held > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            held = drain.in_flight(self.directory)
+        log(("every request in flight answered" if held == 0 else
+             f"{held} requests still in flight after {self.finish_s:g}s")
+            + f"; stopping the server {time.monotonic() - began:.1f}s after the stop began")
+        self.done.set()
+        _forward(self.supervisor.watch.server_pid, signal.SIGKILL)
+
+
+def request_drain(environ: dict[str, str] | os._Environ, pid: int = 1) -> int:
+    """``supervisor.py --drain``, a Kubernetes ``preStop`` hook: start the drain of the
+    supervisor at ``pid`` and return when the replica closes (its drain period is over), so
+    that the kubelet's SIGTERM, which follows, finds it closing already."""
+    drain_s, _ = drain_periods(environ)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return 0
+    deadline = time.monotonic() + drain_s + 10
+    while not drain.closing() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     command = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ
+    if command == ["--drain"]:
+        return request_drain(environ)
     own = []
     while command and command[0] in SUPERVISOR_OPTIONS:
         own.append(command.pop(0))
     if command[:1] == ["--"]:
         command = command[1:]
     if not command or command[0].startswith("--"):
-        print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]",
-              file=sys.stderr)
+        print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
+              "       supervisor.py --drain", file=sys.stderr)
         return 2
-    environ = os.environ
     policy = RestartPolicy.from_environment(environ)
+    drain_s, finish_s = drain_periods(environ)
     key = None
     if "--lock-admin-apis" in own:
         try:
@@ -680,8 +794,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         log(f"administrative APIs ({', '.join(ADMIN_APIS)}) locked over HTTP and gRPC behind "
             f"the header {ADMIN_KEY_HEADER!r}, with {whose}")
+    drain.reset()
     server_environment = {name: value for name, value in environ.items()
                           if name != ADMIN_KEY_VARIABLE}
+    server_environment[drain.STATE_DIR_VARIABLE] = str(drain.STATE_DIR)
     mode = server_option(command, "--model-control-mode")
     heal = environ.get("TRITON_BUILDER_HEAL", "on").lower() not in ("off", "0", "false", "no")
     reload = mode == "explicit"
@@ -692,16 +808,22 @@ def main(argv: list[str] | None = None) -> int:
 
     server = subprocess.Popen(command, env=server_environment)
     stopping = threading.Event()
+    supervisor = Supervisor(server.pid, http_port, policy, heal=heal, reload=reload,
+                            admin_key=key)
+    stop = Drain(supervisor, drain_s, finish_s)
 
     def forward(received: int, frame: object) -> None:
         if received in STOPPING_SIGNALS:
             stopping.set()
         _forward(server.pid, received)
 
+    def drain_then_stop(received: int, frame: object) -> None:
+        stopping.set()
+        stop.start()
+
     for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
-    supervisor = Supervisor(server.pid, http_port, policy, heal=heal, reload=reload,
-                            admin_key=key)
+    signal.signal(signal.SIGTERM, drain_then_stop)
     metrics_port = int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT))
     if metrics_port:
         try:
@@ -712,7 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"started {command[0]} (pid {server.pid}); healing "
         + (f"on: {policy.max_failures} failures allowed per model within {policy.window_s:g}s"
            if heal else "off")
-        + (f"; metrics on :{metrics_port}/metrics" if metrics_port else ""))
+        + f"; a stop drains for {drain_s:g}s"
+        + (f"; metrics and readiness on :{metrics_port}" if metrics_port else ""))
 
     while True:
         status = _reap_until(server.pid)
@@ -727,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
             if crash is None or not supervisor.server_crashed(f"was killed by {crash.name}",
                                                               time.monotonic()):
                 break
+        drain.reset()
         server = subprocess.Popen(command, env=server_environment)
         supervisor.follow(server.pid)
         log(f"started {command[0]} again (pid {server.pid})")
@@ -735,6 +859,12 @@ def main(argv: list[str] | None = None) -> int:
     if supervisor.gave_up is not None:
         log(f"server stopped (status {code}) after giving up; exiting {GAVE_UP}")
         return GAVE_UP
+    if stop.started.is_set() and not stop.done.is_set():  # it ended before the drain did
+        log(f"server exited with status {code} while draining")
+        return code
+    if stop.done.is_set():
+        log("server stopped after draining; exiting 0")
+        return 0
     log(f"server exited with status {code}")
     return code
 

@@ -1,5 +1,7 @@
-"""A serving container, started the way users start one: ``--shm-size=1g``, the three Triton
-ports, ``--gpus=all`` where the engine has GPUs.
+"""A serving container, started the way users start one: the plainest ``docker run`` — the
+three Triton ports, ``--gpus=all`` where the engine has GPUs, and Docker's own 64 MB
+``/dev/shm`` (the images size the python backend's regions to fit it, 4 MiB per stub:
+:data:`builder.image.serving_dockerfile.PYTHON_BACKEND_SHM`).
 
 Verification, ``triton-builder serve`` and the tests all need the same thing — run an image,
 wait until Triton says it is ready, know where it listens, read its log when it fails — so it
@@ -22,7 +24,8 @@ from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from builder.tritonserver.host_process import triton_ready
 
-DEFAULT_SHM_SIZE = "1g"
+DEFAULT_SHM_SIZE: str | None = None
+"""Docker's default ``/dev/shm`` (64 MB)."""
 TRITON_PORTS = (HTTP_PORT, GRPC_PORT, METRICS_PORT)
 
 
@@ -56,7 +59,8 @@ class ServingContainer:
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
-                 shm_size: str = DEFAULT_SHM_SIZE, host_ports: tuple[int, int, int] | None = None,
+                 shm_size: str | None = DEFAULT_SHM_SIZE,
+                 host_ports: tuple[int, int, int] | None = None,
                  bind: str = "127.0.0.1", name: str | None = None,
                  labels: dict[str, str] | None = None,
                  healthcheck: dict | None = None,
@@ -166,12 +170,14 @@ def gpus_available(client: docker.DockerClient) -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
-def docker_run_command(image: str, *, gpus: bool = True, shm_size: str = DEFAULT_SHM_SIZE) -> str:
+def docker_run_command(image: str, *, gpus: bool = True,
+                       shm_size: str | None = DEFAULT_SHM_SIZE) -> str:
     """The command users copy to run the image (GPU form unless ``gpus=False``)."""
     parts = ["docker", "run", "--rm"]
     if gpus:
         parts.append("--gpus=all")
-    parts.append(f"--shm-size={shm_size}")
+    if shm_size:
+        parts.append(f"--shm-size={shm_size}")
     for port in TRITON_PORTS:
         parts += ["-p", f"{port}:{port}"]
     parts.append(image)

@@ -1,12 +1,12 @@
 """Checking a built image the way a user will run it, before any tag points at it.
 
-The image is started as users start it (``--shm-size=1g``, the three ports, ``--gpus=all`` when
-the engine has GPUs), we wait until Triton says every model is ready, then run checks against
-it: by default every model of the repository must be READY; callers add
-:class:`InferenceCheck`\\ s (one request over gRPC *and* HTTP, compared with expected outputs) or
-any callable taking a :class:`ContainerEndpoint` — the pipeline's signature and in-process
-results drive those. On failure the container's log is part of the error; the container is
-always removed.
+The image is started as users start it (the plainest ``docker run``: the three ports, Docker's own
+``/dev/shm``, ``--gpus=all`` when the engine has GPUs), we wait until Triton says every model is
+ready, then run checks against it: by default every model of the repository must be READY; callers
+add :class:`InferenceCheck`\\ s (one request over gRPC *and* HTTP, compared with expected outputs)
+or any callable taking a :class:`ContainerEndpoint` — the pipeline's signature and in-process
+results drive those. On failure the container's log is part of the error; the container is always
+removed.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def verify_image(
     checks: Iterable[Check] = (),
     *,
     gpus: bool | None = None,
-    shm_size: str = DEFAULT_SHM_SIZE,
+    shm_size: str | None = DEFAULT_SHM_SIZE,
     timeout: float = 180.0,
     on_log: Log | None = None,
     repository_dir: str | Path | None = None,

@@ -86,7 +86,7 @@ def test_the_image_is_built_verified_and_tagged(built, docker_client):
         assert docker_client.images.get(tag).id == result.id
     assert any(line.startswith("Step ") for line in log)
     assert log[-1] == f"run it: {result.run_command}"
-    assert result.run_command == ("docker run --rm --shm-size=1g -p 8000:8000 -p 8001:8001 "
+    assert result.run_command == ("docker run --rm -p 8000:8000 -p 8001:8001 "
                                   f"-p 8002:8002 {IMAGE}")
 
 

@@ -1,6 +1,6 @@
 # Triton 2.53.0 on CUDA 12.6 (tritonserver 24.12): Python 3.12, Ubuntu 24.04.
 # Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
-# Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+# Rendered by triton-builder. Run: docker run --gpus=all -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
 
 # Python models: bridged: Python 3.11 on nvcr.io/nvidia/tritonserver:24.12-py3 (Triton 2.53.0, CUDA 12.6, Python 3.12, Ubuntu 24.04, driver >= 560); stub compiled from python_backend r24.12 for Python 3.11 (pybind11 2.12); interpreter Python 3.11 taken from python:3.11-slim-bookworm (glibc no newer than the release's 2.39)
 # (their stub and environment are files of the model repository)
@@ -17,6 +17,7 @@ COPY weights/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
+ENV TRITON_BUILDER_DRAIN_S=5
 USER 1000:1000
 CMD ["python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
 

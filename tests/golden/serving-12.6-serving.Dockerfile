@@ -1,6 +1,6 @@
 # Triton 2.51.0 on CUDA 12.6 (tritonserver 24.10): Python 3.10, Ubuntu 22.04.
 # Needs NVIDIA driver 560 or newer and a GPU of compute capability 6.0 or more.
-# Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+# Rendered by triton-builder. Run: docker run --gpus=all -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
 
 FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 

@@ -1,6 +1,6 @@
 # Triton 2.63.0 on CUDA 13.0 (tritonserver 25.11): Python 3.12, Ubuntu 24.04.
 # Needs NVIDIA driver 580 or newer and a GPU of compute capability 7.5 or more.
-# Rendered by triton-builder. Run: docker run --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
+# Rendered by triton-builder. Run: docker run --gpus=all -p 8000:8000 -p 8001:8001 -p 8002:8002 IMAGE
 
 FROM nvcr.io/nvidia/tritonserver:25.11-py3
 # Read by the NVIDIA container runtime: NGC's full images set them, -min and custom bases may not.
@@ -14,6 +14,7 @@ COPY weights/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
+ENV TRITON_BUILDER_DRAIN_S=5
 USER 1000:1000
 CMD ["python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*", "--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
 

@@ -190,6 +190,11 @@ class Models:
         cls.preferred_memory = []
 
 
+class Unavailable(Exception):
+    """Raised by a registered model: the request is refused as Triton refuses one that its
+    queue policy rejects (``UNAVAILABLE``: "Request timeout expired")."""
+
+
 class InferenceRequest:
     def __init__(self, model_name: str, requested_output_names: list[str], inputs: list[Tensor],
                  preferred_memory: PreferredMemory | None = None) -> None:
@@ -206,6 +211,8 @@ class InferenceRequest:
                 f"Request for unknown model: '{self.model_name}' is not found"))
         try:
             outputs = model(self.inputs)
+        except Unavailable as error:
+            return InferenceResponse(error=TritonError(str(error), TritonError.UNAVAILABLE))
         except Exception as error:  # noqa: BLE001 - Triton reports model errors this way
             return InferenceResponse(error=TritonError(str(error)))
         return InferenceResponse(output_tensors=[

@@ -180,18 +180,48 @@ def test_probes_and_ports_name_tritons_endpoints():
     pod = documents["deployment"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    for probe in ("startupProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "supervisor": 8003}
+    assert container["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready",
+                                                      "port": "supervisor"}
     assert container["livenessProbe"]["exec"]["command"] == [
         "python3", "/opt/triton-builder/health.py", "--http-port=8000", "--live"]
     annotations = pod["metadata"]["annotations"]
     assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (
         "8002", "/metrics")
     service_ports = documents["service"]["spec"]["ports"]
-    assert {p["targetPort"] for p in service_ports} == set(ports)
+    assert {p["targetPort"] for p in service_ports} == set(ports) - {"supervisor"}
     assert documents["hpa"]["spec"]["scaleTargetRef"]["name"] == (
         documents["deployment"]["metadata"]["name"])
+
+
+def test_a_stopping_pod_drains_within_its_grace_period():
+    """The preStop hook starts the container's drain and waits for it; readiness asks the
+    supervisor, which fails at once when the drain starts; the grace period covers the drain
+    (the image's own, here 12 s) and the requests in flight."""
+    from builder.runtime.supervisor import FINISH_S
+
+    image = DeployableImage("registry.example:5000/embed:2", gpu=False, drain_s=12)
+    documents = kubernetes.manifests(image)
+    pod = documents["deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python3", "/opt/triton-builder/supervisor.py", "--drain"]
+    assert pod["terminationGracePeriodSeconds"] >= 12 + FINISH_S
+    predictor = documents["inferenceservice"]["spec"]["predictor"]
+    assert predictor["terminationGracePeriodSeconds"] == pod["terminationGracePeriodSeconds"]
+    assert predictor["containers"][0]["lifecycle"] == container["lifecycle"]
+    kubernetes.validate(documents, versions=["1.29", "1.37"])
+
+
+def test_a_swarm_grace_period_shorter_than_the_drain_is_refused():
+    from builder.runtime.supervisor import FINISH_S
+
+    image = DeployableImage("registry.example:5000/embed:2", gpu=False, drain_s=10)
+    grace = stack_document(image)["services"]["triton"]["stop_grace_period"]
+    assert int(grace.removesuffix("s")) >= 10 + FINISH_S
+    with pytest.raises(DeployError, match="shorter than the stop of .* drains for 10s"):
+        stack_document(image, SwarmOptions(stop_grace_period_s=15))
 
 
 def test_kubernetes_names_are_dns_labels():

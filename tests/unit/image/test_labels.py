@@ -81,7 +81,7 @@ def test_the_repository_signature_summarises_configs_and_keeps_pipeline_signatur
 
 def test_the_run_command_users_copy():
     assert docker_run_command("embed:1") == (
-        "docker run --rm --gpus=all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 embed:1")
+        "docker run --rm --gpus=all -p 8000:8000 -p 8001:8001 -p 8002:8002 embed:1")
     assert "--gpus" not in docker_run_command("embed:1", gpus=False)
 
 

@@ -210,6 +210,50 @@ def test_bls_errors_become_error_responses(served):
         assert "model 'affine': model crashed" in response.error().message()
 
 
+def test_a_model_that_cannot_take_a_request_now_makes_the_pipeline_answer_unavailable(
+        served, generation):
+    """A model operator's queue policy refuses a BLS request (UNAVAILABLE: its latency budget
+    spent): the pipeline's answer says UNAVAILABLE too, where the release has error codes, so
+    that the client sends it again instead of giving up on a server error."""
+    _, model = served
+
+    def refused(inputs):
+        raise pb.Unavailable("Request timeout expired")
+
+    pb.Models.registry["affine"] = refused
+    (response,) = model.execute([_request([1, 2, 3, 4])])
+    assert "model 'affine': Request timeout expired" in response.error().message()
+    if hasattr(generation.TritonError, "UNAVAILABLE"):
+        assert response.error().code() == generation.TritonError.UNAVAILABLE
+
+
+def test_a_closing_replica_answers_new_requests_unavailable_and_counts_those_it_serves(
+        built, initialized, monkeypatch, tmp_path, generation):
+    """Under the supervisor (builder.runtime.drain): every request is counted while it is
+    executed; once the replica closes, new ones are refused with UNAVAILABLE, not run."""
+    from builder.runtime import drain
+
+    monkeypatch.setenv(drain.STATE_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(drain, "STATE_DIR", tmp_path)
+    pipeline, root = built
+    _wire_bls(root)
+    model = initialized(root / "pipeline")
+    seen = []
+    session = pb.Models.registry["affine"]
+    pb.Models.registry["affine"] = lambda inputs: (seen.append(drain.in_flight(tmp_path)),
+                                                   session(inputs))[1]
+    responses = model.execute([_request([1, 2, 3, 4]), _request([2, 2, 2, 2])])
+    _assert_matches(pipeline, [[1, 2, 3, 4]], _outputs(responses[0]))
+    assert seen == [2] and drain.in_flight(tmp_path) == 0
+    drain.announce(drain.CLOSING, tmp_path)
+    responses = model.execute([_request([1, 2, 3, 4])])
+    assert responses[0].error().message() == pipeline_model.STOPPING
+    if hasattr(generation.TritonError, "UNAVAILABLE"):
+        assert responses[0].error().code() == generation.TritonError.UNAVAILABLE
+    assert seen == [2], "a closing replica ran a new request"
+    assert drain.in_flight(tmp_path) == 0
+
+
 def test_bls_outputs_in_gpu_memory_are_read_through_dlpack(served):
     """No GPU here: the stand-in marks BLS outputs as device memory that only dlpack may read."""
     pipeline, model = served

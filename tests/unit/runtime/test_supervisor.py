@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.runtime import health, supervisor
+from builder.runtime import drain, health, supervisor
 from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
 
 SUPERVISOR = Path(supervisor.__file__)
@@ -206,9 +207,13 @@ def test_bad_settings_are_refused_with_their_name():
 
 # -- the supervisor as the image runs it -----------------------------------------------------
 def _supervise(command: list[str], **environment: str) -> subprocess.Popen:
+    """The supervisor as the image runs it; a stop drains for 0 s (see the drain's own test),
+    in a state directory of its own."""
     return subprocess.Popen(
         [sys.executable, str(SUPERVISOR), *command], stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TRITON_BUILDER_METRICS_PORT": "0", **environment})
+        env={**os.environ, "TRITON_BUILDER_METRICS_PORT": "0", "TRITON_BUILDER_DRAIN_S": "0",
+             drain.STATE_DIR_VARIABLE: tempfile.mkdtemp(prefix="triton-builder-drain-"),
+             **environment})
 
 
 def _stop(running: subprocess.Popen) -> str:
@@ -227,17 +232,97 @@ def test_the_exit_status_follows_the_server():
     assert _supervise(["sh", "-c", "kill -KILL $$"]).wait(10) == 128 + signal.SIGKILL
 
 
-def test_sigterm_reaches_the_server_and_its_status_comes_back():
+def test_sigint_reaches_the_server_and_its_status_comes_back():
+    """SIGINT (Ctrl-C) stops at once, without a drain."""
     running = _supervise([sys.executable, "-c", (
         "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(7))\n"
         "print('up', flush=True)\n"
-        "time.sleep(60)\n")], PYTHONUNBUFFERED="1")
+        "time.sleep(60)\n")], PYTHONUNBUFFERED="1", TRITON_BUILDER_DRAIN_S="30")
     _wait(lambda: [p for p in health.processes() if p.parent == running.pid],
           what="the server")
     time.sleep(0.5)  # its handler is installed once it runs its code
-    running.send_signal(signal.SIGTERM)
+    running.send_signal(signal.SIGINT)
     assert running.wait(10) == 7
+
+
+DRAINED_SERVER = textwrap.dedent('''
+    """Stands for tritonserver with one request in execution in a model that counts it, as the
+    pipeline model does: the request is answered 1 s after the replica closes."""
+    import http.server, sys, threading, time
+    from pathlib import Path
+    from builder.runtime import drain
+
+    marks = Path(sys.argv[1])
+    in_flight = drain.InFlight()
+    in_flight.add(1)
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (marks / "up").touch()
+    while not drain.closing():
+        time.sleep(0.01)
+    time.sleep(1.0)
+    (marks / "answered").write_text(repr(time.time()))
+    in_flight.add(-1)
+    time.sleep(3600)  # killed by the supervisor, never stopped by a signal
+''')
+
+
+def test_sigterm_drains_closes_and_stops_once_the_requests_in_flight_are_answered(tmp_path):
+    """SIGTERM: not ready at once (health check, the supervisor's readiness), serving on for
+    the drain period (1 s here), then closing; the server is killed only after the request it
+    holds was answered, and the supervisor exits 0."""
+    from builder.tritonserver.host_process import free_ports
+
+    (http_port, metrics_port) = free_ports(2)
+    state = tmp_path / "drain"
+    (tmp_path / "server.py").write_text(DRAINED_SERVER)
+    running = _supervise([sys.executable, str(tmp_path / "server.py"), str(tmp_path),
+                          str(http_port), f"--http-port={http_port}"],
+                         TRITON_BUILDER_DRAIN_S="1", TRITON_BUILDER_METRICS_PORT=str(metrics_port),
+                         **{drain.STATE_DIR_VARIABLE: str(state)})
+    ready = f"http://127.0.0.1:{metrics_port}/v2/health/ready"
+
+    def readiness() -> int | None:
+        try:
+            with urllib.request.urlopen(ready, timeout=2) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except urllib.error.URLError:
+            return None
+
+    try:
+        _wait(lambda: (tmp_path / "up").exists() and readiness() == 200, what="ready")
+        assert drain.in_flight(state) == 1
+        stopped = time.time()
+        running.send_signal(signal.SIGTERM)
+        _wait(lambda: drain.draining(state), timeout=0.5, what="draining at once")
+        assert readiness() == 503
+        assert health.check(http_port, drain_state=state) == "draining: this replica is stopping"
+        assert health.check(http_port, live=True, drain_state=state) is None, "alive meanwhile"
+        assert not drain.closing(state), "closed before the drain period"
+        _wait(lambda: drain.closing(state), timeout=5, what="closing")
+        closed = time.time()
+        assert closed - stopped >= 1.0
+        assert running.wait(10) == 0
+        exited = time.time()
+    finally:
+        log = _stop(running)
+    answered = float((tmp_path / "answered").read_text())
+    assert exited >= answered, "the server was killed before its request was answered"
+    assert "draining: not ready any more, serving on for 1s" in log, log
+    assert "closing: new requests are answered UNAVAILABLE; 1 in flight" in log, log
+    assert "every request in flight answered" in log and "exiting 0" in log, log
 
 
 def test_a_dead_stub_is_reloaded_marked_healed_and_counted(repository, tmp_path):
@@ -271,7 +356,7 @@ def test_a_dead_stub_is_reloaded_marked_healed_and_counted(repository, tmp_path)
         assert 'triton_builder_stub_restarts_total{model="pipeline"} 1' in metrics
         assert 'triton_builder_stub_restarts_total{model="text_encoder"} 0' in metrics
         running.send_signal(signal.SIGTERM)
-        assert running.wait(10) == 128 + signal.SIGTERM
+        assert running.wait(10) == 0, "a stop drains, then exits 0"
     finally:
         log = _stop(running)
     assert "model 'pipeline': stub pid" in log and "killed by SIGKILL" in log
@@ -487,7 +572,7 @@ def test_a_crashed_server_is_started_again_in_place_and_its_regions_removed(repo
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
             assert "triton_builder_server_restarts_total 1" in response.read().decode()
         running.send_signal(signal.SIGTERM)
-        assert running.wait(10) == 128 + signal.SIGTERM, "a stop is not a crash"
+        assert running.wait(10) == 0, "a stop is not a crash"
     finally:
         log = _stop(running)
         for region in (*regions, other):
