@@ -106,6 +106,8 @@ def base_cpu(
 
 # -- pipelines → repository → image ----------------------------------------------------------
 PIPELINE_HELP = "The pipeline: 'path/to/file.py:attr' or 'package.module:attr'."
+BUDGET_HELP = ("Latency budget of a request: what would wait longer in a queue is refused "
+               "at once with UNAVAILABLE (queue policies).")
 
 
 @app.command()
@@ -117,6 +119,7 @@ def build(
     parallelism: int = typer.Option(1, help="Instances of the pipeline model."),
     cuda: str = typer.Option(None, help="Place models for this CUDA version's release (GPU "
                                         "instances), or 'cpu' (CPU instances)."),
+    latency_budget_ms: float = typer.Option(None, min=0.001, help=BUDGET_HELP),
 ) -> None:
     """Write the Triton model repository of a pipeline.
 
@@ -128,7 +131,8 @@ def build(
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
     target = _run("choosing the release", lambda: resolve(cuda)) if cuda else None
     result = _run("building the repository", lambda: build_pipeline_model(
-        pipe, model_root, format_priority, parallelism, target=target))
+        pipe, model_root, format_priority, parallelism, target=target,
+        latency_budget_ms=latency_budget_ms))
     console.print(result.report(), markup=False)
     print(result.model_root)
 
@@ -152,6 +156,7 @@ def image(
                              "'root' for root]."),
     drain_seconds: float = typer.Option(5.0, min=0, max=300, help="How long a stopping "
                                         "container serves on after its readiness failed."),
+    latency_budget_ms: float = typer.Option(None, min=0.001, help=BUDGET_HELP),
     pytorch_index: str = typer.Option(
         "https://download.pytorch.org/whl",
         help="PyTorch's wheel indexes (<url>/cu124, <url>/cpu); 'none' to use only the "
@@ -181,7 +186,7 @@ def image(
         pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
         push=push, user=user, drain_s=drain_seconds, client=ensure_engine(),
-        parallelism=parallelism,
+        parallelism=parallelism, latency_budget_ms=latency_budget_ms,
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
         bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
         compile_stub=compile_stub, triton_sources=triton_sources))

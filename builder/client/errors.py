@@ -50,7 +50,8 @@ def classify(error: BaseException, what: str) -> Exception | None:
         return RemoteModelError(f"{message} [{status}]" if status else message, status)
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)) or _is_gevent_timeout(error):
         return RemoteTimeoutError(f"{what}: timed out ({type(error).__name__} {error})")
-    if isinstance(error, (ConnectionError, OSError)) or _is_aiohttp_connection_error(error):
+    if isinstance(error, (ConnectionError, OSError)) or _is_aiohttp_connection_error(error) \
+            or _is_gevent_connection_closed(error):
         return ServerUnavailableError(f"{what}: {type(error).__name__}: {error}")
     return None
 
@@ -59,6 +60,15 @@ def _is_gevent_timeout(error: BaseException) -> bool:
     # gevent is imported by tritonclient.http only; do not import it for gRPC users
     gevent_timeout = getattr(sys.modules.get("gevent"), "Timeout", None)
     return gevent_timeout is not None and isinstance(error, gevent_timeout)
+
+
+def _is_gevent_connection_closed(error: BaseException) -> bool:
+    """geventhttpclient's ``HTTPConnectionClosed``: the server closed a kept-alive connection
+    before it answered (it stopped, or was killed) — the HTTP client's counterpart of
+    ``http.client.RemoteDisconnected``, which is a ``ConnectionResetError``."""
+    response = sys.modules.get("geventhttpclient.response")
+    closed = getattr(response, "HTTPConnectionClosed", None)
+    return closed is not None and isinstance(error, closed)
 
 
 def _is_aiohttp_connection_error(error: BaseException) -> bool:

@@ -28,16 +28,19 @@ log = logging.getLogger(__name__)
 class RetryPolicy:
     """``retries`` more attempts after the first, waiting ``initial_delay`` then ``multiplier``
     times longer each time, never more than ``max_delay``; ``jitter`` is the fraction of each
-    wait drawn at random."""
+    wait drawn at random. ``deadline``: no retry starts later than this many seconds after the
+    first attempt (None: the count alone bounds them)."""
 
     retries: int = 5
     initial_delay: float = 0.1
     multiplier: float = 2.0
     max_delay: float = 5.0
     jitter: float = 0.2
+    deadline: float | None = 10.0
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or self.initial_delay < 0 or self.multiplier < 1 or self.max_delay < 0:
+        if self.retries < 0 or self.initial_delay < 0 or self.multiplier < 1 or self.max_delay < 0 \
+                or (self.deadline is not None and self.deadline < 0):
             raise ValueError(f"invalid retry policy: {self}")
 
     def delays(self) -> Iterator[float]:
@@ -56,33 +59,47 @@ def as_policy(retries: int | RetryPolicy) -> RetryPolicy:
 
 def call_with_retry(call: Callable[[], T], policy: RetryPolicy) -> T:
     """Run ``call``; on :class:`ServerUnavailableError` wait and run it again, up to the policy."""
-    delays = policy.delays()
+    attempts = _Attempts(policy)
     while True:
         try:
             return call()
         except ServerUnavailableError as error:
-            delay = next(delays, None)
-            if delay is None:
-                raise _exhausted(error, policy) from error
+            delay = attempts.next_delay(error)
             log.info("%s; retrying in %.2fs", error, delay)
             time.sleep(delay)
 
 
 async def acall_with_retry(call: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
     """The asyncio twin of :func:`call_with_retry`: the waits do not block the event loop."""
-    delays = policy.delays()
+    attempts = _Attempts(policy)
     while True:
         try:
             return await call()
         except ServerUnavailableError as error:
-            delay = next(delays, None)
-            if delay is None:
-                raise _exhausted(error, policy) from error
+            delay = attempts.next_delay(error)
             log.info("%s; retrying in %.2fs", error, delay)
             await asyncio.sleep(delay)
 
 
-def _exhausted(error: ServerUnavailableError, policy: RetryPolicy) -> Exception:
-    attempts = policy.retries + 1
-    return ServerUnavailableError(f"{error} (gave up after {attempts} attempt"
-                                  f"{'s' if attempts > 1 else ''})")
+class _Attempts:
+    """One call's attempts under a policy: the next wait, or the error that ends them."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.delays = policy.delays()
+        self.started = time.monotonic()
+        self.count = 0
+
+    def next_delay(self, error: ServerUnavailableError) -> float:
+        self.count += 1
+        delay = next(self.delays, None)
+        elapsed = time.monotonic() - self.started
+        deadline = self.policy.deadline
+        if delay is not None and (deadline is None or elapsed + delay <= deadline):
+            return delay
+        plural = "s" if self.count > 1 else ""
+        why = (f"the retry deadline of {deadline:g}s" if delay is not None
+               else f"{self.policy.retries} retr{'ies' if self.policy.retries != 1 else 'y'}")
+        raise ServerUnavailableError(
+            f"{error} (gave up after {self.count} attempt{plural} in {elapsed:.1f}s: "
+            f"UNAVAILABLE is retried with backoff, up to {why})") from error

@@ -41,7 +41,7 @@ from builder.errors import PipelineError
 from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
-                  "instance_count", "max_batch_size")
+                  "instance_count", "latency_budget_ms", "max_batch_size", "max_queue_size")
 """What ``op_config`` may set for a model operator's Triton model (see
 :mod:`builder.repository.model_config`).
 
@@ -88,7 +88,9 @@ class ModelOp:
     ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
     (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
-    ``max_batch_size`` and ``format_priority``.
+    ``max_batch_size``, ``format_priority``, ``latency_budget_ms`` (the longest its queue holds
+    a request before refusing it ``UNAVAILABLE``; default: its share of the pipeline's budget)
+    and ``max_queue_size``.
 
     The module is put in eval mode: operators do inference.
     """
@@ -320,9 +322,14 @@ def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
             f"operator {owner!r}: op_config[{key!r}] must be {expected}, got {config[key]!r}"
         )
 
-    for key in ("instance_count", "max_batch_size"):
-        if key in config and (not isinstance(config[key], int) or config[key] < 1):
+    for key in ("instance_count", "max_batch_size", "max_queue_size"):
+        if key in config and (not isinstance(config[key], int) or isinstance(config[key], bool)
+                              or config[key] < 1):
             fail(key, "a positive int")
+    if "latency_budget_ms" in config and (
+            not isinstance(config["latency_budget_ms"], (int, float))
+            or isinstance(config["latency_budget_ms"], bool) or config["latency_budget_ms"] <= 0):
+        fail("latency_budget_ms", "a positive number of milliseconds")
     if "device_ids" in config and (
         not isinstance(config["device_ids"], (list, tuple))
         or not all(isinstance(d, int) and d >= 0 for d in config["device_ids"])

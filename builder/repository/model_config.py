@@ -18,6 +18,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import BuildError
+from builder.repository.queue_policy import QueuePolicy
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -53,6 +54,8 @@ class ModelConfigSpec:
     device_ids: Sequence[int] = ()
     gpu: bool = False
     dynamic_batching: Mapping[str, Any] | None = field(default_factory=dict)
+    queue_policy: QueuePolicy | None = None
+    """Rejects what waits too long or finds the queue full (needs dynamic batching)."""
     parameters: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -84,6 +87,17 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
         delay = spec.dynamic_batching.get("max_queue_delay_microseconds")
         if delay is not None:
             batching.max_queue_delay_microseconds = int(delay)
+    if spec.queue_policy is not None:
+        if spec.dynamic_batching is None or spec.max_batch_size <= 0:
+            raise BuildError(f"model {spec.name!r}: a latency budget or queue bound needs "
+                             f"dynamic batching, which this model has off")
+        policy = config.dynamic_batching.default_queue_policy
+        policy.timeout_action = mc.ModelQueuePolicy.REJECT
+        policy.allow_timeout_override = False
+        if spec.queue_policy.timeout_us is not None:
+            policy.default_timeout_microseconds = spec.queue_policy.timeout_us
+        if spec.queue_policy.max_queue_size is not None:
+            policy.max_queue_size = spec.queue_policy.max_queue_size
     for key, value in spec.parameters.items():
         config.parameters[key].string_value = str(value)
     return config

@@ -39,6 +39,7 @@ from builder.repository.model_config import (
     build_config,
     write_config,
 )
+from builder.repository.queue_policy import OPERATOR_SHARE, PIPELINE_SHARE, queue_policy
 
 if TYPE_CHECKING:
     from builder.base.releases import Release
@@ -107,6 +108,8 @@ def build_pipeline_model(
     tolerance: float = 1e-4,
     target: Release | None = None,
     in_process: bool | None = None,
+    latency_budget_ms: float | None = None,
+    max_queue_size: int | None = None,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
@@ -122,7 +125,10 @@ def build_pipeline_model(
     run its CPU ONNX model operators itself, in ONNX Runtime, instead of through BLS; by
     default it does unless the target is a GPU release: on the CPU base the ``onnxruntime``
     backend is another python stub (see :mod:`builder.runtime.pipeline_model`). Every model
-    operator keeps its own Triton model either way. Raises a :class:`PipelineError` subclass,
+    operator keeps its own Triton model either way. ``latency_budget_ms`` becomes the queue
+    policy of the pipeline model and its model operators (:mod:`builder.repository.queue_policy`:
+    what would wait longer is refused at once with ``UNAVAILABLE``); ``max_queue_size`` bounds
+    the pipeline model's queue. Raises a :class:`PipelineError` subclass,
     before anything is written, for a bad pipeline or option.
     """
     if isinstance(pipe, PipeBuilder):
@@ -136,6 +142,9 @@ def build_pipeline_model(
     if not _MODEL_NAME.match(name):
         raise BuildError(f"{name!r} is not a valid Triton model name")
     check_formats(format_priority, "build_pipeline_model")
+    budget = validate_op_config({key: value for key, value in (
+        ("latency_budget_ms", latency_budget_ms), ("max_queue_size", max_queue_size))
+        if value is not None}, name)
     defaults = {**DEFAULT_OP_CONFIG, **validate_op_config(op_defaults or {}, "op_defaults")}
     pipeline_batching = validate_op_config({"dynamic_batching": (
         default_batching(target, "pipeline") if dynamic_batching is None else dynamic_batching
@@ -174,6 +183,11 @@ def build_pipeline_model(
                 device_ids=placements[op.name][1],
                 dynamic_batching=config.get("dynamic_batching",
                                             default_batching(target, "model")),
+                queue_policy=(queue_policy(config["latency_budget_ms"], 1.0,
+                                           config.get("max_queue_size"))
+                              if "latency_budget_ms" in config else
+                              queue_policy(latency_budget_ms, OPERATOR_SHARE,
+                                           config.get("max_queue_size"))),
             )), staging / op.name)
             targets[op.name] = BlsTarget(
                 op.name, exported.format,
@@ -196,6 +210,8 @@ def build_pipeline_model(
             backend="python",
             instance_count=parallelism,
             dynamic_batching=pipeline_batching,
+            queue_policy=queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
+                                      budget.get("max_queue_size")),
             parameters={
                 **signature_parameter(signature),  # lets any client rebuild the values
                 **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)} if own else {}),

@@ -6,6 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builder.errors import BuildError
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -63,3 +64,14 @@ def test_written_configs_read_back_equal(tmp_path):
 def test_backend_or_platform_not_both():
     with pytest.raises(ValueError, match="exactly one of backend and platform"):
         build_config(ModelConfigSpec(**{**SPEC.__dict__, "backend": "python"}))
+
+
+def test_a_queue_policy_needs_dynamic_batching():
+    from builder.repository.queue_policy import QueuePolicy
+
+    spec = ModelConfigSpec(name="m", inputs=[TensorConfig("x", "TYPE_FP32", (4,))],
+                           outputs=[TensorConfig("y", "TYPE_FP32", (4,))], max_batch_size=8,
+                           backend="python", dynamic_batching=None,
+                           queue_policy=QueuePolicy(timeout_us=1000))
+    with pytest.raises(BuildError, match="'m': a latency budget or queue bound needs dynamic"):
+        build_config(spec)

@@ -131,6 +131,32 @@ def test_op_config_and_defaults_shape_the_model_configs(tmp_path):
     assert "onnx failed: UnsupportedOperatorError" in result.report()
 
 
+def test_a_latency_budget_becomes_queue_policies_that_reject(tmp_path):
+    """50 ms: the pipeline model's queue holds a request 25 ms at most, each model operator's
+    12.5 ms, one operator's own ``latency_budget_ms`` and ``max_queue_size`` replace its share;
+    what waits longer (or finds the queue full) is rejected, not queued."""
+    op = affine_op()
+    other = ModelOp(Doubler(), torch.zeros(1, 3), name="doubler", pre=lambda v: v[None],
+                    post=lambda y: y[0], op_config={"latency_budget_ms": 4, "max_queue_size": 64})
+    p = (pipe.input("v").map("v", "y", op).map("y", "z", other).output("z")
+         .with_example(np.ones(4, np.float32)))
+    build_pipeline_model(p, tmp_path / "models", format_priority=["onnx", "python"],
+                         latency_budget_ms=50, max_queue_size=256)
+    policies = {name: read_config(tmp_path / "models" / name).dynamic_batching
+                .default_queue_policy for name in ("pipeline", "affine", "doubler")}
+    assert {name: (policy.timeout_action, policy.default_timeout_microseconds,
+                   policy.max_queue_size, policy.allow_timeout_override)
+            for name, policy in policies.items()} == {
+        "pipeline": (mc.ModelQueuePolicy.REJECT, 25_000, 256, False),
+        "affine": (mc.ModelQueuePolicy.REJECT, 12_500, 0, False),
+        "doubler": (mc.ModelQueuePolicy.REJECT, 4_000, 64, False)}
+    unbounded = build_pipeline_model(_pipeline(), tmp_path / "plain")
+    assert not read_config(unbounded.model_root / "pipeline").dynamic_batching.HasField(
+        "default_queue_policy"), "no budget, no policy: Triton's own unbounded queue"
+    with pytest.raises(PipelineError, match="latency_budget_ms'] must be a positive number"):
+        build_pipeline_model(_pipeline(), tmp_path / "bad", latency_budget_ms=0)
+
+
 def test_an_operator_may_choose_its_own_formats(tmp_path):
     op = affine_op(op_config={"format_priority": ["torchscript"]})
     build_pipeline_model(_pipeline(op), tmp_path / "models")

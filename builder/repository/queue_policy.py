@@ -1,0 +1,44 @@
+"""A latency budget as Triton's queue policy: under overload, refuse at once what would be late.
+
+Why: Triton's queues are unbounded by default. Under an open-loop overload — requests arriving
+faster than they are served, as real traffic does — every queue grows, and with it every
+request's latency, until clients time out while the server goes on computing answers nobody
+waits for. A queue policy (``dynamic_batching.default_queue_policy``) makes Triton reject a
+request that has waited longer than a timeout (``REJECT``: answered ``UNAVAILABLE`` / 503,
+"Request timeout expired") and one that finds the queue full (``max_queue_size``: "Exceeds
+maximum queue size"), so the requests it accepts keep their latency and the rest learn at once
+that they should go elsewhere or come back later.
+
+How a pipeline's budget is split (a request waits in the pipeline model's queue, then in each
+model operator's queue its BLS calls reach): :data:`PIPELINE_SHARE` of it for the pipeline
+model's queue, :data:`OPERATOR_SHARE` for each model operator's, the rest for execution. An
+operator's ``op_config["latency_budget_ms"]`` replaces its share (the longest its queue holds a
+request); ``op_config["max_queue_size"]`` bounds its queue. A pipeline model whose BLS call is
+refused answers ``UNAVAILABLE`` itself (:mod:`builder.runtime.pipeline_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PIPELINE_SHARE = 0.5
+"""Of a pipeline's latency budget: the longest its pipeline model's queue holds a request."""
+OPERATOR_SHARE = 0.25
+"""Of a pipeline's latency budget: the longest a model operator's queue holds a request."""
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ``ModelQueuePolicy`` with ``timeout_action: REJECT``; None leaves a bound off."""
+
+    timeout_us: int | None = None
+    max_queue_size: int | None = None
+
+
+def queue_policy(budget_ms: float | None, share: float,
+                 max_queue_size: int | None = None) -> QueuePolicy | None:
+    """The policy of a queue that may hold a request ``share`` of ``budget_ms``."""
+    if budget_ms is None and max_queue_size is None:
+        return None
+    timeout = None if budget_ms is None else max(1, round(budget_ms * share * 1000))
+    return QueuePolicy(timeout_us=timeout, max_queue_size=max_queue_size)
