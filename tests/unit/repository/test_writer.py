@@ -171,6 +171,15 @@ BAD_PIPELINES = {
                  .with_example(0)),
         OperatorError, "operator 'invert' (map x -> y) failed: ZeroDivisionError: division by "
                        "zero (on example 1: (0,))"),
+    "a column with an empty axis (Triton's dims are at least 1)": (
+        lambda: (pipe.input("x").map("x", "y", lambda x: np.zeros(0, np.float32), name="none")
+                 .output("y").with_example(1)),
+        BuildError, "model 'pipeline': model output 'y' has dims [0]: each dimension must be"),
+    "a model operator's example with a batch axis, without pre=": (
+        lambda: (pipe.input("x").map("x", "y", ModelOp(Noisy(), torch.zeros(1, 3), name="noisy"))
+                 .output("y").with_example(np.zeros(3, np.float32))),
+        OperatorError, "model operator 'noisy': input 'x' is [3] in this row, but example_inputs "
+                       "give one row as [1, 3]: example_inputs seem to hold a batch axis"),
     "unexportable model without fallback": (
         lambda: (pipe.input("x")
                  .map("x", "y", ModelOp(Noisy(), torch.zeros(1, 3), name="noisy",
