@@ -1,20 +1,26 @@
 """``triton-builder``: the command line over the Python API.
 
 Exit codes scripts can rely on: 0 success, 1 the work failed (build, push, verification,
-inference), 2 bad usage or input, 3 the machine lacks something (no Docker engine, no wheel).
-Results go to standard output (one line, or JSON); progress and errors go to standard error.
+inference, a server that does not answer), 2 bad usage or input, 3 the machine lacks something
+(no Docker engine, no wheel). Results go to standard output (one line, or JSON); progress and
+errors go to standard error. Every message is printed as written — never read as rich markup,
+so ``[batch, 8]`` stays in it — and every error is one line, the last: ``error <step>: <cause>``
+with the fix where there is one (details such as a log tail go above it).
+``TRITON_BUILDER_TRACEBACK=1`` lets an unexpected exception through with its traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 app = typer.Typer(
     name="triton-builder",
@@ -22,41 +28,101 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
 )
 base_app = typer.Typer(help="Base images: the Debian OS image and the CPU Triton base.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(base_app, name="base")
 deploy_app = typer.Typer(help="Deploy a serving image: Docker Swarm stacks, Kubernetes / KServe.",
-                         no_args_is_help=True)
+                         no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(deploy_app, name="deploy")
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 T = TypeVar("T")
 
 EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
+TRACEBACK_VARIABLE = "TRITON_BUILDER_TRACEBACK"
+
+
+def main(args: Sequence[str] | None = None) -> NoReturn:
+    """The ``triton-builder`` console script: the commands, with click's usage errors and
+    anything no command caught reported as one ``error`` line too."""
+    try:  # typer vendors click as typer._click from 0.22; before, it raised click's own
+        from typer.exceptions import TyperException as CommandLineError
+    except ImportError:
+        from click.exceptions import ClickException as CommandLineError
+
+    command = typer.main.get_command(app)
+    try:
+        try:
+            code = command.main(args=args, prog_name="triton-builder", standalone_mode=False)
+        except CommandLineError as error:  # usage errors: unknown options, missing arguments
+            context = getattr(error, "ctx", None)
+            where = f" (see {context.command_path} --help)" if context is not None else ""
+            _fail("", f"{error.format_message()}{where}", error.exit_code)
+        except typer.Abort:
+            _fail("", "interrupted", 130)
+        except typer.Exit:
+            raise
+        except Exception as error:  # noqa: BLE001 - a command's own step did not catch it
+            _report("", error)
+    except typer.Exit as stop:
+        code = stop.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _run(step: str, work: Callable[[], T]) -> T:
-    """Run ``work``, turning the errors we expect into one clear line and an exit code."""
+    """Run ``work``; a failure becomes one ``error <step>: ...`` line and its exit code."""
+    try:
+        return work()
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - classified by _exit_code
+        _report(step, error)
+
+
+def _report(step: str, error: BaseException) -> NoReturn:
+    """Print ``error`` for ``step`` and exit with the code of its category."""
+    if os.environ.get(TRACEBACK_VARIABLE) == "1":
+        raise error
+    code = _exit_code(error)
+    message = str(error).strip() or type(error).__name__
+    if isinstance(error, ConnectionError):
+        message += "; is a server listening there? (triton-builder serve IMAGE starts one)"
+    elif code == EXIT_FAILED and not isinstance(error, (RuntimeError, OSError, TimeoutError)):
+        message = (f"{type(error).__name__}: {message} (unexpected: "
+                   f"{TRACEBACK_VARIABLE}=1 prints where it happened)")
+    _fail(step, message, code)
+
+
+def _exit_code(error: BaseException) -> int:
+    """The documented exit code of an error's category."""
     from builder.engine import EngineError
     from builder.host_packages import HostError
     from builder.tritonserver.wheel import DistributionError
 
-    try:
-        return work()
-    except (EngineError, HostError, DistributionError) as error:
-        console.print(f"[red]error[/red] {step}: {error}")
-        raise typer.Exit(EXIT_MACHINE) from None
-    except (ValueError, LookupError) as error:
-        console.print(f"[red]error[/red] {step}: {error}")
-        raise typer.Exit(EXIT_USAGE) from None
-    except RuntimeError as error:
-        console.print(f"[red]error[/red] {step}: {error}")
-        raise typer.Exit(EXIT_FAILED) from None
+    if isinstance(error, (EngineError, HostError, DistributionError)):
+        return EXIT_MACHINE
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return EXIT_FAILED
+    if isinstance(error, (ValueError, LookupError)):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _fail(step: str, message: str, code: int) -> NoReturn:
+    """Details (a message's lines after its first) above, then the one error line; exit."""
+    first, *details = message.splitlines() or [""]
+    for line in details:
+        console.print(line)
+    if details and first.endswith(":"):
+        first = f"{first[:-1]} (details above)"
+    console.print(Text.assemble(("error", "red"), f" {step}: " if step else ": ", first))
+    raise typer.Exit(code)
 
 
 def _log_line(line: str) -> None:
-    console.print(line, markup=False, highlight=False)
+    console.print(line)
 
 
 @base_app.command("os")
@@ -96,7 +162,7 @@ def base_cpu(
     from builder.base.cpu import build_cpu_base
     from builder.engine import ensure_engine
 
-    with console.status("building the CPU Triton base image"):
+    with console.status(Text("building the CPU Triton base image")):
         image = _run("building the CPU base", lambda: build_cpu_base(
             ensure_engine(), os_image=os_image, python_version=python_version,
             rebuild=rebuild, on_log=_log_line if verbose else None))
@@ -133,7 +199,7 @@ def build(
     result = _run("building the repository", lambda: build_pipeline_model(
         pipe, model_root, format_priority, parallelism, target=target,
         latency_budget_ms=latency_budget_ms))
-    console.print(result.report(), markup=False)
+    console.print(result.report())
     print(result.model_root)
 
 
@@ -231,14 +297,14 @@ def serve(
     from builder.engine import ensure_engine
     from builder.verify.container import ServingContainer
 
-    container = ServingContainer(ensure_engine(), reference,
-                                 host_ports=(http_port, grpc_port, metrics_port))
+    container = _run("starting the server", lambda: ServingContainer(
+        ensure_engine(), reference, host_ports=(http_port, grpc_port, metrics_port)))
     try:
-        endpoint = _run("starting the server", lambda: container.start(timeout))
-    except typer.Exit:
-        console.print(container.logs()[-4000:], markup=False)
+        endpoint = container.start(timeout)
+    except Exception as error:  # noqa: BLE001 - its log first, then the one error line
+        console.print(container.logs()[-4000:])
         container.remove()
-        raise
+        _report("starting the server", error)
     console.print(f"ready: grpc://{endpoint.grpc_url}  http://{endpoint.http_url}  "
                   f"metrics http://{endpoint.metrics_url}/metrics")
     if detach:
@@ -267,16 +333,15 @@ def infer(
     from builder.client.pipeline import Client
 
     values = _run("reading the inputs", lambda: dict(_parse_input(item) for item in input))
-    with Client(url) as client:
+    with _run("reading the URL", lambda: Client(url)) as client:
         columns = _run("reading the model", lambda: _pipeline_inputs(client))
         if columns is None:
             result = _run("inference", lambda: client.model(**values))
         else:
             missing = [c for c in columns if c not in values]
             if missing or set(values) - set(columns):
-                console.print(f"[red]error[/red] the pipeline takes inputs {columns}; "
-                              f"got {sorted(values)}")
-                raise typer.Exit(EXIT_USAGE)
+                _fail("reading the inputs", f"the pipeline takes inputs {columns}; got "
+                      f"{sorted(values)}: give each with -i name=value", EXIT_USAGE)
             result = _run("inference", lambda: client(*(values[c] for c in columns)))
     print(json.dumps(_jsonable(result), ensure_ascii=False))
 
@@ -323,14 +388,18 @@ def doctor(
 
     Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """
+    from builder.base.releases import resolve
     from builder.doctor import run_checks
 
+    _run("reading the options", lambda: resolve(cuda))
     checks = run_checks(cuda, environment)
     for check in checks:
         color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
-        console.print(f"[{color}]{check.status:<4}[/{color}] {check.name}: {check.detail}")
-    if any(check.status == "fail" for check in checks):
-        raise typer.Exit(EXIT_MACHINE)
+        console.print(Text.assemble((f"{check.status:<4}", color),
+                                    f" {check.name}: {check.detail}"))
+    failed = [check.name for check in checks if check.status == "fail"]
+    if failed:
+        _fail("checking this machine", f"{', '.join(failed)} failed (see above)", EXIT_MACHINE)
 
 
 # -- deploying ----------------------------------------------------------------------------------
@@ -373,9 +442,9 @@ def deploy_swarm_command(
 
         print(yaml.safe_dump(document, sort_keys=False), end="")
         return
-    client = ensure_engine()
+    client = _run("reaching the engine", ensure_engine)
     image = _run("reading the image", lambda: deployable_image(reference, client=client))
-    with console.status(f"deploying {reference} as stack {name}"):
+    with console.status(Text(f"deploying {reference} as stack {name}")):
         _run("deploying", lambda: deploy_swarm(image, name, options, client=client,
                                                stack_file=stack_file, wait=wait or None))
     console.print(f"stack {name}: {replicas} replica(s) of {reference}"
@@ -441,6 +510,7 @@ def load_pipeline(reference: str) -> Any:
     """
     import importlib
 
+    from builder.errors import PipelineError, TritonBuilderError
     from builder.pipeline.dsl import Pipeline
 
     target, _, attribute = reference.rpartition(":")
@@ -456,7 +526,13 @@ def load_pipeline(reference: str) -> Any:
             root = root.parent
         sys.path.insert(0, str(root))
         target = ".".join(parts)
-    module = importlib.import_module(target)
+    try:
+        module = importlib.import_module(target)
+    except TritonBuilderError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's code: say where it failed
+        raise PipelineError(f"importing {target} failed{_where(error)}: "
+                            f"{type(error).__name__}: {error}") from error
     try:
         value = getattr(module, attribute)
     except AttributeError:
@@ -465,6 +541,18 @@ def load_pipeline(reference: str) -> Any:
         raise ValueError(f"{reference} is a {type(value).__name__}, not a finished pipeline "
                          f"(end it with .output(...))")
     return value
+
+
+def _where(error: BaseException) -> str:
+    """`` at file:line``: the innermost frame outside Python and its packages (the user's
+    line, not torch's), or a syntax error's own line."""
+    import traceback
+
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {error.filename}:{error.lineno}"
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith(("<", sys.prefix, sys.base_prefix))]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _pipeline_inputs(client) -> list[str] | None:
@@ -482,7 +570,11 @@ def _parse_input(item: str) -> tuple[str, Any]:
     if not sep or not name:
         raise ValueError(f"--input {item!r}: expected name=value")
     if text.startswith("@"):
-        return name, Path(text[1:]).read_bytes()
+        try:
+            return name, Path(text[1:]).read_bytes()
+        except OSError as error:
+            raise ValueError(f"--input {item!r}: cannot read {text[1:]}: "
+                             f"{error.strerror or error}") from None
     try:
         return name, json.loads(text)
     except json.JSONDecodeError:

@@ -31,6 +31,7 @@ from tritonclient.grpc import model_config_pb2
 
 from builder.environment.errors import EnvironmentBuildError
 from builder.environment.tarball import EnvironmentTarball
+from builder.repository.model_config import write_config
 
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
@@ -90,7 +91,7 @@ def attach_environment(
             link.symlink_to(Path("..") / holder / item)
     for name, config in configs.items():
         config.parameters[ENV_PARAMETER].string_value = f"{MODEL_DIRECTORY}/{filename}"
-        (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
+        write_config(config, repository / name)
     return sorted(configs)
 
 

@@ -14,12 +14,14 @@ leading batch axis in, arrays with the same leading axis out. Pre- and post-proc
 that way costs one NumPy call per dynamic batch instead of one per row, which is what makes
 Triton's batching pay for the Python operators as it does for the models.
 
-A :class:`ModelOp` wraps a ``torch.nn.Module``: ``pre`` turns the operator's arguments into the
-module's inputs (with a leading batch dimension), ``post`` turns the module's outputs (NumPy
-arrays, in process and when served alike) into the operator's result. In process the module runs
-in torch; in the served pipeline the module is its own Triton model, exported by
-:mod:`builder.repository.export`, and the pipeline model reaches it through BLS. Which of the two
-runs is a *runner* bound to the operator, so the same ``pre``/``post`` code runs in both places.
+A :class:`ModelOp` wraps a ``torch.nn.Module``. Its ``example_inputs`` describe one row as the
+pipeline passes it, and the builder adds the batch axis around the module; or ``pre`` turns the
+operator's arguments into the module's inputs with a leading batch axis, and ``post`` the
+module's outputs (NumPy arrays, in process and when served alike) into the operator's result —
+the rule is :mod:`builder.pipeline.batch_axis`'s. In process the module runs in torch; in the
+served pipeline the module is its own Triton model, exported by :mod:`builder.repository.export`,
+and the pipeline model reaches it through BLS. Which of the two runs is a *runner* bound to the
+operator, so the same ``pre``/``post`` code runs in both places.
 
 This module is captured by value into ``pipe.pickle``: torch is imported only inside the
 functions that run the module in process, so the served pipeline model does not need it.
@@ -38,6 +40,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from builder.errors import PipelineError
+from builder.pipeline.batch_axis import (
+    check_examples,
+    check_module,
+    check_row,
+    module_axes,
+    module_examples,
+    row_of,
+)
 from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
@@ -77,14 +87,26 @@ class BlsTarget:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     max_batch_size: int
+    reshaped: tuple[str, ...] = ()
+    """Tensors with only the batch axis: Triton serves them as ``[batch, 1]`` reshaped to
+    ``[batch]``, so a BLS request carries them with that trailing 1 (a session in the pipeline
+    model's own process takes them as they are)."""
 
 
 class ModelOp:
     """A ``torch.nn.Module`` as a pipeline operator that is served as its own Triton model.
 
-    ``example_inputs`` (a tensor or a tuple of tensors, leading dimension = batch) drive export
+    ``example_inputs`` (a tensor, array or a tuple of them, one per argument) describe **one
+    row, as the pipeline passes it**: the builder adds the batch axis around the module — a
+    batch of one in process, the stacked rows of a dynamic batch when served — and each row gets
+    its slice of the outputs back without it. ``post`` (if given) then receives one row's
+    outputs. With ``pre``, ``pre`` makes the module's batch instead: it returns the module's
+    inputs with a leading batch axis, ``example_inputs`` show them so, and ``post`` receives the
+    outputs with that axis (see :mod:`builder.pipeline.batch_axis`). The examples drive export
     and its numerical check and fix the dtypes and dims of the model's inputs; ``dynamic_axes``
-    names further varying axes (``{"tokens": [1]}``); the batch axis always varies.
+    names the axes of ``example_inputs`` that vary (``{"tokens": [0]}`` for one row's first);
+    the batch axis always varies. A module that cannot take the examples so, on a batch of one
+    and of two rows, is refused here, naming the shapes and the fix.
     ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
     (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
@@ -123,10 +145,13 @@ class ModelOp:
             example_inputs,
         )
         self.example_inputs = tuple(torch.as_tensor(e) for e in examples)
-        if not self.example_inputs or any(e.dim() == 0 for e in self.example_inputs):
-            raise PipelineError(
-                f"model operator {self.name!r}: example_inputs need a leading batch dimension"
-            )
+        if not self.example_inputs:
+            raise PipelineError(f"model operator {self.name!r}: example_inputs are empty")
+        self.adds_batch_axis = pre is None
+        """Whether the builder adds the batch axis around the module (no ``pre``)."""
+        check_examples(self.name, self.example_inputs, self.adds_batch_axis)
+        self.module_examples = module_examples(self.example_inputs, self.adds_batch_axis)
+        """The examples as the module takes them, batch axis first."""
         self.input_names = tuple(input_names or _forward_names(module, len(self.example_inputs)))
         if len(self.input_names) != len(self.example_inputs):
             raise PipelineError(
@@ -145,18 +170,25 @@ class ModelOp:
             str(e.detach().cpu().numpy().dtype) for e in self.example_inputs
         )
         self.input_dims = tuple(
-            tuple(-1 if axis in self.dynamic_axes.get(n, ()) else size
+            tuple(-1 if axis in self.module_axes(n) else size
                   for axis, size in enumerate(e.shape[1:], start=1))
-            for n, e in zip(self.input_names, self.example_inputs, strict=True)
+            for n, e in zip(self.input_names, self.module_examples, strict=True)
         )
+        """Each input's dims as the served model declares them: without the batch axis."""
         self.pre = pre
         self.post = post
         self.op_config = validate_op_config(op_config or {}, self.name)
+        check_module(self.name, self.module, self.example_inputs, self.input_names,
+                     self.adds_batch_axis)
         self.served: BlsTarget | None = None
         self._runner: ModelRunner | None = None
 
     def __repr__(self) -> str:
         return f"ModelOp({self.name!r})"
+
+    def module_axes(self, tensor: str) -> tuple[int, ...]:
+        """The module's varying axes of input or output ``tensor``, batch axis excluded."""
+        return module_axes(self.dynamic_axes, tensor, self.adds_batch_axis)
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -169,32 +201,43 @@ class ModelOp:
         return [self.finish(out) for out in outputs]
 
     def prepare(self, *args: Any) -> tuple[np.ndarray, ...]:
-        """``pre`` → the module inputs as arrays of the exported dtypes, shapes checked."""
-        value = self.pre(*args) if self.pre is not None else (args[0] if len(args) == 1 else args)
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        if len(values) != len(self.input_names):
-            raise PipelineError(
-                f"model operator {self.name!r}: pre returned {len(values)} inputs, the model "
-                f"takes {len(self.input_names)} ({', '.join(self.input_names)})"
-            )
+        """One row's module inputs, batch axis first, as arrays of the exported dtypes: the
+        arguments with the batch axis added, or what ``pre`` returns; shapes checked."""
+        if self.pre is not None:
+            value = self.pre(*args)
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if len(values) != len(self.input_names):
+                raise PipelineError(
+                    f"model operator {self.name!r}: pre returned {len(values)} inputs, the "
+                    f"model takes {len(self.input_names)} ({', '.join(self.input_names)})"
+                )
+        else:
+            together = len(args) == 1 and len(self.input_names) > 1 and isinstance(
+                args[0], (tuple, list))  # one column holding every input of the module
+            values = tuple(args[0]) if together else args
+            if len(values) != len(self.input_names):
+                raise PipelineError(
+                    f"model operator {self.name!r} gets {len(values)} values per row, its "
+                    f"module takes {len(self.input_names)} inputs "
+                    f"({', '.join(self.input_names)}): map as many columns as example_inputs "
+                    "has tensors, or give pre= to make the inputs"
+                )
         arrays = []
         for value, name, dtype, dims in zip(
             values, self.input_names, self.input_dtypes, self.input_dims, strict=True
         ):
             array = value if type(value) is np.ndarray else _to_numpy(value)
-            if array.shape[1:] != dims and (array.ndim != len(dims) + 1 or any(
-                d != -1 and d != s for d, s in zip(dims, array.shape[1:], strict=True)
-            )):
-                raise PipelineError(
-                    f"model operator {self.name!r}: input {name!r} has shape "
-                    f"{list(array.shape)}, the model takes [batch, "
-                    f"{', '.join(map(str, dims))}] (see example_inputs and dynamic_axes)"
-                )
+            check_row(self.name, name, array.shape, dims, self.adds_batch_axis)
+            if self.adds_batch_axis:
+                array = np.asarray(array, dtype=np.dtype(dtype))[None]
             arrays.append(np.ascontiguousarray(array, dtype=np.dtype(dtype)))
         return tuple(arrays)
 
     def finish(self, outputs: tuple[np.ndarray, ...]) -> Any:
-        """``post`` on the module outputs (NumPy arrays), or the outputs themselves."""
+        """One row's module outputs (batch axis taken off where the builder added it) through
+        ``post``, or the outputs themselves."""
+        if self.adds_batch_axis:
+            outputs = row_of(outputs)
         if self.post is not None:
             return self.post(*outputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -217,7 +260,8 @@ class ModelOp:
     def serving_state(self, served: BlsTarget) -> dict[str, Any]:
         """What ``pipe.pickle`` keeps of this operator: everything but the module and examples."""
         state = dict(self.__dict__)
-        state.update(module=None, example_inputs=None, served=served, _runner=None)
+        state.update(module=None, example_inputs=None, module_examples=None, served=served,
+                     _runner=None)
         return state
 
 

@@ -133,7 +133,7 @@ def reference_outputs(op: ModelOp) -> Reference:
     """Run torch on the examples (and on them stacked twice) to get what exports must match."""
     import torch
 
-    single = tuple(e.detach().cpu().numpy() for e in op.example_inputs)
+    single = tuple(e.detach().cpu().numpy() for e in op.module_examples)
     double = tuple(np.concatenate([a, a]) for a in single)
     cases = []
     with torch.no_grad():
@@ -186,13 +186,13 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
     path = directory / filename
     names = list(op.input_names) + list(reference.output_names)
     dynamic_axes = {
-        name: {0: "batch", **{axis: f"{name}_{axis}" for axis in op.dynamic_axes.get(name, ())}}
+        name: {0: "batch", **{axis: f"{name}_{axis}" for axis in op.module_axes(name)}}
         for name in names
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            op.module, op.example_inputs, str(path),
+            op.module, op.module_examples, str(path),
             input_names=list(op.input_names), output_names=list(reference.output_names),
             dynamic_axes=dynamic_axes, opset_version=ONNX_OPSET, dynamo=False,
         )
@@ -245,7 +245,7 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(op.module, op.example_inputs, check_trace=False)
+        traced = torch.jit.trace(op.module, op.module_examples, check_trace=False)
         path = directory / "model.pt"
         traced.save(str(path))
         loaded = torch.jit.load(str(path))
@@ -289,7 +289,7 @@ def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
 
     if not torch.cuda.is_available():
         raise FormatFailed("TensorRT needs a CUDA device to build and check an engine")
-    if any(op.dynamic_axes.values()):
+    if any(op.module_axes(name) for name in op.dynamic_axes):
         raise FormatFailed("only the batch axis may vary in a TensorRT engine built here")
     with tempfile.TemporaryDirectory() as scratch:
         onnx_model = export_onnx(op, Path(scratch), reference, tolerance)
@@ -363,7 +363,7 @@ def _output_dims(op: ModelOp, reference: Reference) -> list[tuple[int, ...]]:
     dims = []
     for i, name in enumerate(reference.output_names):
         shape = reference.cases[0][1][i].shape[1:]
-        varying = op.dynamic_axes.get(name, ())
+        varying = op.module_axes(name)
         dims.append(tuple(-1 if axis in varying else size
                           for axis, size in enumerate(shape, start=1)))
     return dims

@@ -18,6 +18,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import BuildError
+from builder.repository.config_rules import check_config
 from builder.repository.queue_policy import QueuePolicy
 
 CONFIG_FILE = "config.pbtxt"
@@ -25,7 +26,12 @@ CONFIG_FILE = "config.pbtxt"
 
 @dataclass(frozen=True)
 class TensorConfig:
-    """A model input or output: name, Triton dtype (``TYPE_FP32``) and dims without batch."""
+    """A model input or output: name, Triton dtype (``TYPE_FP32``) and dims without batch.
+
+    ``dims`` are the model's own: ``()`` for a tensor with only the batch axis (one scalar per
+    row), which Triton cannot declare; :func:`build_config` serves it as ``dims [1]`` reshaped
+    to ``[]``, so clients send ``[batch, 1]`` and the model gets ``[batch]``.
+    """
 
     name: str
     dtype: str
@@ -70,8 +76,10 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
         config.platform = spec.platform
     for tensors, target in ((spec.inputs, config.input), (spec.outputs, config.output)):
         for tensor in tensors:
-            target.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype),
-                       dims=list(tensor.dims))
+            added = target.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype),
+                               dims=list(tensor.dims) or [1])
+            if not tensor.dims:
+                added.reshape.SetInParent()
     group = config.instance_group.add(count=spec.instance_count)
     if spec.device_ids or spec.gpu:
         group.kind = mc.ModelInstanceGroup.KIND_GPU
@@ -103,7 +111,10 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
     return config
 
 
-def dumps_config(config: mc.ModelConfig) -> str:
+def dumps_config(config: mc.ModelConfig, directory_name: str | None = None) -> str:
+    """``config`` as ``config.pbtxt`` text, once it passes Triton's rules
+    (:mod:`builder.repository.config_rules`; ``directory_name``: where it goes)."""
+    check_config(config, directory_name)
     return text_format.MessageToString(config)
 
 
@@ -112,9 +123,9 @@ def loads_config(text: str) -> mc.ModelConfig:
 
 
 def write_config(config: mc.ModelConfig, model_directory: Path) -> Path:
-    """Write ``<model_directory>/config.pbtxt``."""
+    """Write ``<model_directory>/config.pbtxt``; refused where Triton would refuse it."""
     path = Path(model_directory) / CONFIG_FILE
-    path.write_text(dumps_config(config))
+    path.write_text(dumps_config(config, Path(model_directory).name))
     return path
 
 
@@ -124,8 +135,10 @@ def read_config(model_directory: Path) -> mc.ModelConfig:
 
 
 def tensors(config: mc.ModelConfig, which: str) -> list[TensorConfig]:
-    """The inputs (``which="input"``) or outputs of a config, as :class:`TensorConfig`."""
+    """The inputs (``which="input"``) or outputs of a config, as :class:`TensorConfig`: the
+    model's own dims (``reshape`` where given)."""
     return [
-        TensorConfig(t.name, mc.DataType.Name(t.data_type), tuple(t.dims))
+        TensorConfig(t.name, mc.DataType.Name(t.data_type),
+                     tuple(t.reshape.shape if t.HasField("reshape") else t.dims))
         for t in getattr(config, which)
     ]

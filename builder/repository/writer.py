@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
 from builder.repository.batching import default_batching
+from builder.repository.config_rules import check_config, check_onnx_model
 from builder.repository.export import ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,
@@ -163,6 +164,19 @@ def build_pipeline_model(
     }
     for node in pipe.nodes:
         check_serializable(node.op, node.label, placeholders)
+    pipeline_spec = ModelConfigSpec(
+        name=name,
+        inputs=_tensors(signature.inputs),
+        outputs=_tensors(signature.outputs),
+        max_batch_size=max_batch_size,
+        backend="python",
+        instance_count=parallelism,
+        dynamic_batching=pipeline_batching,
+        queue_policy=queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
+                                  budget.get("max_queue_size")),
+        parameters=signature_parameter(signature),  # lets any client rebuild the values
+    )
+    check_config(build_config(pipeline_spec), name)
 
     root = Path(model_root).absolute()
     with _staging(root) as staging:
@@ -171,7 +185,7 @@ def build_pipeline_model(
             formats, config = plans[op.name]
             version_dir = staging / op.name / "1"
             exported = export_model(op, version_dir, formats, tolerance, config["max_batch_size"])
-            write_config(build_config(ModelConfigSpec(
+            model_config = build_config(ModelConfigSpec(
                 name=op.name,
                 inputs=exported.inputs,
                 outputs=exported.outputs,
@@ -188,11 +202,16 @@ def build_pipeline_model(
                               if "latency_budget_ms" in config else
                               queue_policy(latency_budget_ms, OPERATOR_SHARE,
                                            config.get("max_queue_size"))),
-            )), staging / op.name)
+            ))
+            if exported.format == "onnx":
+                check_onnx_model(model_config, version_dir / ONNX_FILE)
+            write_config(model_config, staging / op.name)
             targets[op.name] = BlsTarget(
                 op.name, exported.format,
                 tuple(t.name for t in exported.inputs), tuple(t.name for t in exported.outputs),
                 config["max_batch_size"],
+                reshaped=tuple(t.name for t in (*exported.inputs, *exported.outputs)
+                               if not t.dims),
             )
             built.append(BuiltModel(op.name, exported.format, exported.attempts,
                                     gpu=placements[op.name][0]))
@@ -202,21 +221,11 @@ def build_pipeline_model(
         } if _in_process(in_process, target) else {}
         for model in built:
             model.in_process = model.name in own
-        _write_pipeline_model(staging / name, pipe, signature, targets, own, ModelConfigSpec(
-            name=name,
-            inputs=_tensors(signature.inputs),
-            outputs=_tensors(signature.outputs),
-            max_batch_size=max_batch_size,
-            backend="python",
-            instance_count=parallelism,
-            dynamic_batching=pipeline_batching,
-            queue_policy=queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
-                                      budget.get("max_queue_size")),
-            parameters={
-                **signature_parameter(signature),  # lets any client rebuild the values
+        _write_pipeline_model(staging / name, pipe, signature, targets, own, replace(
+            pipeline_spec, parameters={
+                **pipeline_spec.parameters,
                 **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)} if own else {}),
-            },
-        ))
+            }))
     result = BuildResult(root, name, signature, built)
     log.info("%s", result.report())
     return result

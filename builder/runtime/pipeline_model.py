@@ -213,11 +213,25 @@ class ModelCalls:
     def __call__(self, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         session = self.sessions.get(target.model_name)
         if session is None:
-            return self.api.infer(target.model_name, inputs, target.output_names)
+            return bls_call(self.api, target, inputs)
         try:
             return session.run(list(target.output_names), inputs)
         except Exception as error:  # noqa: BLE001 - reported like a failed BLS request
             raise BlsError(f"model {target.model_name!r} (in process): {error}") from None
+
+
+def bls_call(api: TritonApi, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """One BLS request to ``target``'s model, in the shapes its config declares: a tensor with
+    only the batch axis (``target.reshaped``) travels as ``[batch, 1]`` (Triton reshapes it
+    to ``[batch]`` for the model, and its outputs back)."""
+    reshaped = target.reshaped
+    if not reshaped:
+        return api.infer(target.model_name, inputs, target.output_names)
+    sent = {name: array.reshape(len(array), 1) if name in reshaped else array
+            for name, array in inputs.items()}
+    outputs = api.infer(target.model_name, sent, target.output_names)
+    return [output.reshape(len(output)) if name in reshaped else output
+            for name, output in zip(target.output_names, outputs)]
 
 
 def open_sessions(repository: Path, parameter: str | None, instances: int,

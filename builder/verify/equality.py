@@ -1,7 +1,8 @@
 """Whether a served pipeline result is the in-process one: the contract every check enforces.
 
-Exact for strings, bytes, ints and bools; floats within a tolerance (served models run in
-onnxruntime, the in-process ones in torch); the same structure and Python types throughout.
+Exact for strings, bytes, ints and bools; floats (Python's and NumPy's scalars, float arrays)
+within a tolerance (served models run in onnxruntime, the in-process ones in torch); the same
+structure and Python types throughout.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def check_same(served: Any, reference: Any, tolerance: float = 1e-4, where: str 
         else:
             same = np.array_equal(served, reference)
         _expect(same, where, served, reference)
-    elif isinstance(reference, float):
-        _expect(isinstance(served, float)
+    elif isinstance(reference, (float, np.floating)):  # NumPy's float scalars too
+        _expect(type(served) is type(reference)
                 and abs(served - reference) <= tolerance * max(1.0, abs(reference)),
                 where, served, reference)
     else:

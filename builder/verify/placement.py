@@ -86,7 +86,7 @@ def cpu_config_mounts(repository_dir: str | Path, models: list[str], directory: 
                 del group.gpus[:]
         target = directory / model
         target.mkdir(parents=True, exist_ok=True)
-        (target / CONFIG_FILE).write_text(dumps_config(config))
+        (target / CONFIG_FILE).write_text(dumps_config(config, model))
         volumes[str(target / CONFIG_FILE)] = {
             "bind": f"{image_repository.rstrip('/')}/{model}/{CONFIG_FILE}", "mode": "ro"}
     return volumes

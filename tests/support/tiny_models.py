@@ -41,7 +41,7 @@ class Noisy(nn.Module):
 
 
 class Unscriptable(nn.Module):
-    """Returns a dict: ONNX and TorchScript tracing refuse it, the python format serves it."""
+    """Returns a dict: no Triton model has such an output, so ``ModelOp`` refuses it."""
 
     def forward(self, x: torch.Tensor):
         return {"y": x * 2}

@@ -39,6 +39,8 @@ def test_help_lists_every_command_with_examples():
     for command in ("build", "image", "push", "serve", "infer", "inspect", "doctor", "base"):
         assert command in result.stdout
     assert "Example: triton-builder image" in cli("image", "--help").stdout
+    # help text is printed as written: rich took "[default: ...]" for markup and dropped it
+    assert "[default: triton-builder/debian-" in cli("base", "os", "--help").stdout
 
 
 @pytest.mark.parametrize("reference, message", [
@@ -204,3 +206,72 @@ def test_no_bridge_is_refused_before_any_step_with_the_alternatives(docker_clien
     assert "through the bridge on" in result.stderr.replace("\n", " ")
     for step in ("> base image", "> model repository", "> python environment"):
         assert step not in result.stderr
+
+
+MISSING_ENGINE = "/tmp/[red]no-engine-here[/red].sock"
+"""A socket path that rich would read as markup, for the commands that need an engine."""
+
+ERROR_PATHS = {
+    "build: no such file": (
+        ["build", "pipelines/[red]none[/red].py:pipeline"], {}, 2,
+        "no such pipeline file: pipelines/[red]none[/red].py"),
+    "image: no engine": (["image", PIPELINE, "-t", "tb-cli/x:1"], "engine", 3, MISSING_ENGINE),
+    "push: no engine": (["push", "localhost:5000/tb-cli/x:1"], "engine", 3, MISSING_ENGINE),
+    "serve: no engine": (["serve", "tb-cli/x:1"], "engine", 3, MISSING_ENGINE),
+    "infer: nothing listening": (["infer", "http://[::1]:1/pipeline", "-i", "text=x"], {}, 1,
+                                 "http://[::1]:1/v2/models/pipeline: ConnectionRefusedError: "
+                                 "[Errno 111] Connection refused"),
+    "infer: bad URL": (["infer", "grpc://127.0.0.1:1/[bold]pipeline[/bold]", "-i", "text=x"],
+                       {}, 2, "'grpc://127.0.0.1:1/[bold]pipeline[/bold]'"),
+    "infer: bad input": (["infer", "grpc://127.0.0.1:1/pipeline", "-i", "[red]x"], {}, 2,
+                         "--input '[red]x': expected name=value"),
+    "inspect: no engine": (["inspect", "tb-cli/x:1"], "engine", 3, MISSING_ENGINE),
+    "doctor: bad CUDA version": (["doctor", "--cuda", "[red]9"], {}, 2, "'[red]9'"),
+    "base os: no engine": (["base", "os"], "engine", 3, MISSING_ENGINE),
+    "base cpu: no engine": (["base", "cpu"], "engine", 3, MISSING_ENGINE),
+    "deploy swarm: no engine": (["deploy", "swarm", "tb-cli/x:1"], "engine", 3, MISSING_ENGINE),
+    "deploy swarm: bad option": (
+        ["deploy", "swarm", "tb-cli/x:1", "--dry-run", "--publish", "[red]x"], {}, 2,
+        "not '[red]x'"),
+    "deploy k8s: bad name": (["deploy", "k8s", "tb-cli/x:1", "--cpu", "--name", "[red]bad"],
+                             {}, 2, "'[red]bad'"),
+    "usage: unknown option": (["build", "--[red]x"], {}, 2, "No such option: --[red]x"),
+    "usage: missing argument": (["image"], {}, 2, "Missing argument"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_PATHS))
+def test_every_command_prints_its_error_literally_on_one_line(case):
+    """Issue 33: rich read ``[batch, 8]`` in a message as markup and printed nothing of it;
+    ``infer`` with nothing listening printed a 79-line traceback. Every command's error is the
+    last line of standard error, begins with ``error``, holds its cause as written, and the
+    exit code is the documented one."""
+    arguments, environment, code, literal = ERROR_PATHS[case]
+    if environment == "engine":
+        environment = {"DOCKER_HOST": f"unix://{MISSING_ENGINE}"}
+    result = cli(*arguments, env=environment, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in lines if line.startswith("error")]
+    assert errors == lines[-1:], result.stderr
+    assert literal in errors[0], result.stderr
+
+
+def test_a_pipeline_refused_for_its_batch_axis_says_so_literally(tmp_path):
+    """The message names the shapes in brackets: printed as they are, one line, exit 2."""
+    from tests.support.readme import first_image_file
+
+    filename, code = first_image_file()
+    batched = code.replace('example_inputs=tokenize("hello")',
+                           'example_inputs=[a[None] for a in tokenize("hello")]')
+    assert batched != code
+    (tmp_path / filename).write_text(batched)
+    result = cli("build", f"{tmp_path / filename}:pipeline", "--model-root",
+                 str(tmp_path / "models"), check=False)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error building the repository: ")
+    assert ("input 'ids' is [8] in this row, but example_inputs give one row as [1, 8]"
+            in last), result.stderr
+    assert not (tmp_path / "models").exists()

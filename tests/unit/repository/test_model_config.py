@@ -7,6 +7,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import BuildError
+from builder.repository.config_rules import ConfigRuleError
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -56,9 +57,33 @@ def test_dynamic_batching_off():
 
 def test_written_configs_read_back_equal(tmp_path):
     config = build_config(SPEC)
-    write_config(config, tmp_path)
-    assert read_config(tmp_path) == config
+    (tmp_path / "encoder").mkdir()
+    write_config(config, tmp_path / "encoder")
+    assert read_config(tmp_path / "encoder") == config
     assert tensors(config, "input") == list(SPEC.inputs)
+
+
+def test_a_tensor_with_only_the_batch_axis_is_served_reshaped():
+    """Triton refuses empty dims; a per-row scalar travels as [batch, 1], the model sees
+    [batch]."""
+    spec = ModelConfigSpec(**{**SPEC.__dict__, "inputs": [TensorConfig("x", "TYPE_FP32", ())],
+                              "outputs": [TensorConfig("y", "TYPE_FP32", ())]})
+    config = build_config(spec)
+    assert text_format.MessageToString(config.input[0]) == (
+        'name: "x"\ndata_type: TYPE_FP32\ndims: 1\nreshape {\n}\n')
+    assert tensors(config, "input") == list(spec.inputs)
+    assert tensors(config, "output") == list(spec.outputs)
+
+
+def test_a_config_triton_would_refuse_is_not_written(tmp_path):
+    config = build_config(SPEC)
+    del config.input[0].dims[:]
+    with pytest.raises(ConfigRuleError, match="model 'encoder': model input 'ids' must specify "
+                                              "'dims'"):
+        write_config(config, tmp_path / "encoder")
+    with pytest.raises(ConfigRuleError, match="is written to directory 'other'"):
+        write_config(build_config(SPEC), tmp_path / "other")
+    assert not list(tmp_path.rglob("config.pbtxt"))
 
 
 def test_backend_or_platform_not_both():

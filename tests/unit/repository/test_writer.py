@@ -58,10 +58,14 @@ def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(re
     assert sorted(_tree(root)) == [
         "affine", "affine/1", "affine/1/model.onnx", "affine/config.pbtxt",
         "pipeline", "pipeline/1", "pipeline/1/model.py", "pipeline/1/pipe.pickle",
-        "pipeline/1/pipe.versions.json", "pipeline/config.pbtxt",
+        "pipeline/1/pipe.versions.json", "pipeline/1/triton_builder_drain.py",
+        "pipeline/config.pbtxt",
     ]
-    runtime = REPO_ROOT / "builder" / "runtime" / "pipeline_model.py"
-    assert (root / "pipeline" / "1" / "model.py").read_bytes() == runtime.read_bytes()
+    runtime = REPO_ROOT / "builder" / "runtime"
+    assert (root / "pipeline" / "1" / "model.py").read_bytes() == (
+        runtime / "pipeline_model.py").read_bytes()
+    assert (root / "pipeline" / "1" / "triton_builder_drain.py").read_bytes() == (
+        runtime / "drain.py").read_bytes()
     assert result.pipeline_model == "pipeline"
     assert [(m.name, m.format) for m in result.models] == [("affine", "onnx")]
 
@@ -197,6 +201,15 @@ BAD_PIPELINES = {
                  .with_example(0)),
         OperatorError, "operator 'invert' (map x -> y) failed: ZeroDivisionError: division by "
                        "zero (on example 1: (0,))"),
+    "a column with an empty axis (Triton's dims are at least 1)": (
+        lambda: (pipe.input("x").map("x", "y", lambda x: np.zeros(0, np.float32), name="none")
+                 .output("y").with_example(1)),
+        BuildError, "model 'pipeline': model output 'y' has dims [0]: each dimension must be"),
+    "a model operator's example with a batch axis, without pre=": (
+        lambda: (pipe.input("x").map("x", "y", ModelOp(Noisy(), torch.zeros(1, 3), name="noisy"))
+                 .output("y").with_example(np.zeros(3, np.float32))),
+        OperatorError, "model operator 'noisy': input 'x' is [3] in this row, but example_inputs "
+                       "give one row as [1, 3]: example_inputs seem to hold a batch axis"),
     "unexportable model without fallback": (
         lambda: (pipe.input("x")
                  .map("x", "y", ModelOp(Noisy(), torch.zeros(1, 3), name="noisy",

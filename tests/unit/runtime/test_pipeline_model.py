@@ -429,10 +429,10 @@ def _python_format_gpu_model(tmp_path, monkeypatch, device_id: str):
     from builder.base.releases import resolve
 
     torch.manual_seed(0)
-    op = ModelOp(DeviceChecked(), torch.zeros(1, 4), name="checked",
+    op = ModelOp(DeviceChecked(), torch.zeros(4), name="checked",
                  op_config={"format_priority": ["python"]})
     pipeline = pipe.input("v").map("v", "y", op).output("y").with_example(
-        np.ones((1, 4), np.float32))
+        np.ones(4, np.float32))
     build_pipeline_model(pipeline, tmp_path / "models", target=resolve("12.4"))
     (group,) = read_config(tmp_path / "models" / "checked").instance_group
     assert group.kind == group.KIND_GPU

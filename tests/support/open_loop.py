@@ -1,0 +1,168 @@
+"""Open-loop load over gRPC: requests sent at a fixed rate whatever the answers, as real traffic
+comes — the overload a closed loop (each client waits for its answer) can never make, since
+there the server's slowness slows the senders down too.
+
+One asyncio event loop sends on schedule (a batch every millisecond, so a late tick catches up)
+and records each request's outcome: the answer checked against the in-process pipeline, or
+its gRPC status. Used by ``tests/e2e/test_zero_downtime.py`` and ``benchmarks/bench_overload.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException
+
+
+@dataclass
+class Outcome:
+    sent: float
+    """Seconds after the run began."""
+    latency: float
+    status: str
+    """``"ok"``, ``"wrong"``, or the gRPC status of a failure (``"StatusCode.UNAVAILABLE"``)."""
+    detail: str = ""
+
+
+@dataclass
+class LoadReport:
+    """What a run of :func:`open_loop` (or :func:`closed_loop`) saw."""
+
+    seconds: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def of(self, status: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == status]
+
+    @property
+    def sent_per_s(self) -> float:
+        return len(self.outcomes) / self.seconds
+
+    @property
+    def answered_per_s(self) -> float:
+        return len(self.of("ok")) / self.seconds
+
+    def latency_ms(self, quantile: float, status: str = "ok") -> float:
+        values = sorted(o.latency for o in self.of(status))
+        if not values:
+            return float("nan")
+        return 1000 * values[min(len(values) - 1, int(quantile * len(values)))]
+
+    def p99_by_second(self) -> list[float]:
+        """The answered requests' p99 latency (ms) by the second they were sent in: a queue
+        that grows shows as a climb."""
+        seconds: dict[int, list[float]] = {}
+        for outcome in self.of("ok"):
+            seconds.setdefault(int(outcome.sent), []).append(outcome.latency)
+        return [round(1000 * sorted(v)[min(len(v) - 1, int(0.99 * len(v)))], 1)
+                for _, v in sorted(seconds.items())]
+
+    def failures(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for outcome in self.outcomes:
+            if outcome.status != "ok":
+                counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        return counts
+
+    def summary(self) -> dict[str, Any]:
+        return {"sent_per_s": round(self.sent_per_s, 1),
+                "answered_per_s": round(self.answered_per_s, 1),
+                "p50_ms": round(self.latency_ms(0.5), 2), "p99_ms": round(self.latency_ms(0.99), 2),
+                "max_ms": round(self.latency_ms(1.0), 2), "failures": self.failures(),
+                "p99_ms_by_second": self.p99_by_second()}
+
+
+class TextRequests:
+    """Requests of a pipeline with one string input, and the answer each must get."""
+
+    def __init__(self, texts: Sequence[str], pipeline: Callable[[str], Any],
+                 input_name: str = "text", output_name: str = "vec") -> None:
+        self.texts = list(texts)
+        self.expected = [np.asarray(pipeline(text)) for text in self.texts]
+        self.input_name, self.output_name = input_name, output_name
+
+    def inputs(self, index: int) -> list[InferInput]:
+        tensor = InferInput(self.input_name, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[self.texts[index].encode()]], dtype=object))
+        return [tensor]
+
+    def correct(self, index: int, result: Any) -> bool:
+        answer = result.as_numpy(self.output_name)
+        return answer is not None and np.allclose(answer[0], self.expected[index], rtol=1e-4,
+                                                   atol=1e-5)
+
+
+async def _one(client: grpcaio.InferenceServerClient, model: str, requests: TextRequests,
+               index: int, began: float, timeout: float, outcomes: list[Outcome]) -> None:
+    sent = time.monotonic()
+    try:
+        result = await client.infer(model, requests.inputs(index),
+                                    outputs=[InferRequestedOutput(requests.output_name)],
+                                    client_timeout=timeout)
+        status, detail = ("ok", "") if requests.correct(index, result) else ("wrong", "")
+    except InferenceServerException as error:
+        status, detail = str(error.status()), (error.message() or "")[:120]
+    outcomes.append(Outcome(sent - began, time.monotonic() - sent, status, detail))
+
+
+async def _open_loop(url: str, model: str, requests: TextRequests, rate: float, seconds: float,
+                     timeout: float) -> LoadReport:
+    client = grpcaio.InferenceServerClient(url)
+    outcomes: list[Outcome] = []
+    tasks = set()
+    began = time.monotonic()
+    sent = 0
+    try:
+        while (now := time.monotonic() - began) < seconds:
+            due = int(now * rate) + 1
+            while sent < due:
+                task = asyncio.create_task(_one(client, model, requests, sent % len(
+                    requests.texts), began, timeout, outcomes))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                sent += 1
+            await asyncio.sleep(0.001)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout + 5)
+    finally:
+        await client.close()
+    return LoadReport(seconds, outcomes)
+
+
+async def _closed_loop(url: str, model: str, requests: TextRequests, concurrency: int,
+                       seconds: float, timeout: float) -> LoadReport:
+    client = grpcaio.InferenceServerClient(url)
+    outcomes: list[Outcome] = []
+    began = time.monotonic()
+
+    async def worker(offset: int) -> None:
+        index = offset
+        while time.monotonic() - began < seconds:
+            await _one(client, model, requests, index % len(requests.texts), began, timeout,
+                       outcomes)
+            index += concurrency
+
+    try:
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    finally:
+        await client.close()
+    return LoadReport(seconds, outcomes)
+
+
+def open_loop(url: str, model: str, requests: TextRequests, rate: float, seconds: float,
+              timeout: float = 60.0) -> LoadReport:
+    """Send ``rate`` requests a second for ``seconds``, then wait for the last answers."""
+    return asyncio.run(_open_loop(url, model, requests, rate, seconds, timeout))
+
+
+def closed_loop(url: str, model: str, requests: TextRequests, concurrency: int = 32,
+                seconds: float = 5.0, timeout: float = 60.0) -> LoadReport:
+    """``concurrency`` requests in flight for ``seconds``: the rate the server can answer."""
+    return asyncio.run(_closed_loop(url, model, requests, concurrency, seconds, timeout))
