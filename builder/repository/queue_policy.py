@@ -15,12 +15,25 @@ model's queue, :data:`OPERATOR_SHARE` for each model operator's, the rest for ex
 operator's ``op_config["latency_budget_ms"]`` replaces its share (the longest its queue holds a
 request); ``op_config["max_queue_size"]`` bounds its queue. A pipeline model whose BLS call is
 refused answers ``UNAVAILABLE`` itself (:mod:`builder.runtime.pipeline_model`).
+
+A model under a queue policy gets two instances at least (:data:`MIN_INSTANCES`). Measured on
+Triton 2.51 with one instance: at one request in flight, about one request in twenty waited
+500 ms in the queue — and, its timeout spent, was refused — while the model was idle; with two,
+none did (1 in flight, 5 s: 150 against 420 requests answered). The cause is upstream, in
+core's dynamic batcher: any queue policy turns off payload prefetching
+(``PriorityQueue``: ``support_prefetching_``), and without it the batcher waits for an idle
+instance on a condition that the finishing payload may signal before the instance counts as
+waiting, so the batcher sleeps out its 500 ms default (``WaitForPayloadSlotAvailable``, the
+same in r24.10 and r25.11; triton-inference-server/server#8870 reports the same path's
+waiting-consumer count drifting). A second instance is waiting whenever the first is busy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+MIN_INSTANCES = 2
+"""Instances of a model under a queue policy, at least (see above)."""
 PIPELINE_SHARE = 0.5
 """Of a pipeline's latency budget: the longest its pipeline model's queue holds a request."""
 OPERATOR_SHARE = 0.25

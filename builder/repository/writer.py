@@ -40,7 +40,13 @@ from builder.repository.model_config import (
     build_config,
     write_config,
 )
-from builder.repository.queue_policy import OPERATOR_SHARE, PIPELINE_SHARE, queue_policy
+from builder.repository.queue_policy import (
+    MIN_INSTANCES,
+    OPERATOR_SHARE,
+    PIPELINE_SHARE,
+    QueuePolicy,
+    queue_policy,
+)
 
 if TYPE_CHECKING:
     from builder.base.releases import Release
@@ -126,11 +132,11 @@ def build_pipeline_model(
     run its CPU ONNX model operators itself, in ONNX Runtime, instead of through BLS; by
     default it does unless the target is a GPU release: on the CPU base the ``onnxruntime``
     backend is another python stub (see :mod:`builder.runtime.pipeline_model`). Every model
-    operator keeps its own Triton model either way. ``latency_budget_ms`` becomes the queue
-    policy of the pipeline model and its model operators (:mod:`builder.repository.queue_policy`:
-    what would wait longer is refused at once with ``UNAVAILABLE``); ``max_queue_size`` bounds
-    the pipeline model's queue. Raises a :class:`PipelineError` subclass,
-    before anything is written, for a bad pipeline or option.
+    operator keeps its own Triton model either way. ``latency_budget_ms`` becomes the queue policy
+    of the pipeline model and its model operators (:mod:`builder.repository.queue_policy`: what
+    would wait longer is refused at once with ``UNAVAILABLE``; each such model gets two instances at
+    least); ``max_queue_size`` bounds the pipeline model's queue. Raises a :class:`PipelineError`
+    subclass, before anything is written, for a bad pipeline or option.
     """
     if isinstance(pipe, PipeBuilder):
         raise BuildError("the pipeline is unfinished: end it with .output(...)")
@@ -164,16 +170,17 @@ def build_pipeline_model(
     }
     for node in pipe.nodes:
         check_serializable(node.op, node.label, placeholders)
+    pipeline_policy = queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
+                                   budget.get("max_queue_size"))
     pipeline_spec = ModelConfigSpec(
         name=name,
         inputs=_tensors(signature.inputs),
         outputs=_tensors(signature.outputs),
         max_batch_size=max_batch_size,
         backend="python",
-        instance_count=parallelism,
+        instance_count=_instances(parallelism, pipeline_policy),
         dynamic_batching=pipeline_batching,
-        queue_policy=queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
-                                  budget.get("max_queue_size")),
+        queue_policy=pipeline_policy,
         parameters=signature_parameter(signature),  # lets any client rebuild the values
     )
     check_config(build_config(pipeline_spec), name)
@@ -185,6 +192,9 @@ def build_pipeline_model(
             formats, config = plans[op.name]
             version_dir = staging / op.name / "1"
             exported = export_model(op, version_dir, formats, tolerance, config["max_batch_size"])
+            policy = queue_policy(config.get("latency_budget_ms", latency_budget_ms),
+                                  1.0 if "latency_budget_ms" in config else OPERATOR_SHARE,
+                                  config.get("max_queue_size"))
             model_config = build_config(ModelConfigSpec(
                 name=op.name,
                 inputs=exported.inputs,
@@ -192,16 +202,12 @@ def build_pipeline_model(
                 max_batch_size=config["max_batch_size"],
                 backend=exported.backend,
                 platform=exported.platform,
-                instance_count=config["instance_count"],
+                instance_count=_instances(config["instance_count"], policy),
                 gpu=placements[op.name][0],
                 device_ids=placements[op.name][1],
                 dynamic_batching=config.get("dynamic_batching",
                                             default_batching(target, "model")),
-                queue_policy=(queue_policy(config["latency_budget_ms"], 1.0,
-                                           config.get("max_queue_size"))
-                              if "latency_budget_ms" in config else
-                              queue_policy(latency_budget_ms, OPERATOR_SHARE,
-                                           config.get("max_queue_size"))),
+                queue_policy=policy,
             ))
             if exported.format == "onnx":
                 check_onnx_model(model_config, version_dir / ONNX_FILE)
@@ -229,6 +235,12 @@ def build_pipeline_model(
     result = BuildResult(root, name, signature, built)
     log.info("%s", result.report())
     return result
+
+
+def _instances(count: int, policy: QueuePolicy | None) -> int:
+    """``count``, or :data:`MIN_INSTANCES` for a model under a queue policy (see
+    :mod:`builder.repository.queue_policy`: one instance stalls requests there)."""
+    return max(count, MIN_INSTANCES) if policy is not None else count
 
 
 def _model_plan(op: ModelOp, defaults: dict[str, Any],

@@ -64,6 +64,11 @@ class TritonServer:
         self.http_port = self.grpc_port = self.metrics_port = 0
 
     @property
+    def pid(self) -> int | None:
+        """The ``tritonserver`` process, while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 

@@ -10,12 +10,17 @@ answer counted and compared with the in-process pipeline.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import threading
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from builder import build_pipeline_model, pipe, vectorized
 from builder.client.errors import ServerUnavailableError
 from builder.client.pipeline import Client
 from builder.runtime.supervisor import FINISH_S
@@ -116,3 +121,95 @@ def test_a_container_stopped_under_load_loses_no_request(docker_client, text_emb
     assert stopped - stopping < grace, "the stop ran into its grace period"
     assert "every request in flight answered" in logs, logs[-3000:]
     assert "no available versions" not in logs
+
+
+# -- overload -----------------------------------------------------------------------------------
+BUDGET_MS = 50.0
+OVERLOAD_S = 20.0
+BATCH_S = 0.02
+"""What one batch of the stand-in model takes, whatever its size (up to MAX_BATCH rows)."""
+MAX_BATCH = 4
+
+
+@vectorized
+def accelerator(features):
+    """Stands in for a model on a GPU (there is none here): a batch takes BATCH_S of device
+    time, whatever its size, and leaves the CPU to the server and the clients — so that, as in
+    GPU serving, the model and not the host's networking is what saturates, and the queue in
+    front of it is what a latency budget has to bound."""
+    time.sleep(BATCH_S)
+    return features * 2.0
+
+
+def _features(text):
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8).astype(
+        np.float32) / 255.0
+
+
+MODEL_BOUND = (pipe.input("text").map("text", "features", _features)
+               .map("features", "vec", accelerator).output("vec").with_example("hello"))
+
+
+def _memory_mb(pid: int) -> float:
+    """The resident memory of a process and its children (the server and its stubs)."""
+    total = 0
+    for candidate in [pid, *_children(pid)]:
+        try:
+            status = Path(f"/proc/{candidate}/status").read_text()
+        except OSError:
+            continue
+        total += int(next(line.split()[1] for line in status.splitlines()
+                          if line.startswith("VmRSS:")))
+    return total / 1024
+
+
+def _children(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in children.read_text().split()] if children.exists() else []
+
+
+def _overload(server, requests, rate: float, seconds: float) -> dict:
+    from tests.support.open_loop import closed_loop, open_loop
+
+    before = _memory_mb(server.pid)
+    overload = open_loop(server.grpc_url, requests, rate=rate, seconds=seconds)
+    during = _memory_mb(server.pid)
+    after = closed_loop(server.grpc_url, requests, concurrency=1, seconds=2)
+    return {"overload": overload.summary(), "memory_mb": [round(before), round(during)],
+            "after": after.summary()}
+
+
+def test_an_open_loop_overload_keeps_the_budget_and_refuses_the_excess(triton_server,
+                                                                       tmp_path):
+    """Twice the measured capacity, sent at a fixed rate for 20 s, to a model-bound pipeline:
+    with a 50 ms budget the requests accepted stay within twice the budget and the rest are
+    refused UNAVAILABLE at once; memory stays flat and the server serves normally right after.
+    The same load without a budget is reported beside it: its queue, and every latency, grows.
+    (The example's text pipeline is not model-bound on two cores: at twice its capacity the
+    host's CPU, shared by client, gRPC frontend and stub, saturates before any model queue
+    does, and no queue policy can bound that — BENCHMARKS.md, "Overload".)"""
+    from tests.support.open_loop import TextRequests, closed_loop
+
+    texts = [f"request {n}" for n in range(32)]
+    requests = TextRequests(texts, MODEL_BOUND, "pipeline")
+    reports = {}
+    for name, budget in (("budget", BUDGET_MS), ("no budget", None)):
+        root = tmp_path / name.replace(" ", "-")
+        build_pipeline_model(MODEL_BOUND, root, parallelism=2, max_batch_size=MAX_BATCH,
+                             latency_budget_ms=budget)  # two instances either way: a budget
+        # gives them two (builder.repository.queue_policy), and like is compared with like
+        server = triton_server(root)
+        capacity = closed_loop(server.grpc_url, requests, concurrency=4 * MAX_BATCH, seconds=5)
+        reports[name] = {"capacity_per_s": round(capacity.answered_per_s, 1), **_overload(
+            server, requests, 2 * capacity.answered_per_s,
+            OVERLOAD_S if budget else OVERLOAD_S / 2)}
+        server.close()
+    print(json.dumps(reports, indent=1))
+    budget = reports["budget"]
+    overload = budget["overload"]
+    assert set(overload["failures"]) == {"StatusCode.UNAVAILABLE"}, overload["failures"]
+    assert overload["p99_ms"] <= 2 * BUDGET_MS, overload
+    assert overload["sent_per_s"] >= 1.8 * budget["capacity_per_s"], "not an overload"
+    assert budget["memory_mb"][1] - budget["memory_mb"][0] < 50, budget["memory_mb"]
+    after = budget["after"]  # one request at a time, as before the overload
+    assert not after["failures"] and after["p50_ms"] < 3 * BATCH_S * 1000, after

@@ -154,6 +154,9 @@ def test_a_latency_budget_becomes_queue_policies_that_reject(tmp_path):
         "pipeline": (mc.ModelQueuePolicy.REJECT, 25_000, 256, False),
         "affine": (mc.ModelQueuePolicy.REJECT, 12_500, 0, False),
         "doubler": (mc.ModelQueuePolicy.REJECT, 4_000, 64, False)}
+    assert [read_config(tmp_path / "models" / name).instance_group[0].count
+            for name in ("pipeline", "affine", "doubler")] == [2, 2, 2], \
+        "one instance under a queue policy stalls requests (builder.repository.queue_policy)"
     unbounded = build_pipeline_model(_pipeline(), tmp_path / "plain")
     assert not read_config(unbounded.model_root / "pipeline").dynamic_batching.HasField(
         "default_queue_policy"), "no budget, no policy: Triton's own unbounded queue"
