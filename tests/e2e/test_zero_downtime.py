@@ -10,23 +10,22 @@ answer counted and compared with the in-process pipeline.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from builder import build_pipeline_model, pipe, vectorized
+from builder import build_pipeline_model
 from builder.client.errors import ServerUnavailableError
 from builder.client.pipeline import Client
 from builder.runtime.supervisor import FINISH_S
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.support.example_inputs import EXAMPLES
+from tests.support.model_bound import BATCH_S, MAX_BATCH, MODEL_BOUND, TEXTS
 
 pytestmark = pytest.mark.slow
 DRAIN_S = 2.0
@@ -126,30 +125,6 @@ def test_a_container_stopped_under_load_loses_no_request(docker_client, text_emb
 # -- overload -----------------------------------------------------------------------------------
 BUDGET_MS = 50.0
 OVERLOAD_S = 20.0
-BATCH_S = 0.02
-"""What one batch of the stand-in model takes, whatever its size (up to MAX_BATCH rows)."""
-MAX_BATCH = 4
-
-
-@vectorized
-def accelerator(features):
-    """Stands in for a model on a GPU (there is none here): a batch takes BATCH_S of device
-    time, whatever its size, and leaves the CPU to the server and the clients — so that, as in
-    GPU serving, the model and not the host's networking is what saturates, and the queue in
-    front of it is what a latency budget has to bound."""
-    time.sleep(BATCH_S)
-    return features * 2.0
-
-
-def _features(text):
-    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8).astype(
-        np.float32) / 255.0
-
-
-MODEL_BOUND = (pipe.input("text").map("text", "features", _features)
-               .map("features", "vec", accelerator).output("vec").with_example("hello"))
-
-
 def _memory_mb(pid: int) -> float:
     """The resident memory of a process and its children (the server and its stubs)."""
     total = 0
@@ -185,13 +160,10 @@ def test_an_open_loop_overload_keeps_the_budget_and_refuses_the_excess(triton_se
     with a 50 ms budget the requests accepted stay within twice the budget and the rest are
     refused UNAVAILABLE at once; memory stays flat and the server serves normally right after.
     The same load without a budget is reported beside it: its queue, and every latency, grows.
-    (The example's text pipeline is not model-bound on two cores: at twice its capacity the
-    host's CPU, shared by client, gRPC frontend and stub, saturates before any model queue
-    does, and no queue policy can bound that — BENCHMARKS.md, "Overload".)"""
+    (Why a model-bound pipeline: :mod:`tests.support.model_bound`.)"""
     from tests.support.open_loop import TextRequests, closed_loop
 
-    texts = [f"request {n}" for n in range(32)]
-    requests = TextRequests(texts, MODEL_BOUND, "pipeline")
+    requests = TextRequests(TEXTS, MODEL_BOUND, "pipeline")
     reports = {}
     for name, budget in (("budget", BUDGET_MS), ("no budget", None)):
         root = tmp_path / name.replace(" ", "-")
