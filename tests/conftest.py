@@ -27,6 +27,9 @@ from tests.support.gpu import gpu_missing
 from tests.support.paths import IMAGES
 from tests.support.testbed import LocalRegistry
 
+TEST_IMAGES = os.environ.get("TRITON_BUILDER_TEST_IMAGES", "triton-builder-test")
+"""Where the session's shared images are tagged: checkouts that test side by side on one engine
+each set their own, so that neither retags the other's."""
 NEEDS = {"docker_client": "docker", "registry": "registry", "triton_server": "tritonserver"}
 """Fixture → the marker of what a test that uses it (at any depth) needs of the machine."""
 
@@ -237,6 +240,6 @@ def text_embedding_image(docker_client, cpu_base_image) -> str:
     from builder import build_docker_image
     from pipelines.text_embedding import pipeline
 
-    reference = "triton-builder-test/text-embedding-serving:1"
+    reference = f"{TEST_IMAGES}/text-embedding-serving:1"
     build_docker_image(pipeline, reference, client=docker_client)
     return reference
