@@ -129,6 +129,7 @@ def verify_image(
         try:
             endpoint = container.start(timeout)
             models = _check_models_ready(endpoint, admin_key)
+            _check_repository_api_closed(endpoint)
             for check in checks:
                 try:
                     check(endpoint)
@@ -218,6 +219,41 @@ def _check_models_ready(endpoint: ContainerEndpoint, admin_key: str) -> list[str
     if broken:
         raise VerificationError("models not ready: " + "; ".join(broken))
     return sorted(m["name"] for m in index)
+
+
+LOCK_PROBE = "triton-builder-lock-probe"
+"""A model name no repository holds: what a load without the key asks for."""
+
+
+def _check_repository_api_closed(endpoint: ContainerEndpoint) -> None:
+    """A load without the key must be refused, over HTTP and gRPC: 403 / ``UNAVAILABLE``
+    ("This protocol is restricted") where the image locks the API, "not allowed" where the
+    release cannot lock it and the image keeps explicit model control off. Anything else —
+    a load tried, even one that fails — means any client could load its own code."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    request = urllib.request.Request(
+        f"http://{endpoint.http_url}/v2/repository/models/{LOCK_PROBE}/load", data=b"{}",
+        method="POST", headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+        answers = ["HTTP 200"]
+    except urllib.error.HTTPError as error:
+        answers = [f"HTTP {error.code} {error.read().decode(errors='replace')}"]
+    with grpcclient.InferenceServerClient(endpoint.grpc_url) as client:
+        try:
+            client.load_model(LOCK_PROBE)
+            answers.append("gRPC OK")
+        except InferenceServerException as error:
+            answers.append(f"gRPC {error.status()} {error.message()}")
+    open_to = [answer for answer in answers
+               if not (answer.startswith("HTTP 403") or "This protocol is restricted" in answer
+                       or "not allowed" in answer)]
+    if open_to:
+        raise VerificationError(
+            f"the repository API answers a client without the key: {'; '.join(open_to)[:300]} "
+            f"(any client could load its own code)")
 
 
 def _compare(what: str, actual: np.ndarray, expected: np.ndarray, rtol: float,
