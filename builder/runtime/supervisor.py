@@ -88,6 +88,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,7 +130,11 @@ CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal
 """Signals that end a server by a crash (SIGKILL: the kernel's OOM killer) and not by a stop:
 a server they end is started again, unless the supervisor forwarded a stop signal."""
 STOPPING_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
-SHARED_MEMORY = Path("/dev/shm")
+SHARED_MEMORY = Path(os.environ.get("TRITON_BUILDER_SHM_DIR", "/dev/shm"))
+SHM_RESERVE = 4
+"""Free region sizes below which a heal restarts the server (see
+:meth:`Supervisor._shared_memory_short`): room for the new stubs of two models with a region
+each, and their growth."""
 ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
 """What only the key opens, over HTTP and gRPC: loading (with uploaded files: code), unloading and
 reconfiguring models; registering shared memory regions the server then reads and writes;
@@ -222,6 +227,8 @@ class StubWatch:
     regions: set[str] = field(default_factory=set)
     """The shared memory regions of the stubs seen (their third argument), removed after a
     crash of the server: a server that aborts leaves them behind in ``/dev/shm``."""
+    region_bytes: int = 0
+    """The largest region a stub of this server starts with (its fourth argument)."""
 
     def scan(self) -> list[Death]:
         """Read ``/proc`` once: learn new stubs, return the remembered ones that turned zombie."""
@@ -239,6 +246,8 @@ class StubWatch:
                 if model is not None:
                     self.live[identity] = (model, cmdline[8])
                     self.regions.add(cmdline[2])
+                    if cmdline[3].isdigit():
+                        self.region_bytes = max(self.region_bytes, int(cmdline[3]))
         for identity in set(self.live) - set(stubs):  # reaped by the backend: an unload
             del self.live[identity]
         return deaths
@@ -407,13 +416,15 @@ class Supervisor:
 
     def __init__(self, server_pid: int, http_port: int, policy: RestartPolicy, *,
                  heal: bool = True, reload: bool = True, admin_key: str | None = None,
-                 proc: Path = Path("/proc"), healed_path: Path = health.HEALED_STUBS) -> None:
+                 proc: Path = Path("/proc"), healed_path: Path = health.HEALED_STUBS,
+                 shared_memory: Path = SHARED_MEMORY) -> None:
         self.watch = StubWatch(server_pid, proc)
         self.http_port = http_port
         self.policy = policy
         self.heal = heal
         self.reload = reload
         """Heal by reloading the model (explicit model control), else by restarting the server."""
+        self.shared_memory = shared_memory
         self.admin_key = admin_key
         self.restart_requested = False
         """A server stopped to heal its stubs (``reload`` off): start it again when it exits."""
@@ -493,7 +504,7 @@ class Supervisor:
                 return
             due = [model for model, record in self.records.items()
                    if record.due is not None and record.due <= now and not record.loading]
-            if due and not self.reload and self.gave_up is None:
+            if due and self.gave_up is None and (not self.reload or self._shared_memory_short()):
                 self._restart_server(due)
                 return
             for model in due:
@@ -503,15 +514,34 @@ class Supervisor:
                                  args=(model, list(record.dead), self.generation),
                                  daemon=True).start()
 
+    def _shared_memory_short(self) -> bool:
+        """Whether ``/dev/shm`` may lack room for the new stubs of a reload.
+
+        Why: when a stub is killed while it holds requests, Triton 2.51's python backend keeps
+        the dead stub's region mapped for good (measured: one 4 MiB region more in use after
+        each such heal under load; its name removed, the memory stays taken). Under Docker's
+        default 64 MB ``/dev/shm`` about a dozen such heals leave no room, and every reload then
+        fails ("Unable to initialize shared memory key ... No space left on device"). A server
+        started again maps only what its new stubs need, so below :data:`SHM_RESERVE` region
+        sizes of free space the heal restarts the server instead of reloading one model."""
+        try:
+            free = shutil.disk_usage(self.shared_memory).free
+        except OSError:
+            return False
+        return free < SHM_RESERVE * max(self.watch.region_bytes, 1 << 20)
+
     def _restart_server(self, models: list[str]) -> None:
         """Heal where the repository API is closed: stop the server (SIGTERM, then SIGKILL after
         :data:`HEAL_STOP_GRACE_S`) so that :func:`main` starts it again and calls
         :meth:`follow`."""
         self.restart_requested = True
         self.server_restarts += 1
+        why = ("the repository API is closed" if not self.reload else
+               f"{self.shared_memory} is nearly full of the dead stubs' regions, which only a "
+               f"new server frees")
         log(f"model{'s' if len(models) > 1 else ''} {', '.join(map(repr, sorted(models)))}: "
-            f"restarting the server to heal {'them' if len(models) > 1 else 'it'} (the "
-            f"repository API is closed; server restart {self.server_restarts})")
+            f"restarting the server to heal {'them' if len(models) > 1 else 'it'} ({why}; "
+            f"server restart {self.server_restarts})")
         pid = self.watch.server_pid
         _forward(pid, signal.SIGTERM)
         self.kill_timer = threading.Timer(HEAL_STOP_GRACE_S, _forward, (pid, signal.SIGKILL))

@@ -50,7 +50,8 @@ FAKE_SERVER = textwrap.dedent('''
     def start(model, *, autocomplete=False):
         name = model if autocomplete else f"{model}_0_{loads[model]}"
         region = f"/{os.path.basename(os.path.dirname(repository))}-{model}"  # under /dev/shm
-        argv = [stub, f"{repository}/{model}/1/model.py", region, "1048576", "1048576",
+        size = os.environ.get("FAKE_REGION_BYTES", "1048576")
+        argv = [stub, f"{repository}/{model}/1/model.py", region, size, "1048576",
                 str(os.getpid()), "/opt/lib", "/ipc", name, "DEFAULT"]
         return os.posix_spawn(stub, argv, os.environ)
 
@@ -438,6 +439,33 @@ def test_without_explicit_model_control_a_dead_stub_heals_by_restarting_the_serv
     assert "restarting the server to heal it (the repository API is closed" in log, log
     assert log.count("stopped (status 143) to heal its stubs; starting it again") == 2, log
     assert "giving up: model 'text_encoder' failed more than 2 times within 60s" in log
+
+
+def test_when_shared_memory_runs_short_a_heal_restarts_the_server(repository, tmp_path):
+    """Triton 2.51 keeps a stub's region mapped when the stub dies holding requests: a dozen
+    heals fill Docker's 64 MB /dev/shm. With less room than SHM_RESERVE regions, the heal is a
+    server restart (which frees them) instead of a reload that would fail. The stand-in's stubs
+    claim regions larger than any disk here, so the room is always short."""
+    from builder.tritonserver.host_process import free_ports
+
+    (port,) = free_ports(1)
+    running = _supervise(_server_command(repository, port, f"--http-port={port}",
+                                         "--model-control-mode=explicit"),
+                         FAKE_REGION_BYTES=str(2**60), TRITON_BUILDER_SHM_DIR=str(tmp_path))
+    try:
+        first = _server_of(running)
+        _wait(lambda: len(_stubs_of(first.pid)) == 2, what="two stubs")
+        time.sleep(0.5)
+        os.kill(_live_stub(first, "text_encoder").pid, signal.SIGKILL)
+        second = _server_of(running, other_than=first.pid)
+        _wait(lambda: len([p for p in _stubs_of(second.pid) if p.state != "Z"]) == 2,
+              what="the new server's stubs")
+        running.send_signal(signal.SIGTERM)
+        assert running.wait(10) == 0
+    finally:
+        log = _stop(running)
+    assert "is nearly full of the dead stubs' regions, which only a new server frees" in log, log
+    assert "reloaded in" not in log
 
 
 def test_locked_apis_reach_the_server_behind_a_key_its_reloads_carry(repository, tmp_path):
