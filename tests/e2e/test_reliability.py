@@ -287,7 +287,10 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
     Now and then Triton 2.51's python backend aborts the server when a stub is killed while it
     holds a lock in its shared memory (``boost::interprocess::lock_exception``); the supervisor
     then starts the server again in place. Such a kill must heal all the same (it is counted
-    and reported as a server restart, not hidden): the container never exits.
+    and reported as a server restart, not hidden): the container never exits. So must the
+    kills after which the supervisor restarts the server on purpose: the container runs with
+    Docker's default 64 MB /dev/shm, which the regions Triton keeps of stubs killed under load
+    fill after about a dozen kills (``Supervisor._shared_memory_short``).
 
     On the CPU base the pipeline model runs ``text_encoder`` in its own process (not over BLS),
     so that model's heal is measured on requests to ``text_encoder`` itself, as clients may
@@ -406,7 +409,9 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
           f"requests; {zombies.output.decode().strip()} zombie stubs left; the server crashed "
           f"and was started again {len(crashes)} times")
     assert log.count("triton-builder supervisor: started tritonserver (pid") == 1
-    assert log.count("lock_exception") >= len(crashes), f"a crash of another cause:\n{log}"
+    freed = log.count("nearly full of the dead stubs' regions")
+    assert log.count("lock_exception") + freed >= len(crashes), \
+        f"a server restart of another cause:\n{log}"
     assert all(per_model[m] - by_crash[m] <= restarts.get(m, 0) <= per_model[m]
                for m in per_model), f"a model was reloaded that did not die: {restarts}"
     assert health.exit_code == 0, health.output
