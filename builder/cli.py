@@ -1,7 +1,8 @@
 """``triton-builder``: the command line over the Python API.
 
 Exit codes scripts can rely on: 0 success, 1 the work failed (build, push, verification,
-inference), 2 bad usage or input, 3 the machine lacks something (no Docker engine, no wheel).
+inference), 2 bad usage or input, 3 the machine lacks something (no Docker engine, no wheel),
+130 interrupted (SIGINT), 143 terminated (SIGTERM) — after removing what the command had made.
 Results go to standard output (one line, or JSON); progress and errors go to standard error.
 """
 
@@ -34,16 +35,29 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 T = TypeVar("T")
 
 EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+
+
+@app.callback()
+def _take_interrupts() -> None:
+    from builder.interrupts import take_interrupts
+
+    take_interrupts()  # for good: a signal while the command cleans up and exits is ignored
 
 
 def _run(step: str, work: Callable[[], T]) -> T:
     """Run ``work``, turning the errors we expect into one clear line and an exit code."""
     from builder.engine import EngineError
     from builder.host_packages import HostError
+    from builder.interrupts import Terminated
     from builder.tritonserver.wheel import DistributionError
 
     try:
         return work()
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        console.print(f"[red]{'terminated' if terminated else 'interrupted'}[/red] {step}")
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     except (EngineError, HostError, DistributionError) as error:
         console.print(f"[red]error[/red] {step}: {error}")
         raise typer.Exit(EXIT_MACHINE) from None
@@ -308,15 +322,19 @@ def doctor(
     cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for."),
     environment: Path = typer.Option(None, help="A packed environment (.tar.gz) whose CUDA "
                                                 "runtime to check against the driver."),
+    remove_leftovers: bool = typer.Option(False, "--remove-leftovers",
+                                          help="Remove the containers (and their untagged "
+                                               "images) of builds that were killed."),
 ) -> None:
     """Check this machine: Docker engine, NVIDIA container runtime, driver against the
-    release's minimum and an environment's CUDA runtime, disk, base image.
+    release's minimum and an environment's CUDA runtime, disk, base image, and what builds
+    that were killed (SIGKILL) left on the engine.
 
     Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """
     from builder.doctor import run_checks
 
-    checks = run_checks(cuda, environment)
+    checks = run_checks(cuda, environment, remove_leftovers=remove_leftovers)
     for check in checks:
         color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
         console.print(f"[{color}]{check.status:<4}[/{color}] {check.name}: {check.detail}")

@@ -5,7 +5,6 @@ from builder.image.serving_image import (
     ImageOptions,
     ServingImage,
     build_serving_image,
-    discard_image,
 )
 
 __all__ = [
@@ -13,5 +12,4 @@ __all__ = [
     "PythonRuntime",
     "ServingImage",
     "build_serving_image",
-    "discard_image",
 ]

@@ -8,20 +8,22 @@ image is the text-embedding example's under a name of its own: the session's
 ``text_embedding_image`` already made its payload and environment, so each build reaches
 verification within seconds.
 
-The sweep sends one signal per build, :data:`SWEEP_STEP_S` later each time, from the line
-"building <name>" (the serving image's layers, its rewritten config) and then from "verifying
-<name>" (the container created and started, Triton starting, the checks) until a build finishes
-before its signal comes; SIGINT and SIGTERM take turns. After every build: no container, image
-or layer of that name, no tag.
+The sweep sends one signal per build, :data:`SWEEP_STEP_S` later each time (10 ms apart over
+the first 50 ms), from the line "building <name>" (the serving image's layers, its rewritten
+config) and then from "verifying <name>" (the container created and started, Triton starting,
+the checks) until a build finishes before its signal comes; SIGINT and SIGTERM take turns. After
+every build: no container, image or layer of that name, no tag.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -33,12 +35,16 @@ import docker.errors
 import pytest
 
 from builder.image.labels import OCI, PAYLOAD_HASH
+from builder.image.sbom import SBOM_PATH
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 PIPELINE = "pipelines/text_embedding.py:pipeline"
 SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "100")) / 1000
 """Between the instants of two builds' interrupts (``TRITON_BUILDER_INTERRUPT_STEP_MS``)."""
+FINE_STEP_S, FINE_SPAN_S = 0.01, 0.05
+"""Over the first 50 ms of a phase, 10 ms apart: the verification container is created and
+started within some 20 ms of "verifying" here, the window this issue was about."""
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_ATTEMPTS = 400
 
@@ -127,14 +133,16 @@ class _Attempt:
     last_line: str = ""
     """The last line the build printed before the signal."""
     committed: bool = False
-    """The signal came as the build set its tag, after verification: it stands."""
+    """The build had verified and tagged its image as the signal came: the signal may end the
+    process (exiting, or killed by it as the interpreter shut down), the build stands."""
     left: list[str] = field(default_factory=list)
 
     def wrong(self) -> bool:
         if self.finished_first:
             return False
         if self.committed:
-            return bool(self.left) or self.exit_code not in (0, EXIT_CODES[self.signum])
+            return bool(self.left) or self.exit_code not in (0, EXIT_CODES[self.signum],
+                                                             -self.signum)
         return bool(self.left) or self.exit_code != EXIT_CODES[self.signum] or self.exit_s > 30
 
     def describe(self) -> str:
@@ -196,28 +204,59 @@ def _tagged(client, reference: str) -> bool:
         return False
 
 
-def _left_behind(client, title: str, reference: str, payload_hash: str,
-                 before: set[str]) -> list[str]:
+def _offsets() -> Iterator[float]:
+    yield from (step * FINE_STEP_S for step in range(round(FINE_SPAN_S / FINE_STEP_S)))
+    offset = FINE_SPAN_S
+    while True:
+        yield offset
+        offset += SWEEP_STEP_S
+
+
+def _left_behind(client, title: str, reference: str, layers: list[str]) -> list[str]:
     """What of the build named ``title`` is on the engine: containers, the tag, images with its
-    title, and untagged layers on its payload that were not there before it started."""
+    title, and ``layers`` (:func:`_new_layers`)."""
     left = _containers_left(client, title)
     if _tagged(client, reference):
         left.append(f"the tag {reference}")
     titled = {image.id for image in
               client.images.list(all=True, filters={"label": f"{OCI}title={title}"})}
     left += [f"image {image_id[7:19]} (titled {title})" for image_id in sorted(titled)]
-    left += [f"layer {image.id[7:19]} (untagged, on the payload)"
-             for image in _payload_layers(client, payload_hash)
-             if image.id not in before and image.id not in titled and not image.tags]
+    left += [f"layer {layer[7:19]} (holding its SBOM)" for layer in layers if layer not in titled]
     return left
+
+
+def _new_layers(client, title: str, payload_hash: str, before: set[str]) -> list[str]:
+    """Untagged images on the payload, not there before, holding the SBOM of ``title``."""
+    return [image.id for image in _payload_layers(client, payload_hash)
+            if image.id not in before and not image.tags
+            and _holds_sbom_of(client, image.id, title)]
+
+
+def _holds_sbom_of(client, image_id: str, title: str) -> bool:
+    """Whether a layer holds the bill of materials of ``title``: a layer of that build, not of
+    another build on the same payload (CI, another worktree) made meanwhile."""
+    try:
+        container = client.containers.create(image_id, command=["/never-started"])
+    except docker.errors.APIError:
+        return False
+    try:
+        chunks, _ = container.get_archive(SBOM_PATH)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+            member = archive.next()
+            return member is not None and f'"{title}"'.encode() in \
+                archive.extractfile(member).read()
+    except docker.errors.NotFound:
+        return False
+    finally:
+        container.remove(force=True)
 
 
 def _payload_layers(client, payload_hash: str) -> list:
     return client.images.list(all=True, filters={"label": f"{PAYLOAD_HASH}={payload_hash}"})
 
 
-def _clear(client, title: str, reference: str) -> None:
-    """Remove what a build of ``title`` left (this test's own names only)."""
+def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
+    """Remove what a build of ``title`` left (this test's own names and ``layers`` only)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         containers = client.containers.list(all=True, filters={"label": f"{OCI}title={title}"})
@@ -232,7 +271,7 @@ def _clear(client, title: str, reference: str) -> None:
     titled = client.images.list(all=True, filters={"label": f"{OCI}title={title}"})
     ancestors = [step["Id"] for image in titled for step in client.api.history(image.id)[1:]
                  if step["Id"].startswith("sha256:")]
-    for image_id in [image.id for image in titled] + ancestors:  # children first
+    for image_id in [image.id for image in titled] + ancestors + list(layers):  # children first
         with contextlib.suppress(docker.errors.APIError):
             if not client.images.get(image_id).tags:
                 client.images.remove(image_id, noprune=True)
@@ -250,8 +289,9 @@ def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_e
     try:
         for phase, marker in enumerate(phases):
             last_phase = phase == len(phases) - 1
-            offset = 0.0
-            while len(attempts) < MAX_ATTEMPTS:
+            for offset in _offsets():
+                if len(attempts) >= MAX_ATTEMPTS:
+                    break
                 before = {image.id for image in _payload_layers(docker_client, payload_hash)}
                 signum = (signal.SIGINT, signal.SIGTERM)[len(attempts) % 2]
                 attempt, build = _interrupt(docker_client, reference, marker, offset, signum)
@@ -259,17 +299,17 @@ def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_e
                 if attempt.finished_first:
                     assert last_phase and attempt.exit_code == 0, build.log()
                     break
+                layers = []
                 if last_phase and _tagged(docker_client, reference):
                     attempt.committed = True  # verified and tagged before the signal came
                     attempt.left = _containers_left(docker_client, title)
                 else:
-                    attempt.left = _left_behind(docker_client, title, reference, payload_hash,
-                                                before)
-                _clear(docker_client, title, reference)
+                    layers = _new_layers(docker_client, title, payload_hash, before)
+                    attempt.left = _left_behind(docker_client, title, reference, layers)
+                _clear(docker_client, title, reference, layers)
                 if attempt.committed or (not last_phase and build.seen(
                         phases[phase + 1], before=attempt.sent) is not None):
                     break  # this phase is over: sweep the next one
-                offset += SWEEP_STEP_S
     finally:
         _clear(docker_client, title, reference)
     took = time.monotonic() - started
@@ -305,12 +345,83 @@ def test_interrupts_during_cleanup_do_not_cut_it_short(docker_client, text_embed
             before = {image.id for image in _payload_layers(docker_client, payload_hash)}
             attempt, _ = _interrupt(docker_client, reference, f"verifying {reference}", offset,
                                     signal.SIGINT, repeat_every=0.03)
-            attempt.left = _left_behind(docker_client, title, reference, payload_hash, before)
+            layers = _new_layers(docker_client, title, payload_hash, before)
+            attempt.left = _left_behind(docker_client, title, reference, layers)
             attempts.append(attempt)
-            _clear(docker_client, title, reference)
+            _clear(docker_client, title, reference, layers)
     finally:
         _clear(docker_client, title, reference)
     print("\n".join(a.describe() for a in attempts))
     assert all(not a.finished_first and a.signals > 1 for a in attempts), \
         [a.describe() for a in attempts]
     assert not [a for a in attempts if a.wrong()], "\n".join(a.describe() for a in attempts)
+
+
+def _doctor(*options: str) -> str:
+    """What ``triton-builder doctor`` says (on standard error)."""
+    program = Path(sys.executable).parent / "triton-builder"
+    return subprocess.run([str(program), "doctor", *options], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120).stderr
+
+
+def _running_container(client, title: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = client.containers.list(filters={"label": f"{OCI}title={title}"})
+        if running:
+            return running[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no running verification container of {title}")
+
+
+def test_doctor_removes_what_a_killed_build_left_and_spares_a_live_one(docker_client,
+                                                                      text_embedding_image):
+    """SIGKILL while the verification container runs: nothing can clean up, and the container
+    stays with the untagged image it runs. ``triton-builder doctor`` names it as a leftover of a
+    killed build, ``--remove-leftovers`` removes both; the container of a build running at the
+    same moment is neither named nor removed, and that build goes on to tag its image."""
+    from builder.doctor import leftovers_check
+    from builder.engine.ownership import BUILD_LABEL
+
+    killed_title = f"tb-i35-killed-{uuid.uuid4().hex[:8]}"
+    killed_reference = f"triton-builder-test/{killed_title}:1"
+    live_title = f"tb-i35-live-{uuid.uuid4().hex[:8]}"
+    live_reference = f"triton-builder-test/{live_title}:1"
+    killed, live = _Build(killed_reference), None
+    try:
+        killed.wait_for(f"verifying {killed_reference}")
+        left = _running_container(docker_client, killed_title)
+        killed.process.kill()
+        killed.stop()
+        left.reload()
+        assert left.status == "running" and left.name == \
+            f"triton-builder-verify-{left.labels[BUILD_LABEL]}"
+        image = left.image.id
+        assert not docker_client.images.get(image).tags
+
+        listed = _doctor()
+        line = next(line for line in listed.splitlines() if "leftovers:" in line)
+        assert line.startswith("warn") and left.name in line and \
+            f"pid {killed.process.pid}" in line, listed
+
+        live = _Build(live_reference)
+        live.wait_for(f"verifying {live_reference}")
+        other = _running_container(docker_client, live_title)
+        assert other.name not in leftovers_check(docker_client).detail
+        removed = _doctor("--remove-leftovers")
+        assert docker_client.containers.get(other.id).status == "running", \
+            "the live build's container went while the doctor removed leftovers"
+        line = next(line for line in removed.splitlines() if "leftovers:" in line)
+        assert line.startswith("ok") and "removed" in line and left.name in line, removed
+        assert other.name not in line
+        assert not docker_client.containers.list(all=True, filters={"id": left.id})
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(image)
+        assert live.process.wait(timeout=300) == 0, live.log()
+        assert _tagged(docker_client, live_reference)
+    finally:
+        killed.stop()
+        if live is not None:
+            live.stop()
+        _clear(docker_client, killed_title, killed_reference)
+        _clear(docker_client, live_title, live_reference)
