@@ -28,13 +28,16 @@ class Terminated(KeyboardInterrupt):
 
 
 class _StopOnce:
-    """A handler that raises on the first interrupt and from then on ignores both signals: the
-    process is on its way out, cleaning up, and a second Ctrl-C must not cut that short. Ignored
-    at the operating system's level, because Python puts its own handlers back to the default
-    as the interpreter exits, and a signal then would still end the process by that signal."""
+    """A handler that raises on the first interrupt and from then on ignores the signals it
+    handles: the process is on its way out, cleaning up, and a second Ctrl-C must not cut that
+    short. Ignored at the operating system's level, because Python puts its own handlers back
+    to the default as the interpreter exits, and a signal then would still end the process."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        for each in INTERRUPTS:
+        for each in self.signals:
             signal.signal(each, signal.SIG_IGN)
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
@@ -60,6 +63,7 @@ def take_interrupts() -> Callable[[], None]:
                             (signal.SIGTERM, signal.SIG_DFL)):
         if signal.getsignal(signum) is default:
             replaced[signum] = signal.signal(signum, handler)
+            handler.signals.append(signum)
 
     def give_back() -> None:
         for signum, previous in replaced.items():

@@ -81,7 +81,7 @@ def build_image(
     made = [] if made is None else made
     running: list[str] = []
     build = None
-    tagged = False
+    finished = False
     with tempfile.TemporaryFile(prefix="triton-builder-context-") as archive:
         write_context_archive(context, archive, mtime=build_epoch())
         archive.seek(0)
@@ -98,9 +98,9 @@ def build_image(
                 for tag in tags:
                     reference = ImageReference.parse(tag)
                     image.tag(reference.repository, reference.tag)
-                tagged = True
+                finished = True
         except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
-            if not tagged:
+            if not finished:
                 discard_build(client, made, running, build)
             raise
     return BuiltImage(id=image.id, tags=tags, built=True, log=log)
@@ -111,7 +111,7 @@ _RUNNING = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 
 
 class _Upload(io.RawIOBase):
-    """The build context as the SDK sends it, which :meth:`abandon` cuts short: the engine then
+    """The build context as the SDK sends it, cut short once ``abandoned``: the engine then
     reads a truncated context and builds nothing."""
 
     def __init__(self, file: BinaryIO) -> None:

@@ -120,3 +120,13 @@ def test_outside_the_main_thread_both_are_no_ops():
     thread.join()
     assert errors == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_after_the_first_interrupt_a_callers_own_handler_is_still_theirs():
+    seen = []
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    with interrupts_stop_once():
+        with pytest.raises(Terminated):
+            _send(signal.SIGTERM)
+        _send(signal.SIGINT)
+    assert seen == [signal.SIGINT]
