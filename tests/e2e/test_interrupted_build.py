@@ -34,6 +34,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 
+from builder.engine.image_build import remove_images
 from builder.image.labels import OCI, PAYLOAD_HASH
 from builder.image.sbom import SBOM_PATH
 from tests.support.paths import REPO_ROOT
@@ -276,10 +277,12 @@ def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
     with contextlib.suppress(docker.errors.ImageNotFound):
         client.images.remove(reference)
     titled = client.images.list(all=True, filters={"label": f"{OCI}title={title}"})
-    for image_id in [image.id for image in titled] + list(layers):  # children first
-        with contextlib.suppress(docker.errors.APIError):
-            if not client.images.get(image_id).tags:
-                client.images.remove(image_id, noprune=True)
+    left = [image.id for image in titled] + list(layers)
+    for _ in range(len(left)):  # a parent goes once its children have gone
+        kept = remove_images(client, left)
+        if not kept or kept == left:
+            break
+        left = kept
 
 
 def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_embedding_image):
