@@ -2,8 +2,9 @@
 
 Exit codes scripts can rely on: 0 success, 1 the work failed (build, push, verification,
 inference, a server that does not answer), 2 bad usage or input, 3 the machine lacks something
-(no Docker engine, no wheel). Results go to standard output (one line, or JSON); progress and
-errors go to standard error. Every message is printed as written — never read as rich markup,
+(no Docker engine, no wheel), 130 interrupted (SIGINT), 143 terminated (SIGTERM) — after
+removing what the command had made. Results go to standard output (one line, or JSON); progress
+and errors go to standard error. Every message is printed as written — never read as rich markup,
 so ``[batch, 8]`` stays in it — and every error is one line, the last: ``error <step>: <cause>``
 with the fix where there is one (details such as a log tail go above it).
 ``TRITON_BUILDER_TRACEBACK=1`` lets an unexpected exception through with its traceback.
@@ -41,7 +42,15 @@ console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, em
 T = TypeVar("T")
 
 EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE = 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 TRACEBACK_VARIABLE = "TRITON_BUILDER_TRACEBACK"
+
+
+@app.callback()
+def _take_interrupts() -> None:
+    from builder.interrupts import take_interrupts
+
+    take_interrupts()  # for good: a signal while the command cleans up and exits is ignored
 
 
 def main(args: Sequence[str] | None = None) -> NoReturn:
@@ -61,7 +70,7 @@ def main(args: Sequence[str] | None = None) -> NoReturn:
             where = f" (see {context.command_path} --help)" if context is not None else ""
             _fail("", f"{error.format_message()}{where}", error.exit_code)
         except typer.Abort:
-            _fail("", "interrupted", 130)
+            _fail("", "interrupted", EXIT_INTERRUPTED)
         except typer.Exit:
             raise
         except Exception as error:  # noqa: BLE001 - a command's own step did not catch it
@@ -73,10 +82,16 @@ def main(args: Sequence[str] | None = None) -> NoReturn:
 
 def _run(step: str, work: Callable[[], T]) -> T:
     """Run ``work``; a failure becomes one ``error <step>: ...`` line and its exit code."""
+    from builder.interrupts import Terminated
+
     try:
         return work()
     except typer.Exit:
         raise
+    except KeyboardInterrupt as interrupt:  # the work removed what it had made on its way out
+        terminated = isinstance(interrupt, Terminated)
+        _fail(step, "terminated" if terminated else "interrupted",
+              EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     except Exception as error:  # noqa: BLE001 - classified by _exit_code
         _report(step, error)
 
@@ -382,9 +397,13 @@ def doctor(
     cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for."),
     environment: Path = typer.Option(None, help="A packed environment (.tar.gz) whose CUDA "
                                                 "runtime to check against the driver."),
+    remove_leftovers: bool = typer.Option(False, "--remove-leftovers",
+                                          help="Remove the containers (and their untagged "
+                                               "images) of builds that were killed."),
 ) -> None:
     """Check this machine: Docker engine, NVIDIA container runtime, driver against the
-    release's minimum and an environment's CUDA runtime, disk, base image.
+    release's minimum and an environment's CUDA runtime, disk, base image, and what builds
+    that were killed (SIGKILL) left on the engine.
 
     Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """
@@ -392,7 +411,7 @@ def doctor(
     from builder.doctor import run_checks
 
     _run("reading the options", lambda: resolve(cuda))
-    checks = run_checks(cuda, environment)
+    checks = run_checks(cuda, environment, remove_leftovers=remove_leftovers)
     for check in checks:
         color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
         console.print(Text.assemble((f"{check.status:<4}", color),

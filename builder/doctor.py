@@ -2,7 +2,10 @@
 
 The complaints users have about tools like ours are mostly about the machine: no engine, a
 driver too old for the chosen release, a full disk, a base image that cannot be had. Each check
-here reads the real thing and says what to do.
+here reads the real thing and says what to do. One looks back: a build killed with SIGKILL
+removes nothing, and its verification container (with the untagged image it runs) would stay
+on the engine for good; the doctor finds such leftovers by their owner's labels and, asked to,
+removes them (:mod:`builder.engine.leftovers`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from builder.base.releases import MINOR_VERSION_DRIVER, TOOLKIT_DRIVER, Release, resolve
 from builder.cache import cache_dir
+from builder.engine.ownership import BUILD_LABEL
 
 MIN_FREE_GB = 10
 
@@ -38,11 +42,13 @@ class Gpu:
         return int(self.driver.split(".")[0])
 
 
-def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None) -> list[Check]:
+def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None, *,
+               remove_leftovers: bool = False) -> list[Check]:
     """Every check, for a build targeting ``cuda`` (``"cpu"`` for the CPU base).
 
     ``environment`` is a packed environment (``.tar.gz``) whose CUDA runtime is held against
-    this machine's driver and the release's minimum.
+    this machine's driver and the release's minimum. ``remove_leftovers`` removes what killed
+    builds left (:func:`leftovers_check`).
     """
     try:
         release = resolve(cuda)
@@ -67,7 +73,32 @@ def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None) 
     checks.append(_disk(client))
     if client is not None:
         checks.append(_base_image(client, release))
+        checks.append(leftovers_check(client, remove=remove_leftovers))
     return checks
+
+
+def leftovers_check(client, *, remove: bool = False) -> Check:
+    """Containers of builds whose process is gone (killed outright: nothing cleaned up), with
+    the untagged images they ran; ``remove`` removes them. A container of a build still
+    running, here or from another host, is never one."""
+    from builder.engine.leftovers import find_orphans, remove_orphans
+    from builder.verify.verification import VERIFICATION_LABEL
+
+    orphans = find_orphans(client)
+    unowned = [c for c in client.api.containers(all=True, filters={"label": VERIFICATION_LABEL})
+               if BUILD_LABEL not in (c.get("Labels") or {})]
+    older = (f"; {len(unowned)} verification container(s) record no builder (an older "
+             f"triton-builder made them: whether their build still runs cannot be told), "
+             f"left alone" if unowned else "")
+    if not orphans:
+        return Check("leftovers", "ok", f"no container of a killed build{older}")
+    listed = "; ".join(orphan.describe() for orphan in orphans)
+    if remove:
+        containers, images = remove_orphans(client, orphans)
+        return Check("leftovers", "ok", f"removed {containers} container(s) and {images} "
+                     f"untagged image(s) of killed builds: {listed}{older}")
+    return Check("leftovers", "warn", f"{len(orphans)} container(s) of killed builds: {listed}. "
+                 f"triton-builder doctor --remove-leftovers removes them{older}")
 
 
 NVIDIA_HOOK = "nvidia-container-runtime-hook"

@@ -8,7 +8,9 @@ its examples (:mod:`builder.verify`), and only then tagged and pushed (:mod:`bui
 :func:`build_image_from_repository` is its second half, for a repository written before.
 
 A new image stays untagged until verification passed: a failing build, a failing verification or
-an interrupt never leaves a tag on a broken image, and the image is removed again.
+an interrupt (SIGINT or SIGTERM, :mod:`builder.interrupts`) never leaves a tag on a broken image,
+and what the build made on the engine — the verification container, the new image and the layers
+it made — is removed again (:class:`builder.engine.Leftovers`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from docker.models.images import Image
 from builder.base import BaseOptions, Release, ensure_base_image, resolve
 from builder.bridge import BridgeOptions, fit_base_python, plan_python, require_buildable
 from builder.client import Client
-from builder.engine import docker_client, tag_references
+from builder.engine import Leftovers, docker_client, tag_references
 from builder.environment import (
     PYTORCH_INDEX,
     EnvironmentOptions,
@@ -40,8 +42,8 @@ from builder.image import (
     PythonRuntime,
     ServingImage,
     build_serving_image,
-    discard_image,
 )
+from builder.interrupts import deferred_interrupts, interrupts_stop_once
 from builder.pipeline import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, tag_image
@@ -71,6 +73,7 @@ class ImageBuild(ServingImage):
     seconds: float = 0.0
 
 
+@interrupts_stop_once()
 def build_docker_image(
     pipe: Pipeline,
     image_name: str,
@@ -125,6 +128,8 @@ def build_docker_image(
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
+    Interrupted (Ctrl-C, or SIGTERM, which stops it the same way while it runs unless the
+    caller handles SIGTERM), it removes what it made on the engine and sets no tag.
 
     The keywords are grouped once into each stage's option object (:class:`BaseOptions`,
     :class:`BridgeOptions`, :class:`EnvironmentOptions`, :class:`ImageOptions`,
@@ -183,6 +188,7 @@ def build_docker_image(
                 on_log=on_log)
 
 
+@interrupts_stop_once()
 def build_image_from_repository(
     repository_dir: str | os.PathLike,
     *,
@@ -241,22 +247,26 @@ def _image_verify_push(
     on_log: Log | None = None,
 ) -> ImageBuild:
     """The stages after the environment."""
-    image = build_serving_image(repository_dir, image_name=references[0], release=release,
-                                base=base, options=options, python_models=python_models,
-                                python_runtime=python_runtime, client=client, on_log=on_log)
+    leftovers = Leftovers()
     verification = None
     try:
+        image = build_serving_image(repository_dir, image_name=references[0], release=release,
+                                    base=base, options=options, python_models=python_models,
+                                    python_runtime=python_runtime, client=client,
+                                    leftovers=leftovers, on_log=on_log)
         if image.built and verifying.enabled:
             with step_log(f"verifying {references[0]}", on_log) as log:
                 timeout = (verifying.timeout_s if verifying.timeout_s is not None
                            else image.ready_timeout_s)
                 verification = verify_image(client, image.id, checks, gpus=verifying.gpus,
                                             timeout=timeout, on_log=log,
-                                            repository_dir=repository_dir)
+                                            repository_dir=repository_dir,
+                                            owner=leftovers.owner)
         run_command = docker_run_command(references[0], gpus=release.gpu)
-        tag_image(client, image.id, references)
+        with deferred_interrupts():
+            tag_image(client, image.id, references)
     except BaseException:
-        discard_image(client, image)
+        leftovers.remove(client)
         raise
     result = ImageBuild(**vars(image), tags=references, run_command=run_command,
                         verification=verification)

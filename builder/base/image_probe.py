@@ -20,6 +20,8 @@ import docker
 import docker.errors
 
 from builder.cache import cache_dir
+from builder.engine.container_lifecycle import create_container, remove_container
+from builder.engine.ownership import BuildOwner
 from builder.errors import TritonBuilderError
 
 IMAGE_STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
@@ -74,11 +76,10 @@ def run_in_image(client: docker.DockerClient, image: str, argv: list[str], *, wh
     ``binds`` at its own path) and return its standard output; ``error`` for a failure."""
     volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in binds}
     try:
-        container = client.containers.run(
-            image, entrypoint=argv[:1], command=argv[1:], detach=True, volumes=volumes,
-            environment=dict(env or {}), network_disabled=True,
-            user=f"{os.getuid()}:{os.getgid()}", working_dir="/tmp",
-        )
+        container = create_container(
+            client, image, owner=BuildOwner.here(), start=True, entrypoint=argv[:1],
+            command=argv[1:], volumes=volumes, environment=dict(env or {}),
+            network_disabled=True, user=f"{os.getuid()}:{os.getgid()}", working_dir="/tmp")
     except docker.errors.APIError as failure:
         raise error(f"could not start a container of {image} to {what}: "
                     f"{failure.explanation or failure}") from failure
@@ -87,7 +88,7 @@ def run_in_image(client: docker.DockerClient, image: str, argv: list[str], *, wh
         stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
         stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
     finally:
-        container.remove(force=True)
+        remove_container(client, container.id)
     code = status.get("StatusCode", -1)
     if code != 0:
         raise error(f"could not {what} in image {image} (exit {code}):\n"

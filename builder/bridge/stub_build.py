@@ -35,8 +35,10 @@ from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
 from builder.bridge.errors import StubBuildError
 from builder.bridge.interpreter import COPY_SCRIPT
 from builder.cache import DownloadError, cache_dir, cached_download, content_hash
+from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
+from builder.interrupts import deferred_interrupts
 from builder.progress import Log
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
@@ -126,12 +128,27 @@ def compile_stub(
             shutil.copyfile(archive, context / "sources" / archive.name)
         log(f"compiling the python_backend {branch} stub for Python {python_version} on "
             f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
-        built = build_image(client, context, [], network_mode="host", on_log=log)
+        made: list[str] = []
+        built = None
         try:
+            built = build_image(client, context, [], network_mode="host", on_log=log,
+                                made=made)
             _copy_out(client, built.id, entry, backend)
         finally:
-            client.images.remove(built.id, force=True)
+            _remove_stage(client, [built.id] if built is not None else made[-1:])
     return stub
+
+
+def _remove_stage(client: docker.DockerClient, image_ids: list[str]) -> None:
+    """Remove the stage's image (its layers below stay: the cache of the next compile), also
+    when the build was stopped as it ended and never returned it (then: the last image it
+    made, if any)."""
+    for image_id in image_ids:
+        with deferred_interrupts():
+            try:
+                client.images.remove(image_id, force=True)
+            except docker.errors.APIError:
+                pass
 
 
 def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
@@ -210,12 +227,9 @@ def _image(client: docker.DockerClient, name: str, what: str) -> docker.models.i
 
 
 def _copy_out(client: docker.DockerClient, image_id: str, entry: Path, backend: bool) -> None:
-    container = client.containers.create(image_id, command=["true"])
-    try:
+    with throwaway_container(client, image_id, command=["true"]) as container:
         archives = [io.BytesIO(b"".join(container.get_archive(path)[0]))
                     for path in (STUB_PATH, *((BACKEND_PATH,) if backend else ()))]
-    finally:
-        container.remove(force=True)
     staging = entry.with_name(entry.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

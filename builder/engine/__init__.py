@@ -6,10 +6,12 @@ through the same :func:`builder.engine.image_build.build_image`.
 """
 
 from builder.engine.daemon import EngineError, docker_client, ensure_engine
+from builder.engine.leftovers import Leftovers
 from builder.engine.reference import tag_references
 
 __all__ = [
     "EngineError",
+    "Leftovers",
     "docker_client",
     "ensure_engine",
     "tag_references",

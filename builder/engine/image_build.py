@@ -3,17 +3,22 @@
 The SDK's high-level ``images.build`` hides the log until the end and its error carries little
 of the failing step. We read the low-level stream ourselves: each line goes to ``on_log`` as it
 comes, the lines of the current step are kept, and a failure raises :class:`ImageBuildError`
-with the step and its output.
+with the step and its output. A build that fails or is interrupted removes the images it made,
+including those the engine made after the interrupt (:class:`_BuildStream`).
 """
 
 from __future__ import annotations
 
+import io
+import queue
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import docker
 import docker.errors
@@ -22,6 +27,7 @@ from builder.build_epoch import build_epoch
 from builder.engine.context_archive import write_context_archive
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
+from builder.interrupts import deferred_interrupts
 from builder.progress import Log
 
 CONTENT_HASH_LABEL = "ai.triton-builder.content-hash"
@@ -59,36 +65,44 @@ def build_image(
     network_mode: str | None = None,
     nocache: bool = False,
     on_log: Log | None = None,
+    made: list[str] | None = None,
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
 
     The context goes to the engine as a canonical tar (:mod:`builder.engine.context_archive`),
-    so the layers its ``COPY`` steps make depend on the files alone. The first tag is given to
-    the build; the others are added only once the build succeeded,
-    so a failure never leaves a tag pointing at a broken image. With no tags the image is left
-    untagged (known by its ID), for callers that tag only after checking it.
+    so the layers its ``COPY`` steps make depend on the files alone. Tags are set only once the
+    build succeeded, all of them or (interrupted) none, so a failure never leaves a tag pointing
+    at a broken image. With no tags the image is left untagged (known by its ID), for callers
+    that tag only after checking it: ``made`` then receives each image the build makes, as the
+    engine makes it, so that the caller can remove them whatever the instant it is stopped.
     """
     tags = list(tags)
     log: list[str] = []
-    made: list[str] = []
+    made = [] if made is None else made
     running: list[str] = []
+    build = None
+    finished = False
     with tempfile.TemporaryFile(prefix="triton-builder-context-") as archive:
         write_context_archive(context, archive, mtime=build_epoch())
         archive.seek(0)
+        upload = _Upload(archive)
         try:
-            stream = client.api.build(
-                fileobj=archive, custom_context=True, dockerfile=dockerfile,
+            build = _BuildStream(lambda: client.api.build(
+                fileobj=upload, custom_context=True, dockerfile=dockerfile,
                 labels=labels or {}, buildargs=buildargs, network_mode=network_mode,
                 nocache=nocache, rm=True, forcerm=True, decode=True,
-            )
-            image_id = _follow(stream, made, running, log, on_log)
+            ), upload, made, running)
+            image_id = build.follow(log, on_log)
+            with deferred_interrupts():
+                image = client.images.get(image_id)
+                for tag in tags:
+                    reference = ImageReference.parse(tag)
+                    image.tag(reference.repository, reference.tag)
+                finished = True
         except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made
-            discard_build(client, made, running)
+            if not finished:
+                discard_build(client, made, running, build)
             raise
-    image = client.images.get(image_id)
-    for tag in tags:
-        reference = ImageReference.parse(tag)
-        image.tag(reference.repository, reference.tag)
     return BuiltImage(id=image.id, tags=tags, built=True, log=log)
 
 
@@ -96,63 +110,140 @@ _LAYER = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 _RUNNING = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 
 
-def _follow(stream: Iterable[dict], made: list[str], running: list[str], log: list[str],
-            on_log: Log | None) -> str:
-    """Read the build stream; collect in ``made`` the images this build created (not those
-    taken from the layer cache, not the FROM image) and in ``running`` the containers of its
-    ``RUN`` steps, so an interrupted build can remove them."""
-    step, step_output = "", []
-    image_id = None
-    cached = False
-    for chunk in stream:
-        if "error" in chunk or "errorDetail" in chunk:
-            detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
-            raise ImageBuildError(f"docker build failed: {detail.strip()}", step,
-                                  "".join(step_output[-200:]))
-        text = chunk.get("stream", "")
-        if "aux" in chunk and "ID" in chunk["aux"]:
-            image_id = chunk["aux"]["ID"]
-        if not text:
-            continue
-        log.append(text)
-        if _STEP.match(text):
-            step, step_output, cached = text.strip(), [], False
-        else:
-            step_output.append(text)
-            cached = cached or text.strip() == "---> Using cache"
-            layer = _LAYER.match(text.rstrip("\n"))
-            if layer and not cached and " : FROM " not in step:
-                made.append(layer.group(1))
-            container = _RUNNING.match(text.rstrip("\n"))
-            if container:
-                running.append(container.group(1))
-        if on_log:
-            on_log(text.rstrip("\n"))
-    if image_id is None:
-        raise ImageBuildError("docker build ended without an image id", step,
-                              "".join(step_output[-200:]))
-    return image_id
+class _Upload(io.RawIOBase):
+    """The build context as the SDK sends it, cut short once ``abandoned``: the engine then
+    reads a truncated context and builds nothing."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        super().__init__()
+        self._file = file
+        self.abandoned = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer) -> int:
+        if self.abandoned:
+            raise OSError("the build was abandoned: its context is not sent further")
+        return self._file.readinto(buffer)
+
+
+class _BuildStream:
+    """The request that starts a build and the engine's build stream, both in a thread of
+    their own until the stream ends.
+
+    The engine goes on with a build whose client left — one whose context it has received
+    already, even before it answered — and what it makes is known only from the stream: in
+    the caller's thread, an interrupt would end the reading and leave the images made after it
+    unknown. This thread records in ``made`` the images the build created (not those taken from
+    the layer cache, not the FROM image) and in ``running`` the containers of its ``RUN``
+    steps.
+    """
+
+    def __init__(self, start: Callable[[], Iterable[dict]], upload: _Upload, made: list[str],
+                 running: list[str]) -> None:
+        self.made, self.running = made, running
+        self.image_id: str | None = None
+        self.error: BaseException | None = None
+        self._upload = upload
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(start,), daemon=True,
+                                        name="docker-build-stream")
+
+    def abandon(self) -> None:
+        """Send no more of the context (what the engine has not received, it does not build)."""
+        self._upload.abandoned = True
+
+    def follow(self, log: list[str], on_log: Log | None) -> str:
+        """Start the build; each line to ``log`` and ``on_log`` as it comes; the built image's
+        ID at the end."""
+        self._thread.start()
+        while (text := self._lines.get()) is not None:
+            log.append(text)
+            if on_log:
+                on_log(text.rstrip("\n"))
+        if self.error is not None:
+            raise self.error
+        return self.image_id
+
+    def ended(self, wait: float) -> bool:
+        """Whether the stream has ended, or the build never started (waiting up to ``wait``
+        seconds): then ``made`` is complete."""
+        if self._thread.ident is None:
+            return True
+        self._thread.join(wait)
+        return not self._thread.is_alive()
+
+    def _read(self, start: Callable[[], Iterable[dict]]) -> None:
+        step, step_output = "", []
+        cached = False
+        try:
+            for chunk in start():
+                if "error" in chunk or "errorDetail" in chunk:
+                    detail = chunk.get("errorDetail", {}).get("message") or chunk.get("error", "")
+                    self.error = ImageBuildError(f"docker build failed: {detail.strip()}", step,
+                                                 "".join(step_output[-200:]))
+                    return
+                text = chunk.get("stream", "")
+                if "aux" in chunk and "ID" in chunk["aux"]:
+                    self.image_id = chunk["aux"]["ID"]
+                if not text:
+                    continue
+                if _STEP.match(text):
+                    step, step_output, cached = text.strip(), [], False
+                else:
+                    step_output.append(text)
+                    cached = cached or text.strip() == "---> Using cache"
+                    layer = _LAYER.match(text.rstrip("\n"))
+                    if layer and not cached and " : FROM " not in step:
+                        self.made.append(layer.group(1))
+                    container = _RUNNING.match(text.rstrip("\n"))
+                    if container:
+                        self.running.append(container.group(1))
+                self._lines.put(text)
+            if self.image_id is None:
+                self.error = ImageBuildError("docker build ended without an image id", step,
+                                             "".join(step_output[-200:]))
+        except Exception as error:  # noqa: BLE001 - the connection broke: the caller raises it
+            self.error = error
+        finally:
+            self._lines.put(None)
 
 
 def discard_build(client: docker.DockerClient, made: list[str], running: list[str],
-                  wait: float = 15.0) -> None:
-    """Remove what a failed or interrupted build made.
+                  build: _BuildStream | None = None, wait: float = 15.0) -> None:
+    """Remove what a failed or interrupted build made; a second interrupt waits for it.
 
     The engine does not stop a build whose stream the client left (the SDK keeps the response
     open): it goes on with the next step, whose container holds the last layer. So the step
-    containers are removed first — which fails the step and ends the build — and the layers
-    after them, again until none is left or ``wait`` seconds have passed.
+    containers are removed first — which fails the step and ends the build — and, once the
+    stream has ended (``made`` is then complete), the layers, again until none is left or
+    ``wait`` seconds have passed.
     """
     deadline = time.monotonic() + wait
-    while True:
-        for container_id in running + _step_containers(client, made):
-            try:
-                client.api.remove_container(container_id, force=True)
-            except docker.errors.APIError:
-                pass
-        if not remove_images(client, reversed(made)) or time.monotonic() > deadline:
-            return
-        time.sleep(0.5)
+    with deferred_interrupts():
+        if build is not None:
+            build.abandon()
+        while True:
+            for container_id in running + _step_containers(client, made):
+                try:
+                    client.api.remove_container(container_id, force=True)
+                except docker.errors.APIError:
+                    pass
+            ended = build is None or build.ended(0.5)
+            left = remove_images(client, reversed(made))
+            if (ended and not left) or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
 
 
 def _step_containers(client: docker.DockerClient, layers: list[str]) -> list[str]:

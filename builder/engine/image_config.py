@@ -33,6 +33,7 @@ import docker.errors
 
 from builder.build_epoch import rfc3339
 from builder.errors import TritonBuilderError
+from builder.interrupts import deferred_interrupts
 
 
 class RestampError(TritonBuilderError, RuntimeError):
@@ -40,10 +41,11 @@ class RestampError(TritonBuilderError, RuntimeError):
 
 
 def restamp_image(client: docker.DockerClient, image_id: str, *, created: str,
-                  kept_history: int) -> str:
+                  kept_history: int, made: list[str] | None = None) -> str:
     """The ID of ``image_id`` with its configuration rewritten (see the module's docstring):
     dated ``created``, the first ``kept_history`` history entries (the base's) left as they
-    are. The built image stays; the caller removes it."""
+    are. The built image stays; the caller removes it. ``made`` receives the new image's ID
+    before the engine makes it, so that an interrupted caller knows what to remove."""
     attributes = client.api.inspect_image(image_id)
     steps = list(reversed(client.api.history(image_id)))
     diff_ids = list(attributes["RootFS"]["Layers"])
@@ -63,7 +65,7 @@ def restamp_image(client: docker.DockerClient, image_id: str, *, created: str,
         "history": history,
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
-    new_id = load_config(client, config)
+    new_id = load_config(client, config, made)
     _check_same_image(client, image_id, new_id, steps)
     return new_id
 
@@ -83,10 +85,14 @@ def config_bytes(config: dict[str, Any]) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def load_config(client: docker.DockerClient, config: dict[str, Any]) -> str:
-    """Load an image made of ``config`` and layers the engine already holds; its ID."""
+def load_config(client: docker.DockerClient, config: dict[str, Any],
+                made: list[str] | None = None) -> str:
+    """Load an image made of ``config`` and layers the engine already holds; its ID (added to
+    ``made`` before the engine has the image). The load runs to its end through an interrupt."""
     body = config_bytes(config)
     digest = hashlib.sha256(body).hexdigest()
+    if made is not None:
+        made.append(f"sha256:{digest}")
     manifest = [{"Config": f"{digest}.json", "RepoTags": None,
                  "Layers": [f"{index}/layer.tar"
                             for index in range(len(config["rootfs"]["diff_ids"]))]}]
@@ -98,7 +104,8 @@ def load_config(client: docker.DockerClient, config: dict[str, Any]) -> str:
             member.size = len(data)
             tar.addfile(member, io.BytesIO(data))
     try:
-        client.images.load(archive.getvalue())
+        with deferred_interrupts():
+            client.images.load(archive.getvalue())
     except docker.errors.APIError as error:
         raise RestampError(f"the engine refused the rewritten image config: {error}") from error
     return f"sha256:{digest}"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import docker
 import docker.errors
 
+from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.daemon import EngineError
 
 _NO_COMMAND = ["/triton-builder-never-started"]
@@ -27,20 +28,17 @@ def read_image_files(client: docker.DockerClient, image: str,
 
     A path that is a symlink is followed inside the image, as the container would see it.
     Raises :class:`~builder.engine.daemon.EngineError` when the engine cannot create the
-    container (and ``docker.errors.ImageNotFound`` for an unknown image).
+    container or read from it (and ``docker.errors.ImageNotFound`` for an unknown image).
     """
     try:
-        container = client.containers.create(image, command=_NO_COMMAND,
-                                              network_disabled=True)
+        with throwaway_container(client, image, command=_NO_COMMAND,
+                                 network_disabled=True) as container:
+            return {path: _read(container, path) for path in paths}
     except docker.errors.ImageNotFound:
         raise
     except docker.errors.APIError as error:
-        raise EngineError(f"cannot create a container of {image} to read "
-                          f"{', '.join(paths)}: {error}") from error
-    try:
-        return {path: _read(container, path) for path in paths}
-    finally:
-        container.remove(force=True)
+        raise EngineError(f"cannot read {', '.join(paths)} from a container of {image}: "
+                          f"{error}") from error
 
 
 def _read(container, path: str, *, hops: int = 8) -> bytes | None:

@@ -6,7 +6,6 @@ from builder.image.serving_image import (
     ImageOptions,
     ServingImage,
     build_serving_image,
-    discard_image,
 )
 
 __all__ = [
@@ -15,5 +14,4 @@ __all__ = [
     "PythonRuntime",
     "ServingImage",
     "build_serving_image",
-    "discard_image",
 ]

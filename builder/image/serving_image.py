@@ -18,7 +18,6 @@ but ``created``).
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import tarfile
@@ -42,6 +41,7 @@ from builder.engine.image_build import (
     remove_images,
 )
 from builder.engine.image_config import restamp_image
+from builder.engine.leftovers import Leftovers
 from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
@@ -106,9 +106,6 @@ class ServingImage:
     built: bool
     payload_id: str | None = None
     """The cached payload below a new image: what a discarded build keeps."""
-    steps: tuple[str, ...] = ()
-    """The engine's images of the build's steps above the payload (newest first): the layer
-    cache of the next build, removed with a discarded one."""
     ready_timeout_s: float = VERIFY_TIMEOUT_S
     """How long a container of it may take to be ready: longer where it carries environment
     archives, which the python backend extracts at every start (:mod:`builder.image.startup`)."""
@@ -153,6 +150,7 @@ def build_serving_image(
     python_models: str | None = None,
     python_runtime: PythonRuntime | None = None,
     client: docker.DockerClient,
+    leftovers: Leftovers,
     on_log: Log | None = None,
 ) -> ServingImage:
     """The serving image of ``repository_dir`` on ``base`` (the release's image), left untagged.
@@ -166,6 +164,8 @@ def build_serving_image(
     :data:`~builder.image.sbom.SBOM_PATH`; without it the SBOM names the stub the repository
     carries, or the release's own).
     An image already tagged ``image_name`` with the same content hash is returned as it is.
+    ``leftovers`` records each image the build makes as the engine makes it (the new image
+    too, before it exists): the caller removes them if the build does not finish.
     """
     environment_python = options.environment_python
     serving = ServingOptions(user=options.user, server_args=options.server_args,
@@ -232,21 +232,14 @@ def build_serving_image(
         sbom_file.parent.mkdir(parents=True)
         sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
-        built = build_image(client, context, [], on_log=log)
-        steps = tuple(itertools.takewhile(
-            lambda layer: layer != payload_id,
-            (entry["Id"] for entry in client.api.history(built.id)[1:])))
-        try:
-            image_id = restamp_image(client, built.id, created=image_labels[CREATED],
-                                     kept_history=len(client.api.history(base.id)))
-        except BaseException:
-            remove_images(client, [built.id, *steps])
-            raise
+        built = build_image(client, context, [], on_log=log, made=leftovers.images)
+        image_id = restamp_image(client, built.id, created=image_labels[CREATED],
+                                 kept_history=len(client.api.history(base.id)),
+                                 made=leftovers.images)
         remove_images(client, [built.id])
         log(f"dated {image_labels[CREATED]} (the build's epoch): {image_id}")
     return ServingImage(id=image_id, release=release, content_hash=digest, labels=image_labels,
-                        built=True, payload_id=payload_id, steps=steps,
-                        ready_timeout_s=ready_timeout_s)
+                        built=True, payload_id=payload_id, ready_timeout_s=ready_timeout_s)
 
 
 def check_environment_python(tarball: str | os.PathLike, release: Release,
@@ -337,12 +330,3 @@ def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: s
 def payload_reference(payload_hash: str) -> str:
     """Where the payload (base + environment + weights) of a build is cached."""
     return f"{PAYLOAD_REPOSITORY}:{payload_hash}"
-
-
-def discard_image(client: docker.DockerClient, image: ServingImage) -> None:
-    """Drop a new image that will not be tagged (failed verification, an interrupt) and the
-    engine's images of its build steps down to its payload, a cache worth keeping — unless
-    something else already names them. A found (not built) image is never dropped."""
-    if not image.built:
-        return
-    remove_images(client, [image.id, *image.steps])

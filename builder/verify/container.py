@@ -5,7 +5,9 @@ three Triton ports, ``--gpus=all`` where the engine has GPUs, and Docker's own 6
 
 Verification, ``triton-builder serve`` and the tests all need the same thing — run an image,
 wait until Triton says it is ready, know where it listens, read its log when it fails — so it
-lives here once.
+lives here once. Creating, starting and removing it go through
+:mod:`builder.engine.container_lifecycle`, so that an interrupt at any instant leaves no container
+that nothing knows of.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import docker
 import docker.errors
 import docker.types
 
+from builder.engine.container_lifecycle import create_container, remove_container
+from builder.engine.ownership import BuildOwner
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from builder.tritonserver.host_process import triton_ready
@@ -55,7 +59,10 @@ class ServingContainer:
     (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...); ``environment``
     sets the container's variables (e.g. the supervisor's ``TRITON_BUILDER_HEAL_*``);
     ``read_only`` and ``tmpfs`` (path → mount options) harden it as ``docker run --read-only
-    --tmpfs /tmp`` does; ``command`` replaces the image's.
+    --tmpfs /tmp`` does; ``command`` replaces the image's. ``owner`` (a build's) labels the
+    container with it and names it after the build, so that the build's cleanup and
+    ``triton-builder doctor`` find it; without, it is the caller's to keep (``triton-builder
+    serve --detach``).
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
@@ -67,10 +74,14 @@ class ServingContainer:
                  volumes: dict[str, dict[str, str]] | None = None,
                  environment: dict[str, str] | None = None, read_only: bool = False,
                  tmpfs: dict[str, str] | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None,
+                 owner: BuildOwner | None = None) -> None:
         self.client = client
         self.image = image
         self.gpus = gpus_available(client) if gpus is None else gpus
+        self.owner = owner
+        if name is None and owner is not None:
+            name = owner.container_name("verify")
         self._options = dict(
             shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
             volumes=volumes, environment=environment, read_only=read_only, tmpfs=tmpfs,
@@ -85,8 +96,8 @@ class ServingContainer:
     def start(self, timeout: float = 180.0) -> ContainerEndpoint:
         """Create and start the container, then wait until ``/v2/health/ready`` answers 200."""
         try:
-            self.container = self.client.containers.create(self.image, **self._options)
-            self.container.start()
+            self.container = create_container(self.client, self.image, owner=self.owner,
+                                              start=True, **self._options)
         except docker.errors.APIError as error:
             raise ContainerError(f"could not start {self.image}: {error.explanation or error}",
                                  self.logs()) from None
@@ -102,10 +113,7 @@ class ServingContainer:
 
     def remove(self) -> None:
         if self.container is not None:
-            try:
-                self.container.remove(force=True)
-            except docker.errors.APIError:
-                pass
+            remove_container(self.client, self.container.id)
             self.container = None
 
     def __enter__(self) -> ContainerEndpoint:

@@ -6,7 +6,7 @@ ready, then run checks against it: by default every model of the repository must
 add :class:`InferenceCheck`\\ s (one request over gRPC *and* HTTP, compared with expected outputs)
 or any callable taking a :class:`ContainerEndpoint` — the pipeline's signature and in-process
 results drive those. On failure the container's log is part of the error; the container is always
-removed.
+removed, whatever the instant of an interrupt (:mod:`builder.engine.container_lifecycle`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import docker
 import numpy as np
 
+from builder.engine.ownership import BuildOwner
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.progress import Log
@@ -45,6 +46,7 @@ from builder.verify.placement import (
 )
 
 LOG_TAIL_LINES = 80
+VERIFICATION_LABEL = "ai.triton-builder.verification"
 
 
 class NothingToVerifyError(TritonBuilderError, ValueError):
@@ -107,6 +109,7 @@ def verify_image(
     on_log: Log | None = None,
     repository_dir: str | Path | None = None,
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
+    owner: BuildOwner | None = None,
 ) -> Verification:
     """Run ``image``, wait for readiness, run the default model check and ``checks``.
 
@@ -114,8 +117,12 @@ def verify_image(
     makes the check GPU-aware (:mod:`builder.verify.placement`): with GPUs each ``KIND_GPU``
     model must have run on one; without, those models are verified on the CPU and the result
     says their placement was not exercised.
+
+    The container is labelled with ``owner`` (the build's; default: a new one of this process)
+    and named after it, so that the build's cleanup and ``triton-builder doctor`` find it.
     """
     started = time.monotonic()
+    owner = owner or BuildOwner.here()
     on_gpu = gpu_models(repository_dir) if repository_dir is not None else []
     gpus = gpus_available(client) if gpus is None else gpus
     with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir:
@@ -123,9 +130,8 @@ def verify_image(
                    if on_gpu and not gpus else None)
         admin_key = secrets.token_urlsafe(24)
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
-                                     labels={"ai.triton-builder.verification": "1"},
-                                     volumes=volumes,
-                                     environment={ADMIN_KEY_VARIABLE: admin_key})
+                                     labels={VERIFICATION_LABEL: "1"}, volumes=volumes,
+                                     environment={ADMIN_KEY_VARIABLE: admin_key}, owner=owner)
         try:
             endpoint = container.start(timeout)
             models = _check_models_ready(endpoint, admin_key)

@@ -4,10 +4,13 @@ against an environment's CUDA runtime.
 No GPU here: the driver decisions are fed ``nvidia-smi --query-gpu=name,driver_version
 --format=csv,noheader`` output as that command prints it, parsed by the doctor's own parser;
 the container runtime check reads this machine's real ``docker info`` (no NVIDIA runtime).
+Leftovers of killed builds are planted on the real engine, labelled by a process that really
+exited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
@@ -108,3 +111,52 @@ def test_doctor_chooses_torch_for_the_python_the_build_carries():
     tag = "cp" + python.replace(".", "")
     assert f"for Python {python} (bridged)" in chosen.detail
     assert f"-{tag}-" in chosen.detail and "-cp38-" not in chosen.detail
+
+
+def test_doctor_finds_and_removes_what_a_killed_build_left(docker_client, os_image, tmp_path):
+    """Planted: a verification container labelled by a builder process that has exited (on an
+    untagged image of its own, as a killed build's is), and one labelled by this live process.
+    Only the first is a leftover; removing leftovers takes it and its image, nothing else."""
+    import json
+    import subprocess
+    import uuid
+
+    import docker.errors
+
+    from builder.doctor import leftovers_check
+    from builder.engine.container_lifecycle import remove_container
+    from builder.engine.image_build import build_image
+    from builder.engine.ownership import BuildOwner
+    from builder.verify.verification import VERIFICATION_LABEL
+
+    dead = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from builder.engine.ownership import BuildOwner; "
+         "print(json.dumps(BuildOwner.here().labels()))"],
+        capture_output=True, text=True, check=True).stdout)
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {os_image}\nLABEL ai.triton-builder.test-orphan={uuid.uuid4().hex}\n")
+    image = build_image(docker_client, tmp_path, []).id
+    orphan = docker_client.containers.create(image, command=["true"],
+                                             labels={**dead, VERIFICATION_LABEL: "1"})
+    live = docker_client.containers.create(
+        os_image, command=["true"], labels={**BuildOwner.here().labels(), VERIFICATION_LABEL: "1"})
+    try:
+        listed = leftovers_check(docker_client)
+        assert listed.status == "warn", listed.detail
+        assert orphan.name in listed.detail and f"pid {dead['ai.triton-builder.build.pid']}" \
+            in listed.detail and "--remove-leftovers" in listed.detail
+        assert live.name not in listed.detail
+        removed = leftovers_check(docker_client, remove=True)
+        assert removed.status == "ok" and orphan.name in removed.detail, removed.detail
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.containers.get(orphan.id)
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(image)
+        assert docker_client.containers.get(live.id).status == "created"
+        assert docker_client.images.get(os_image)
+        assert orphan.name not in leftovers_check(docker_client).detail
+    finally:
+        for container in (orphan, live):
+            remove_container(docker_client, container.id)
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(image)

@@ -22,7 +22,8 @@ ROOT = Path(builder.__file__).parent
 # (job, cli).
 LAYERS = [
     "runtime",
-    "errors", "build_epoch", "cache", "progress", "host_packages", "engine", "tritonserver",
+    "errors", "build_epoch", "cache", "progress", "interrupts", "host_packages", "engine",
+    "tritonserver",
     "pipeline", "client",
     "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",
     "job", "doctor", "cli", "builder",
@@ -230,7 +231,11 @@ def _our_exceptions() -> list[type[BaseException]]:
 
 
 def test_every_error_of_ours_has_the_root_and_a_builtin_category():
-    exceptions = _our_exceptions()
+    """Errors (``Exception``) have the root; the only other exceptions of ours are interrupts,
+    KeyboardInterrupts, which no ``except Exception`` may swallow."""
+    exceptions = [error for error in _our_exceptions() if issubclass(error, Exception)]
+    interrupts = [error for error in _our_exceptions() if not issubclass(error, Exception)]
+    assert all(issubclass(interrupt, KeyboardInterrupt) for interrupt in interrupts), interrupts
     assert len(exceptions) >= 30
     for error in exceptions:
         assert issubclass(error, TritonBuilderError), error
