@@ -35,6 +35,7 @@ from builder.environment import (
     EnvironmentOptions,
     PackageIndex,
     prepare_environment,
+    ships_unpacked,
 )
 from builder.image import (
     DRAIN_S,
@@ -178,7 +179,8 @@ def build_docker_image(
                         on_log):
             return _image_verify_push(
                 built.model_root, references, release, base, client=client,
-                options=replace(image_options, environment_python=plan.python_version),
+                options=replace(image_options, environment_python=plan.python_version,
+                                user=_user(image_options.user, release, plan.own_stub, on_log)),
                 python_models=plan.describe() if plan.own_stub else None,
                 python_runtime=PythonRuntime(
                     stub=plan.stub, python_version=prepared.target.full_python_version,
@@ -189,6 +191,19 @@ def build_docker_image(
 
 
 @interrupts_stop_once()
+def _user(user: str | None, release: Release, own_stub: bool, on_log: Log | None) -> str | None:
+    """Who the image runs as: ``user`` — but root by default where the release can only
+    extract its environment from an archive at start and a stub of our own sits in the model
+    directory: that stub cannot run before the extraction, and the python backend's ``chmod``
+    of it then needs root (:mod:`builder.environment.stub_rpath`; 22.12 and 23.05 bridged)."""
+    if user is None and own_stub and not ships_unpacked(release):
+        (on_log or stderr_line)(
+            f"the image runs as root: {release.describe()} extracts its environment at every "
+            f"start, and its python backend must then make the bridged stub executable itself")
+        return "root"
+    return user
+
+
 def build_image_from_repository(
     repository_dir: str | os.PathLike,
     *,

@@ -34,8 +34,10 @@ from builder.environment.target import (
     interpreter_target,
 )
 from builder.environment.torch_for_cuda import PYTORCH_INDEX
+from builder.environment.unpacking import ships_unpacked
 
 __all__ = [
+    "ships_unpacked",
     "ArchiveCheckError",
     "CondaPacker",
     "EnvironmentBuildError",

@@ -30,6 +30,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from builder.environment.errors import EnvironmentBuildError
+from builder.environment.stub_rpath import point_at_environment
 from builder.environment.tarball import EnvironmentTarball
 from builder.repository.model_config import write_config
 
@@ -80,6 +81,8 @@ def attach_environment(
     if stub is not None:
         shutil.copyfile(stub, repository / holder / STUB_FILE)
         (repository / holder / STUB_FILE).chmod(0o755)
+        if unpacked:
+            point_at_environment(repository / holder / STUB_FILE)
         shared.append(STUB_FILE)
     for name in configs:
         if name == holder:

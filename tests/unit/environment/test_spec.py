@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from builder.environment.spec import (
     requirements_spec,
     requires,
 )
+from builder.environment.stub_rpath import patchelf
 from builder.environment.tarball import EnvironmentTarball
 from builder.environment.target import EnvironmentTarget, host_target
 from tests.support.paths import REPO_ROOT
@@ -191,7 +193,7 @@ def test_a_bridged_repository_shares_one_stub_and_one_unpacked_environment(tmp_p
         for path in sorted(prefix.rglob("*")):
             packed.add(path, arcname=str(path.relative_to(prefix)), recursive=False)
     stub = tmp_path / "stub"
-    stub.write_bytes(b"\x7fELF stub for libpython3.11.so")
+    shutil.copyfile("/bin/true", stub)  # an ELF executable, as a stub is
     tarball = EnvironmentTarball(path=archive, lock=None, key="k", packer="interpreter",
                                  python_version="3.11", numpy_version="1.26.4", reused=False)
     repository = _repository(tmp_path / "models")
@@ -201,8 +203,11 @@ def test_a_bridged_repository_shares_one_stub_and_one_unpacked_environment(tmp_p
     holder = repository / "linear"
     assert (holder / "environment" / "bin" / "activate").read_text() == "export PATH\n"
     assert (holder / "environment" / "bin" / "python3").readlink() == Path("python3.11")
-    assert (holder / STUB_FILE).read_bytes() == stub.read_bytes()
     assert (holder / STUB_FILE).stat().st_mode & 0o111
+    rpath = subprocess.run([patchelf(), "--print-rpath", str(holder / STUB_FILE)],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert rpath == "$ORIGIN/environment/lib", "the probe run of the stub finds its libpython"
+    assert subprocess.run([str(repository / "pre" / STUB_FILE)]).returncode == 0
     for name in ("pre", "post"):
         assert (repository / name / "environment").readlink() == Path("../linear/environment")
         assert (repository / name / STUB_FILE).readlink() == Path(f"../linear/{STUB_FILE}")
