@@ -240,10 +240,35 @@ def discard_build(client: docker.DockerClient, made: list[str], running: list[st
                 except docker.errors.APIError:
                     pass
             ended = build is None or build.ended(0.5)
+            made.extend(_descendants(client, made))
             left = remove_images(client, reversed(made))
             if (ended and not left) or time.monotonic() > deadline:
                 return
             time.sleep(0.2)
+
+
+def _descendants(client: docker.DockerClient, layers: list[str]) -> list[str]:
+    """Images made on top of ``layers`` that the build's stream did not name (the engine
+    committed them after the stream ended): the build's own too, whatever made them, since
+    no other build starts from a layer only this one made."""
+    if not layers:
+        return []
+    known = {layer[:12] for layer in layers}
+    try:
+        newer = client.api.images(all=True, quiet=True, filters={"since": layers[0]})
+    except docker.errors.APIError:
+        return []
+    found = []
+    for image_id in newer:
+        try:
+            parent = client.api.inspect_image(image_id).get("Parent", "")
+        except docker.errors.APIError:
+            continue
+        short = image_id.removeprefix("sha256:")[:12]
+        if parent.removeprefix("sha256:")[:12] in known and short not in known:
+            found.append(image_id)
+            known.add(short)
+    return found
 
 
 def _step_containers(client: docker.DockerClient, layers: list[str]) -> list[str]:
