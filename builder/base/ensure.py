@@ -13,6 +13,7 @@ from docker.models.images import Image
 
 from builder.base.cpu import build_cpu_base, cpu_base_tag
 from builder.base.releases import Release
+from builder.engine.platforms import DEFAULT_PLATFORM
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
 from builder.progress import Log
@@ -31,12 +32,20 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
     """
     log = on_log or (lambda line: None)
     try:
-        return client.images.get(release.image)
+        return _of_platform(client.images.get(release.image), release)
     except docker.errors.ImageNotFound:
         pass
-    if not release.gpu and release.image == cpu_base_tag(release.python_version):
-        built = build_cpu_base(client, python_version=release.python_version, on_log=log)
+    if not release.gpu and release.image == cpu_base_tag(release.python_version,
+                                                         release.platform):
+        built = build_cpu_base(client, python_version=release.python_version,
+                               platform=release.platform, on_log=log)
         return client.images.get(built.id)
+    if release.platform != DEFAULT_PLATFORM:
+        raise BaseImageUnavailableError(
+            f"the base image {release.image} for {release.platform} is not on this engine, "
+            f"which holds one platform per tag: pull that platform's variant by its digest "
+            f"(docker pull --platform {release.platform} {release.image}, then docker tag it) "
+            f"and pass it as base_image=")
     base = ImageReference.parse(release.image)
     try:
         for chunk in client.api.pull(base.repository, tag=base.tag, stream=True, decode=True):
@@ -52,3 +61,14 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
             f"the base image {release.image} is not on this engine and cannot be pulled "
             f"({error.explanation or error}); `docker login {host}` if it needs a login, or pass "
             f"base_image= (a mirror) or cuda=None (the CPU base)") from None
+
+
+def _of_platform(image: Image, release: Release) -> Image:
+    """``image``, refused where it is not the release's platform: a base of another
+    architecture would build an image that fails with ``exec format error`` where it runs."""
+    architecture = image.attrs.get("Architecture")
+    if architecture != release.platform.architecture:
+        raise BaseImageUnavailableError(
+            f"the base image {release.image} is {image.attrs.get('Os')}/{architecture}, but this "
+            f"image is built for {release.platform}: pass a base of that platform (base_image=)")
+    return image

@@ -58,9 +58,14 @@ def build_image(
     buildargs: dict[str, str] | None = None,
     network_mode: str | None = None,
     nocache: bool = False,
+    platform: str | None = None,
     on_log: Log | None = None,
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
+
+    ``platform`` (``linux/arm64``) builds for that platform: the legacy builder takes a FROM
+    image the engine holds for it, and runs the ``RUN`` steps under emulation where it is not
+    the engine's own (:mod:`builder.engine.emulation`).
 
     The context goes to the engine as a canonical tar (:mod:`builder.engine.context_archive`),
     so the layers its ``COPY`` steps make depend on the files alone. The first tag is given to
@@ -79,7 +84,7 @@ def build_image(
             stream = client.api.build(
                 fileobj=archive, custom_context=True, dockerfile=dockerfile,
                 labels=labels or {}, buildargs=buildargs, network_mode=network_mode,
-                nocache=nocache, rm=True, forcerm=True, decode=True,
+                nocache=nocache, rm=True, forcerm=True, decode=True, platform=platform,
             )
             image_id = _follow(stream, made, running, log, on_log)
         except BaseException:  # failed or interrupted (Ctrl-C): remove the images it made

@@ -8,6 +8,7 @@ from builder.image.serving_image import (
     build_serving_image,
     discard_image,
 )
+from builder.image.startup import emulated_allowance
 
 __all__ = [
     "DRAIN_S",
@@ -16,4 +17,5 @@ __all__ = [
     "ServingImage",
     "build_serving_image",
     "discard_image",
+    "emulated_allowance",
 ]

@@ -70,3 +70,14 @@ def repository_archive_bytes(repository: str | os.PathLike) -> int:
     """The size of the distinct environment archives inside a model repository."""
     return archive_bytes(p for p in Path(repository).rglob("*")
                          if p.name.endswith(ENVIRONMENT_SUFFIXES))
+
+
+EMULATION_SLOWDOWN = 10
+"""How many times the allowances grow for an image run under emulation (another platform's
+than the engine's: qemu-user translates every instruction). Measured here (BENCHMARKS.md,
+"Platforms"): see :func:`emulated_allowance`."""
+
+
+def emulated_allowance(seconds: float) -> float:
+    """``seconds`` of a native container, for one run under emulation."""
+    return seconds * EMULATION_SLOWDOWN

@@ -128,7 +128,7 @@ def _push_once(client: docker.DockerClient, repository: str, tag: str,
 def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts: int) -> str:
     host = ImageReference.parse(reference).registry
     try:
-        held = manifest_digest(reference, insecure=_insecure(client, host))
+        held = manifest_digest(reference, insecure=registry_insecure(client, host))
     except RegistryError as error:
         raise PushError(f"pushed {reference} ({pushed}), but could not confirm it with the "
                         f"registry: {error}", reference=reference, attempts=attempts,
@@ -140,7 +140,7 @@ def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts:
     return held
 
 
-def _insecure(client: docker.DockerClient, host: str) -> bool:
+def registry_insecure(client: docker.DockerClient, host: str) -> bool:
     """Whether the engine talks plain HTTP to ``host`` (its insecure registries)."""
     if is_loopback(host):
         return True

@@ -18,6 +18,8 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from docker import auth as docker_auth
 
@@ -44,14 +46,35 @@ def manifest_digest(reference: str, *, insecure: bool | None = None,
     insecure by default, as they are for the engine).
     """
     ref = ImageReference.parse(reference)
+    answer = registry_request(ref, f"manifests/{urllib.parse.quote(ref.tag)}",
+                              insecure=insecure, timeout=timeout)
+    return _digest_of(answer, ref)
+
+
+@dataclass(frozen=True)
+class RegistryAnswer:
+    """What the registry answered a request: status, headers, body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def registry_request(ref: ImageReference, path: str, *, method: str = "GET",
+                     body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                     actions: str = "pull", insecure: bool | None = None,
+                     timeout: float = 15.0) -> RegistryAnswer:
+    """``method /v2/<repository>/<path>`` on ``ref``'s registry, with the credentials of the
+    Docker configuration where it asks for them (a token for ``actions`` on the repository:
+    ``pull``, or ``pull,push`` to write). Manifests are asked for in every type we know."""
     if insecure is None:
         insecure = is_loopback(ref.registry)
-    path = f"/v2/{ref.registry_path}/manifests/{urllib.parse.quote(ref.tag)}"
+    sent = {"Accept": MANIFEST_TYPES, **(headers or {})}
     errors = []
     for scheme in ("https", "http") if insecure else ("https",):
-        url = f"{scheme}://{ref.registry}{path}"
+        url = f"{scheme}://{ref.registry}/v2/{ref.registry_path}/{path}"
         try:
-            return _get_digest(url, ref, timeout)
+            return _send(url, method, body, sent, ref, actions, timeout)
         except (urllib.error.URLError, ssl.SSLError, ConnectionError, TimeoutError) as error:
             if isinstance(error, urllib.error.HTTPError):
                 raise RegistryError(_http_message(ref, error)) from None
@@ -72,26 +95,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _get_digest(url: str, ref: ImageReference, timeout: float) -> str:
-    headers = {"Accept": MANIFEST_TYPES}
+def _send(url: str, method: str, body: bytes | None, headers: dict[str, str],
+          ref: ImageReference, actions: str, timeout: float) -> RegistryAnswer:
     try:
-        return _digest_of(_open(url, headers, timeout), ref)
+        return _open(url, method, body, headers, timeout)
     except urllib.error.HTTPError as error:
         if error.code != 401:
             raise
         challenge = error.headers.get("WWW-Authenticate", "")
-    headers["Authorization"] = _authorization(challenge, ref, timeout)
-    return _digest_of(_open(url, headers, timeout), ref)
+    authorized = {**headers, "Authorization": _authorization(challenge, ref, timeout, actions)}
+    return _open(url, method, body, authorized, timeout)
 
 
-def _open(url: str, headers: dict[str, str], timeout: float):
-    request = urllib.request.Request(url, headers=headers, method="GET")
-    return urllib.request.urlopen(request, timeout=timeout)
+def _open(url: str, method: str, body: bytes | None, headers: dict[str, str],
+          timeout: float) -> RegistryAnswer:
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return RegistryAnswer(response.status, dict(response.headers.items()), response.read())
 
 
-def _digest_of(response, ref: ImageReference) -> str:
-    with response:
-        digest = response.headers.get("Docker-Content-Digest")
+def _digest_of(answer: RegistryAnswer, ref: ImageReference) -> str:
+    digest = answer.headers.get("Docker-Content-Digest")
     if not digest:
         raise RegistryError(f"{ref.registry} did not send Docker-Content-Digest for "
                             f"{ref.registry_path}:{ref.tag}")
@@ -113,7 +137,8 @@ def _credentials(ref: ImageReference) -> tuple[str, str] | None:
     return None
 
 
-def _authorization(challenge: str, ref: ImageReference, timeout: float) -> str:
+def _authorization(challenge: str, ref: ImageReference, timeout: float,
+                   actions: str = "pull") -> str:
     scheme, _, params = challenge.partition(" ")
     credentials = _credentials(ref)
     if scheme.lower() == "basic":
@@ -126,7 +151,7 @@ def _authorization(challenge: str, ref: ImageReference, timeout: float) -> str:
     realm = fields.pop("realm", "")
     if not realm:
         raise RegistryError(f"{ref.registry} sent a bearer challenge without a realm")
-    fields.setdefault("scope", f"repository:{ref.registry_path}:pull")
+    fields.setdefault("scope", f"repository:{ref.registry_path}:{actions}")
     request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
     if credentials is not None:
         token = base64.b64encode(":".join(credentials).encode()).decode()

@@ -94,6 +94,8 @@ class Verification:
     models: list[str] = field(default_factory=list)
     gpu_placement: GpuPlacement | None = None
     """For an image with ``KIND_GPU`` models: whether their placement was exercised, and how."""
+    platform: str | None = None
+    """Where the image was another platform's than the engine's: which (run under emulation)."""
 
 
 def verify_image(
@@ -107,13 +109,15 @@ def verify_image(
     on_log: Log | None = None,
     repository_dir: str | Path | None = None,
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
+    platform: str | None = None,
 ) -> Verification:
     """Run ``image``, wait for readiness, run the default model check and ``checks``.
 
     ``repository_dir`` (the repository the image serves, at ``image_repository`` inside it)
     makes the check GPU-aware (:mod:`builder.verify.placement`): with GPUs each ``KIND_GPU``
     model must have run on one; without, those models are verified on the CPU and the result
-    says their placement was not exercised.
+    says their placement was not exercised. ``platform`` runs an image of another platform than
+    the engine's (under emulation: give it a longer ``timeout``).
     """
     started = time.monotonic()
     on_gpu = gpu_models(repository_dir) if repository_dir is not None else []
@@ -125,7 +129,8 @@ def verify_image(
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
                                      labels={"ai.triton-builder.verification": "1"},
                                      volumes=volumes,
-                                     environment={ADMIN_KEY_VARIABLE: admin_key})
+                                     environment={ADMIN_KEY_VARIABLE: admin_key},
+                                     platform=platform)
         try:
             endpoint = container.start(timeout)
             models = _check_models_ready(endpoint, admin_key)
@@ -141,7 +146,7 @@ def verify_image(
                 on_log(placement.detail)
             return Verification(image=image, gpus=container.gpus,
                                 seconds=time.monotonic() - started, models=models,
-                                gpu_placement=placement)
+                                gpu_placement=placement, platform=platform)
         except (VerificationError, ContainerError, GpuPlacementError) as error:
             failure = VerificationError(str(error).split("\n--- container log")[0],
                                         container.logs())
