@@ -42,6 +42,7 @@ from builder.environment import (
     EnvironmentOptions,
     PackageIndex,
     prepare_environment,
+    require_platform_wheels,
 )
 from builder.image import (
     DRAIN_S,
@@ -188,6 +189,13 @@ def build_docker_image(
         plans[target] = plan_python(release, options=bridging,
                                     conda=environment.packer == "conda")
         require_buildable(plans[target])
+    if targets != (DEFAULT_PLATFORM,):
+        for target in targets:
+            require_platform_wheels(plans[target].release, plans[target].python_version,
+                                    env_specs=environment.env_specs,
+                                    requirements=environment.requirements,
+                                    operators=[node.op for node in pipe.nodes],
+                                    index=environment.index)
     client = client or docker_client()
     support = require_platforms(client, targets)
     log = on_log or stderr_line

@@ -65,20 +65,22 @@ def engine_platform(client: docker.DockerClient) -> Platform | None:
 
 
 def platform_support(client: docker.DockerClient, target: Platform, *,
-                     binfmt_misc: Path = BINFMT_MISC) -> PlatformSupport:
-    """Whether (and how) the engine runs ``target``'s containers."""
+                     binfmt_misc: Path | None = None) -> PlatformSupport:
+    """Whether (and how) the engine runs ``target``'s containers (``binfmt_misc``: where the
+    kernel's handlers are listed, :data:`BINFMT_MISC`)."""
     if engine_platform(client) == target:
         return PlatformSupport(target, native=True)
     if configured_host() is not None and not configured_host().startswith("unix://"):
         return PlatformSupport(target, native=False)
     return PlatformSupport(target, native=False,
-                           problem=binfmt_problem(target, binfmt_misc))
+                           problem=binfmt_problem(target, binfmt_misc or BINFMT_MISC))
 
 
-def binfmt_problem(target: Platform, binfmt_misc: Path = BINFMT_MISC) -> str | None:
+def binfmt_problem(target: Platform, binfmt_misc: Path | None = None) -> str | None:
     """Why this host's kernel cannot run ``target``'s machine code in containers (None: it
     can), with the commands that fix it."""
     fix = ENABLE_EMULATION.format(binfmt=target.binfmt)
+    binfmt_misc = binfmt_misc or BINFMT_MISC
     if not (binfmt_misc / "status").exists():
         return (f"{binfmt_misc} is not mounted, so this host runs no {target} program: "
                 f"enable emulation ({fix})")
