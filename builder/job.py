@@ -24,8 +24,21 @@ from typing import Any
 import docker
 from docker.models.images import Image
 
-from builder.base import BaseOptions, Release, ensure_base_image, resolve
-from builder.bridge import BridgeOptions, fit_base_python, plan_python, require_buildable
+from builder.base import (
+    BaseOptions,
+    Release,
+    ensure_base_image,
+    pin_platform_variant,
+    platform_image,
+    resolve,
+)
+from builder.bridge import (
+    BridgeOptions,
+    PythonPlan,
+    fit_base_python,
+    plan_python,
+    require_buildable,
+)
 from builder.client import DEFAULT_TIMEOUT, Client
 from builder.engine import (
     DEFAULT_PLATFORM,
@@ -210,6 +223,7 @@ def build_docker_image(
                 plan = plans[target]
                 where = f" for {target}" if multi else ""
                 with timed_step(f"base image {plan.release.image}{where}", on_log):
+                    plan = _on_platform(client, plan)
                     base = ensure_base_image(client, plan.release, on_log=on_log)
                 release, plan = fit_base_python(plan, client, base.id)
                 models = Path(workdir) / (target.architecture if multi else "") / "models"
@@ -254,6 +268,18 @@ def build_docker_image(
     return _tag_push_platforms(builds, references, client=client, push=push,
                                native=[t for t in targets if support[t].native],
                                started=started, on_log=on_log)
+
+
+def _on_platform(client: docker.DockerClient, plan: PythonPlan) -> PythonPlan:
+    """``plan`` with the images it takes from registries (the release's, a bridge's
+    interpreter) pinned to its platform's variant by digest: the engine holds one platform per
+    tag, so another platform's is pulled by digest (:func:`builder.base.platform_image`)."""
+    release = pin_platform_variant(client, plan.release)
+    interpreter = plan.interpreter
+    if plan.bridged and interpreter.image and release.platform != DEFAULT_PLATFORM:
+        interpreter = replace(interpreter, image=platform_image(client, interpreter.image,
+                                                                release.platform))
+    return replace(plan, release=release, interpreter=interpreter)
 
 
 def _unverified(targets: tuple[Platform, ...], names: Iterable[str]) -> tuple[Platform, ...]:
@@ -302,29 +328,9 @@ def build_image_from_repository(
     client = client or docker_client()
     with step_log(f"base image {release.image}", on_log) as log:
         base_image = ensure_base_image(client, release, on_log=log)
-    return _image_verify_push(repository_dir, references, release, base_image, client=client,
-                              options=image, verifying=verify, checks=checks, push=push,
-                              started=started, on_log=on_log)
-
-
-def _image_verify_push(
-    repository_dir: str | os.PathLike,
-    references: list[str],
-    release: Release,
-    base: Image,
-    *,
-    client: docker.DockerClient,
-    options: ImageOptions,
-    verifying: VerifyOptions,
-    checks: Sequence[Check],
-    push: bool,
-    started: float,
-    on_log: Log | None = None,
-) -> ImageBuild:
-    """The stages after the environment, for one platform."""
-    image = _build_verified(repository_dir, references[0], release, base, client=client,
-                            options=options, verifying=verifying, checks=checks, on_log=on_log)
-    return _tag_push(image, references, client=client, push=push, started=started,
+    built = _build_verified(repository_dir, references[0], release, base_image, client=client,
+                            options=image, verifying=verify, checks=checks, on_log=on_log)
+    return _tag_push(built, references, client=client, push=push, started=started,
                      on_log=on_log)
 
 

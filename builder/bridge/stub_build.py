@@ -37,6 +37,7 @@ from builder.bridge.interpreter import COPY_SCRIPT
 from builder.cache import DownloadError, cache_dir, cached_download, content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
+from builder.engine.platforms import DEFAULT_PLATFORM, platform_of_machine
 from builder.progress import Log
 
 TEMPLATE = "python-backend-stub.Dockerfile.j2"
@@ -85,7 +86,9 @@ def compile_stub(
     toolkit is in their image, at :data:`CUDA_ROOT`). ``backend`` builds the branch's backend
     library as well: ``libtriton_python.so`` and the branch's ``triton_python_backend_utils.py``
     then lie beside the returned stub, a whole python backend of that branch (the tests load it
-    into the host Triton to run each release's python backend API).
+    into the host Triton to run each release's python backend API). The stage is built for
+    ``build_image_name``'s platform (an arm64 release image: an arm64 stub, compiled under
+    emulation on an amd64 machine).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
@@ -126,7 +129,10 @@ def compile_stub(
             shutil.copyfile(archive, context / "sources" / archive.name)
         log(f"compiling the python_backend {branch} stub for Python {python_version} on "
             f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
-        built = build_image(client, context, [], network_mode="host", on_log=log)
+        platform = platform_of_machine(images[0].attrs.get("Architecture", "amd64"))
+        built = build_image(client, context, [], network_mode="host", on_log=log,
+                            platform=(platform.name if platform and platform != DEFAULT_PLATFORM
+                                      else None))
         try:
             _copy_out(client, built.id, entry, backend)
         finally:

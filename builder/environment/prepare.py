@@ -24,6 +24,7 @@ from builder.base.releases import Release, version_key
 from builder.bridge import BridgeOptions, PythonPlan, prepare_bridge
 from builder.environment.attach import attach_environment
 from builder.environment.carried import CarriedInterpreterPacker
+from builder.environment.errors import TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import (
     EnvironmentSpec,
@@ -96,6 +97,10 @@ def prepare_environment(
                                     triton_version=release.triton_version)
     else:
         target = image_target(client, release.image)
+    if target.machine != release.platform.machine:
+        raise TargetError(
+            f"{target.where} runs {target.machine} programs, but this environment is for "
+            f"{release.platform} ({release.platform.machine}): pass that platform's image")
     spec = environment_spec(built, release, target.python_version, operators, options)
     if parts is not None and parts.requirements:
         spec = merge_specs(spec, requirements_spec(

@@ -20,9 +20,9 @@ import docker
 import docker.errors
 
 from builder.engine.reference import ImageReference
+from builder.engine.registry import RegistryError, manifest_digest, registry_insecure
 from builder.errors import TritonBuilderError
 from builder.progress import Log
-from builder.push.registry import RegistryError, is_loopback, manifest_digest
 
 TRANSIENT = (
     "connection refused", "connection reset", "broken pipe", "i/o timeout", "timeout",
@@ -138,18 +138,6 @@ def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts:
                         f"{pushed}: another push raced this one?", reference=reference,
                         attempts=attempts, transient=False)
     return held
-
-
-def registry_insecure(client: docker.DockerClient, host: str) -> bool:
-    """Whether the engine talks plain HTTP to ``host`` (its insecure registries)."""
-    if is_loopback(host):
-        return True
-    try:
-        config = client.info().get("RegistryConfig") or {}
-    except docker.errors.APIError:
-        return False
-    index = (config.get("IndexConfigs") or {}).get(host)
-    return bool(index) and index.get("Secure") is False
 
 
 def _is_transient(message: str) -> bool:

@@ -27,9 +27,14 @@ import docker
 
 from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
+from builder.engine.registry import (
+    RegistryError,
+    manifest_digest,
+    registry_insecure,
+    registry_request,
+)
 from builder.progress import Log
-from builder.push.docker_push import PushError, PushResult, registry_insecure
-from builder.push.registry import RegistryError, manifest_digest, registry_request
+from builder.push.docker_push import PushError, PushResult
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 

@@ -30,6 +30,7 @@ from builder.image.sbom import PROPERTY
 from builder.image.serving_image import PAYLOAD_REPOSITORY
 from pipelines.text_embedding import pipeline
 from tests.conftest import TEST_IMAGES
+from tests.support.engine_images import remove_images_made
 from tests.support.paths import REPO_ROOT
 
 BOTH = ("linux/amd64", "linux/arm64")
@@ -159,35 +160,63 @@ def test_one_tag_one_index_each_platform_verified_and_reproducible(
     assert shown["platforms"]["linux/arm64"]["id"] == arm64.id
     assert shown["platforms"]["linux/amd64"]["tag"] == f"{reference}-amd64"
 
-    _remove_what_was_made(docker_client, before)
+    made = (f"{PAYLOAD_REPOSITORY}:", f"{registry.host}/{repository}:")
+    remove_images_made(docker_client, before, made)
     second = f"{registry.host}/{repository}:again"
     log = _clean_build(tmp_path / "machine-2", second)
     assert "Using cache" not in log, "the second build was handed cached layers"
     assert _digest_of_tag(registry, repository, "again") == index.digest
-    _remove_what_was_made(docker_client, before)
+    remove_images_made(docker_client, before, made)
 
 
 def _digest_of_tag(registry, repository: str, tag: str) -> str:
-    from builder.push.registry import manifest_digest
+    from builder.engine.registry import manifest_digest
 
     return manifest_digest(f"{registry.host}/{repository}:{tag}")
 
 
-def _remove_what_was_made(client, before: set[str]) -> None:
-    """Every image the build made (its tags, payloads, layers), children first."""
-    for image in client.images.list():
-        if image.id in before:
-            continue
-        for tag in image.tags:
-            if tag.startswith(PAYLOAD_REPOSITORY) or TEST_IMAGES in tag:
-                client.images.remove(tag, noprune=True)
-    for _ in range(10):
-        left = [image for image in client.images.list(all=True)
-                if image.id not in before and not image.tags]
-        if not left:
-            return
-        for image in left:
-            try:
-                client.images.remove(image.id, noprune=True)
-            except Exception:  # noqa: BLE001 - a parent of one still there; next round
-                pass
+def _small_image(client, tmp_path: Path, platform: str, tag: str) -> str:
+    """A one-file image of ``platform`` (no RUN step: nothing runs, nothing is emulated)."""
+    context = tmp_path / platform.replace("/", "-")
+    context.mkdir()
+    (context / "payload").write_text(f"built for {platform}\n")
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY payload /payload\n")
+    from builder.engine.image_build import build_image
+
+    return build_image(client, context, [tag], platform=platform).id
+
+
+def test_another_platforms_base_is_pulled_by_its_digest_in_the_index(
+        docker_client, registry, tmp_path):
+    """The route an NGC release's arm64 base takes (NGC is not reachable here): a
+    multi-platform tag of a registry, its arm64 manifest found in the index and pulled by
+    digest, the tag's local image (amd64) left where it was."""
+    from builder.base import ensure_base_image, pin_platform_variant
+    from builder.base.releases import resolve
+    from builder.engine.platforms import AMD64, ARM64
+    from builder.push import push_image, push_index
+
+    repository = f"{registry.host}/{TEST_IMAGES}/multi-base"
+    ids = {target: _small_image(docker_client, tmp_path, target.name,
+                                f"{repository}:1-{target.architecture}")
+           for target in (AMD64, ARM64)}
+    pushed = {target: push_image(docker_client, f"{repository}:1-{target.architecture}")
+              for target in (AMD64, ARM64)}
+    index = push_index(docker_client, f"{repository}:1", pushed)
+    assert index.platforms == {"linux/amd64": pushed[AMD64].digest,
+                               "linux/arm64": pushed[ARM64].digest}
+    docker_client.images.get(ids[AMD64]).tag(repository, "1")
+    docker_client.images.remove(f"{repository}:1-arm64")
+    try:
+        docker_client.images.remove(ids[ARM64], force=True)
+    except Exception:  # noqa: BLE001 - already gone with its tag
+        pass
+
+    release = pin_platform_variant(docker_client, resolve("12.6", base_image=f"{repository}:1",
+                                                          platform=ARM64))
+    assert release.image == f"{repository}@{pushed[ARM64].digest}"
+    base = ensure_base_image(docker_client, release)
+    assert base.id == ids[ARM64] and base.attrs["Architecture"] == "arm64"
+    assert docker_client.images.get(f"{repository}:1").id == ids[AMD64]
+    for reference in (f"{repository}:1", f"{repository}:1-amd64", release.image):
+        docker_client.images.remove(reference)

@@ -1,4 +1,5 @@
-"""Asking a registry which manifest a tag names: the check that a push really landed.
+"""Asking a registry which manifest a tag names: the check that a push really landed, and which
+manifest of a multi-platform tag is one platform's (the engine pulls that one by its digest).
 
 ``GET /v2/<name>/manifests/<tag>`` with the manifest media types in ``Accept`` answers with a
 ``Docker-Content-Digest`` header. Registries that want credentials answer 401 with a
@@ -21,8 +22,11 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import docker
+import docker.errors
 from docker import auth as docker_auth
 
+from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
 
@@ -49,6 +53,33 @@ def manifest_digest(reference: str, *, insecure: bool | None = None,
     answer = registry_request(ref, f"manifests/{urllib.parse.quote(ref.tag)}",
                               insecure=insecure, timeout=timeout)
     return _digest_of(answer, ref)
+
+
+def platform_variant_digest(reference: str, platform: Platform, *,
+                            insecure: bool | None = None, timeout: float = 15.0) -> str:
+    """The digest of ``platform``'s manifest in the image index (manifest list) ``reference``
+    names: what ``docker pull --platform`` would take, pinned so that pulling it leaves the
+    tag's local image (another platform's) alone. A single-platform tag is refused where it
+    is not that platform's (its config says which)."""
+    ref = ImageReference.parse(reference)
+    answer = registry_request(ref, f"manifests/{urllib.parse.quote(ref.tag)}",
+                              insecure=insecure, timeout=timeout)
+    document = json.loads(answer.body)
+    entries = document.get("manifests")
+    if entries is None:
+        raise RegistryError(f"{reference} is a single-platform image, not an index of "
+                            f"platforms: pass that platform's own image (base_image=)")
+    wanted = platform.index_entry()
+    for entry in entries:
+        found = entry.get("platform") or {}
+        if (found.get("os"), found.get("architecture")) == (wanted["os"],
+                                                            wanted["architecture"]):
+            if "variant" in found and found["variant"] != wanted.get("variant", found["variant"]):
+                continue
+            return entry["digest"]
+    listed = ", ".join(f"{(e.get('platform') or {}).get('os')}/"
+                       f"{(e.get('platform') or {}).get('architecture')}" for e in entries)
+    raise RegistryError(f"{reference} has no {platform} image (it holds {listed})")
 
 
 @dataclass(frozen=True)
@@ -80,6 +111,18 @@ def registry_request(ref: ImageReference, path: str, *, method: str = "GET",
                 raise RegistryError(_http_message(ref, error)) from None
             errors.append(f"{url}: {getattr(error, 'reason', error)}")
     raise RegistryError(f"cannot reach the registry {ref.registry}: " + "; ".join(errors))
+
+
+def registry_insecure(client: docker.DockerClient, host: str) -> bool:
+    """Whether the engine talks plain HTTP to ``host`` (its insecure registries)."""
+    if is_loopback(host):
+        return True
+    try:
+        config = client.info().get("RegistryConfig") or {}
+    except docker.errors.APIError:
+        return False
+    index = (config.get("IndexConfigs") or {}).get(host)
+    return bool(index) and index.get("Secure") is False
 
 
 def is_loopback(host: str) -> bool:
