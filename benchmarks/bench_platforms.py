@@ -31,7 +31,7 @@ from builder.engine import ensure_engine  # noqa: E402
 from builder.engine.platforms import ARM64  # noqa: E402
 from builder.image.serving_image import PAYLOAD_REPOSITORY  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
-from tests.support.engine_images import remove_images_made  # noqa: E402
+from tests.support.engine_images import image_ids, remove_images_made  # noqa: E402
 from tests.support.testbed import enable_emulation  # noqa: E402
 
 SECTION = "## Platforms: amd64 and arm64 (emulated) builds"
@@ -44,7 +44,7 @@ _STEP = re.compile(r"^✓ (?P<step>.+?) \((?P<seconds>[0-9.]+)s\)$")
 def _cold_build(client, run: int) -> dict[str, dict[str, float]]:
     """One cold two-platform build; per platform: environment, image (verified), verification
     and whole seconds, and the image's size in MB."""
-    before = {image.id for image in client.images.list(all=True)}
+    before = image_ids(client)
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-platforms-") as cache:
         os.environ["TRITON_BUILDER_CACHE"] = cache

@@ -21,7 +21,7 @@ import pytest
 
 from builder.image.labels import INPUTS
 from builder.image.serving_image import PAYLOAD_REPOSITORY
-from tests.support.engine_images import remove_images_made
+from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def _layers(client, image_id: str) -> list[str]:
 def test_two_clean_builds_give_one_image_id(docker_client, cpu_base_image, tmp_path):
     import time
 
-    before = {image.id for image in docker_client.images.list(all=True)}
+    before = image_ids(docker_client)
     ids, layers = [], []
     for machine, (umask, seed) in enumerate(((0o022, "1"), (0o077, "2"))):
         if machine:
