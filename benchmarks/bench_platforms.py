@@ -29,7 +29,6 @@ from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.engine.platforms import ARM64  # noqa: E402
-from builder.image.serving_image import PAYLOAD_REPOSITORY  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
 from tests.support.engine_images import image_ids, remove_images_made  # noqa: E402
 from tests.support.testbed import enable_emulation  # noqa: E402
@@ -66,7 +65,7 @@ def _cold_build(client, run: int) -> dict[str, dict[str, float]]:
         }
         measured[name]["build"] = sum(s for _, s in mine)
     measured["total"] = {"build": total}
-    remove_images_made(client, before, (f"{PAYLOAD_REPOSITORY}:", REFERENCE.rsplit(":", 1)[0]))
+    remove_images_made(client, before, (REFERENCE.rsplit(":", 1)[0],))
     return measured
 
 

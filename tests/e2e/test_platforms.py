@@ -27,7 +27,6 @@ from builder.engine.platforms import UnknownPlatformError
 from builder.environment import MissingPlatformWheelError
 from builder.image.labels import PLATFORM, PLATFORMS
 from builder.image.sbom import PROPERTY
-from builder.image.serving_image import PAYLOAD_REPOSITORY
 from pipelines.text_embedding import pipeline
 from tests.conftest import TEST_IMAGES
 from tests.support.engine_images import image_ids, remove_images_made
@@ -41,19 +40,14 @@ NO_AARCH64_WHEEL = "nvidia-pytriton==0.4.0"
 """PyTriton before 0.4.1 published x86-64 wheels only, and no sdist (PyPI's file list)."""
 
 
-def _made_by_a_multi_platform_build(client, before: set[str]) -> list[str]:
-    """Images new since ``before`` that a build for several platforms made (its labels say
-    so), or that carry this session's tags: the engine is shared, other checkouts' builds
-    come and go meanwhile."""
-    made = []
-    for image in client.api.images(all=True):
-        if image["Id"] in before:
-            continue
-        labels = image.get("Labels") or {}
-        tags = [tag for tag in image.get("RepoTags") or [] if tag.startswith(TEST_IMAGES)]
-        if PLATFORMS in labels or PLATFORM in labels or tags:
-            made.append(image["Id"])
-    return made
+def _nothing_made(client, cache: Path, title: str) -> None:
+    """The refused build wrote nothing: its cache (environments, wheels, probes, bases — every
+    step writes there first) stayed empty, and no image carries its name. The engine is shared
+    with other checkouts' builds, so its image list as a whole may change meanwhile."""
+    assert not list(cache.iterdir()), f"the refused build wrote {list(cache.rglob('*'))[:5]}"
+    titled = [image["Id"] for image in client.api.images(all=True)
+              if (image.get("Labels") or {}).get("org.opencontainers.image.title") == title]
+    assert not titled
 
 
 def test_an_unknown_platform_is_refused_before_anything():
@@ -63,8 +57,10 @@ def test_an_unknown_platform_is_refused_before_anything():
 
 
 def test_a_requirement_without_an_aarch64_wheel_is_refused_by_name_before_building(
-        docker_client):
-    before = image_ids(docker_client)
+        docker_client, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(cache))
     started = time.monotonic()
     with pytest.raises(MissingPlatformWheelError) as refused:
         build_docker_image(pipeline, f"{TEST_IMAGES}/no-wheel:1", platforms=BOTH,
@@ -75,14 +71,16 @@ def test_a_requirement_without_an_aarch64_wheel_is_refused_by_name_before_buildi
     assert message.startswith(f"{NO_AARCH64_WHEEL} (build options) has no wheel for linux/arm64")
     assert "aarch64" in message and "glibc 2.36" in message
     assert refused.value.requirement == NO_AARCH64_WHEEL
-    assert not _made_by_a_multi_platform_build(docker_client, before)
+    _nothing_made(docker_client, cache, "no-wheel")
 
 
 def test_missing_emulation_is_refused_before_building(docker_client, tmp_path, monkeypatch):
     """As on a host where binfmt_misc is not mounted (this one's, before the test bed mounted
     it): the real check reads an empty directory in its place."""
     monkeypatch.setattr(emulation, "BINFMT_MISC", tmp_path / "binfmt_misc")
-    before = image_ids(docker_client)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(cache))
     with pytest.raises(EmulationMissingError) as refused:
         build_docker_image(pipeline, f"{TEST_IMAGES}/no-emulation:1", platforms=BOTH,
                            client=docker_client)
@@ -91,7 +89,7 @@ def test_missing_emulation_is_refused_before_building(docker_client, tmp_path, m
     assert "apt-get install qemu-user-static binfmt-support" in message
     assert "update-binfmts --enable qemu-aarch64" in message
     assert "linux/amd64" not in message.split(".")[0]
-    assert not _made_by_a_multi_platform_build(docker_client, before)
+    _nothing_made(docker_client, cache, "no-emulation")
 
 
 def _index(registry, repository: str, reference: str) -> dict:
@@ -125,6 +123,17 @@ def test_one_tag_one_index_each_platform_verified_and_reproducible(
     repository = f"{TEST_IMAGES}/multi-platform"
     reference = f"{registry.host}/{repository}:1"
     before = image_ids(docker_client)
+    made = (f"{registry.host}/{repository}:",)
+    try:
+        _build_push_and_again(docker_client, registry, repository, reference, before, made,
+                              tmp_path)
+    finally:
+        remove_images_made(docker_client, before, made)
+
+
+def _build_push_and_again(docker_client, registry, repository: str, reference: str,
+                          before: set[str], made: tuple[str, ...], tmp_path: Path) -> None:
+    """The first build (verified, pushed) and its checks, then the second, clean."""
     lines: list[str] = []
     built = build_docker_image(pipeline, reference, platforms=BOTH, push=True,
                                requirements=[OWN_REQUIREMENT], client=docker_client,
@@ -171,7 +180,6 @@ def test_one_tag_one_index_each_platform_verified_and_reproducible(
     assert shown["platforms"]["linux/arm64"]["id"] == arm64.id
     assert shown["platforms"]["linux/amd64"]["tag"] == f"{reference}-amd64"
 
-    made = (f"{PAYLOAD_REPOSITORY}:", f"{registry.host}/{repository}:")
     remove_images_made(docker_client, before, made)
     second = f"{registry.host}/{repository}:again"
     log = _clean_build(tmp_path / "machine-2", second)
@@ -185,7 +193,6 @@ def test_one_tag_one_index_each_platform_verified_and_reproducible(
                for name, attributes in again.items()}))
     assert _served_platforms(registry, repository, "again") == index.platforms
     assert _digest_of_tag(registry, repository, "again") == index.digest
-    remove_images_made(docker_client, before, made)
 
 
 def _served_platforms(registry, repository: str, tag: str) -> dict[str, str]:
