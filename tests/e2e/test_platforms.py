@@ -100,7 +100,7 @@ def _index(registry, repository: str, reference: str) -> dict:
         return json.load(response)
 
 
-def _clean_build(workdir: Path, reference: str) -> str:
+def _clean_build(workdir: Path, reference: str, drain_s: float) -> str:
     """A second build as on a fresh machine (own process, empty cache), unverified, pushed."""
     (workdir / "cache").mkdir(parents=True)
     environment = {key: value for key, value in os.environ.items()
@@ -111,7 +111,8 @@ def _clean_build(workdir: Path, reference: str) -> str:
         [str(program), "image", f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline",
          "-t", reference, "--platform", "linux/amd64", "--platform", "linux/arm64",
          "--no-verify-platform", "linux/amd64", "--no-verify-platform", "linux/arm64",
-         "--requirement", OWN_REQUIREMENT, "--push"], cwd=workdir, env=environment,
+         "--requirement", OWN_REQUIREMENT, "--drain-seconds", str(drain_s), "--push"],
+        cwd=workdir, env=environment,
         capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
@@ -124,20 +125,26 @@ def test_one_tag_one_index_each_platform_verified_and_reproducible(
     reference = f"{registry.host}/{repository}:1"
     before = image_ids(docker_client)
     made = (f"{registry.host}/{repository}:",)
+    drain_s = round(2 + time.time() % 997 / 1000, 3)  # this run's payload: see _build_push…
     try:
         _build_push_and_again(docker_client, registry, repository, reference, before, made,
-                              tmp_path)
+                              tmp_path, drain_s)
     finally:
         remove_images_made(docker_client, before, made)
 
 
 def _build_push_and_again(docker_client, registry, repository: str, reference: str,
-                          before: set[str], made: tuple[str, ...], tmp_path: Path) -> None:
-    """The first build (verified, pushed) and its checks, then the second, clean."""
+                          before: set[str], made: tuple[str, ...], tmp_path: Path,
+                          drain_s: float) -> None:
+    """The first build (verified, pushed) and its checks, then the second, clean.
+
+    ``drain_s``, a value of this run's own, is in the payload's Dockerfile: so the payload and
+    every layer above it are this run's, never an image an earlier, interrupted run left on the
+    engine (which would hand the second build its cached layers)."""
     lines: list[str] = []
     built = build_docker_image(pipeline, reference, platforms=BOTH, push=True,
-                               requirements=[OWN_REQUIREMENT], client=docker_client,
-                               on_log=lines.append)
+                               requirements=[OWN_REQUIREMENT], drain_s=drain_s,
+                               client=docker_client, on_log=lines.append)
     log = "\n".join(lines)
     assert "linux/arm64 runs under emulation here: allowing" in log
 
@@ -182,8 +189,9 @@ def _build_push_and_again(docker_client, registry, repository: str, reference: s
 
     remove_images_made(docker_client, before, made)
     second = f"{registry.host}/{repository}:again"
-    log = _clean_build(tmp_path / "machine-2", second)
-    assert "Using cache" not in log, "the second build was handed cached layers"
+    log = _clean_build(tmp_path / "machine-2", second, drain_s)
+    cached = [line for line in log.splitlines() if "Using cache" in line or "Step" in line]
+    assert "Using cache" not in log, f"the second build was handed cached layers: {cached}"
     again = {name: docker_client.api.inspect_image(f"{second}-{name.split('/')[1]}")
              for name in BOTH}
     assert {name: attributes["Id"] for name, attributes in again.items()} == {

@@ -37,12 +37,13 @@ def remove_images_made(client, before: set[str], tags: Iterable[str]) -> None:
         while step in new:
             mine.add(step)
             step = parent.get(step, "")
-    for image_id in new:  # the steps built on it
-        step = image_id
-        while step in new and step not in mine:
-            step = parent.get(step, "")
-        if step in roots:
-            mine.add(image_id)
+    built_on = set(roots)  # the steps built on them, and on those
+    grown = True
+    while grown:
+        above = {image_id for image_id in new - built_on if parent.get(image_id) in built_on}
+        built_on |= above
+        grown = bool(above)
+    mine |= built_on
     for image in listed:
         for tag in image.get("RepoTags") or []:
             if image["Id"] in mine and tag.startswith(prefixes):
