@@ -43,6 +43,7 @@ from builder.client import DEFAULT_TIMEOUT, Client
 from builder.engine import (
     DEFAULT_PLATFORM,
     Platform,
+    UnknownPlatformError,
     docker_client,
     parse_platform,
     parse_platforms,
@@ -287,8 +288,9 @@ def _unverified(targets: tuple[Platform, ...], names: Iterable[str]) -> tuple[Pl
     chosen = tuple(parse_platform(name) for name in names)
     stray = [str(p) for p in chosen if p not in targets]
     if stray:
-        raise ValueError(f"no_verify_platforms names {', '.join(stray)}, which this build is "
-                         f"not for (platforms: {', '.join(map(str, targets))})")
+        raise UnknownPlatformError(
+            f"no_verify_platforms names {', '.join(stray)}, which this build is not for "
+            f"(platforms: {', '.join(map(str, targets))})")
     return chosen
 
 
