@@ -147,6 +147,8 @@ def base_os(
     suite: str = typer.Option("bookworm", help="Debian suite: bookworm (Python 3.11) or "
                               "trixie (3.13)."),
     rebuild: bool = typer.Option(False, help="Make it again even if it exists."),
+    platform: str = typer.Option("linux/amd64", help="Platform: linux/amd64 or linux/arm64 "
+                                 "(another than this machine's: under emulation)."),
 ) -> None:
     """Make a Debian OS image with its Python from Debian's packages (no registry needed).
 
@@ -155,9 +157,17 @@ def base_os(
     """
     from builder.base.os_image import debian_os_image
     from builder.engine import ensure_engine
+    from builder.engine.emulation import require_platforms
+    from builder.engine.platforms import parse_platform
 
-    made = _run("making the OS image",
-                lambda: debian_os_image(ensure_engine(), tag=tag, suite=suite, rebuild=rebuild))
+    target = _run("reading the options", lambda: parse_platform(platform))
+
+    def make() -> str:
+        client = ensure_engine()
+        require_platforms(client, (target,))
+        return debian_os_image(client, tag=tag, suite=suite, rebuild=rebuild, platform=target)
+
+    made = _run("making the OS image", make)
     print(made)
 
 
@@ -169,6 +179,8 @@ def base_cpu(
     python_version: str = typer.Option("3.11", "--python", help="Python of the OS image."),
     rebuild: bool = typer.Option(False, help="Build from scratch (no reuse, no layer cache)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the build log."),
+    platform: str = typer.Option("linux/amd64", help="Platform: linux/amd64 or linux/arm64 "
+                                 "(its OS image must be of that platform)."),
 ) -> None:
     """Build the CPU Triton base image; a second run with the same inputs takes seconds.
 
@@ -176,11 +188,20 @@ def base_cpu(
     """
     from builder.base.cpu import build_cpu_base
     from builder.engine import ensure_engine
+    from builder.engine.emulation import require_platforms
+    from builder.engine.platforms import parse_platform
 
-    with console.status(Text("building the CPU Triton base image")):
-        image = _run("building the CPU base", lambda: build_cpu_base(
-            ensure_engine(), os_image=os_image, python_version=python_version,
-            rebuild=rebuild, on_log=_log_line if verbose else None))
+    target = _run("reading the options", lambda: parse_platform(platform))
+
+    def build() -> object:
+        client = ensure_engine()
+        require_platforms(client, (target,))
+        return build_cpu_base(client, os_image=os_image, python_version=python_version,
+                              rebuild=rebuild, platform=target,
+                              on_log=_log_line if verbose else None)
+
+    with console.status(Text(f"building the CPU Triton base image for {target}")):
+        image = _run("building the CPU base", build)
     console.print(("built " if image.built else "up to date ") + image.tags[0])
     print(image.tags[0])
 
@@ -253,11 +274,23 @@ def image(
     triton_sources: Path = typer.Option(None, exists=True, file_okay=False,
                                         help="Directory of python_backend source tarballs "
                                              "(instead of fetching them)."),
+    platform: list[str] = typer.Option([], "--platform", help="Platform to build for "
+                                       "(repeatable: linux/amd64, linux/arm64; one tag, one "
+                                       "index at push) [default: linux/amd64]."),
+    no_verify_platform: list[str] = typer.Option([], "--no-verify-platform", help="Build this "
+                                                 "platform without verifying it (a warning; "
+                                                 "repeatable)."),
 ) -> None:
     """Build (and verify, and push) the serving image of a pipeline.
 
-    Example: triton-builder image pipelines/text_embedding.py:pipeline -t embed:1 --cuda 11.8
+    Example: triton-builder image pipelines/text_embedding.py:pipeline -t embed:1 --cuda 11.8;
+    --platform linux/amd64 --platform linux/arm64 builds both under one tag.
     """
+    from dataclasses import replace
+
+    from builder.engine.platforms import parse_platforms
+
+    _run("reading the options", lambda: parse_platforms([*platform, *no_verify_platform]))
     from builder.engine import ensure_engine
     from builder.job import build_docker_image
 
@@ -270,10 +303,17 @@ def image(
         parallelism=parallelism, latency_budget_ms=latency_budget_ms,
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
         bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
-        compile_stub=compile_stub, triton_sources=triton_sources))
-    console.print(("built " if built.built else "up to date ") + ", ".join(built.tags))
+        compile_stub=compile_stub, triton_sources=triton_sources,
+        platforms=platform or None, no_verify_platforms=no_verify_platform))
+    for name, each in (built.platform_images or {"": replace(built, pushed={})}).items():
+        console.print(("built " if each.built else "up to date ") + ", ".join(each.tags)
+                      + (f" ({name})" if name else ""))
+        for pushed in each.pushed.values():
+            console.print(f"pushed {pushed.pinned}")
     for pushed in built.pushed.values():
-        console.print(f"pushed {pushed.pinned}")
+        console.print(f"pushed {pushed.pinned}" + (
+            f" (image index: {', '.join(built.platform_images)})" if built.platform_images
+            else ""))
     print(built.tags[0])
 
 
@@ -374,7 +414,7 @@ def inspect(
     Example: triton-builder inspect embed:1; triton-builder inspect embed:1 --sbom
     """
     from builder.engine import ensure_engine
-    from builder.image.labels import image_inputs
+    from builder.image.labels import PLATFORMS, image_inputs
 
     if sbom:
         print(_run("reading the bill of materials",
@@ -389,6 +429,9 @@ def inspect(
     for key, value in ours.items():
         if key.endswith(".signature"):
             ours[key] = json.loads(value)
+    if PLATFORMS in labels:
+        ours["platforms"] = _run("reading the platforms' images",
+                                 lambda: _platform_images(ensure_engine(), reference, labels))
     print(json.dumps(ours, indent=2, sort_keys=True))
 
 
@@ -629,6 +672,36 @@ def _image_sbom(client, reference: str) -> str:
     if content is None:
         raise LookupError(f"{reference} has no file {path}, where its {SBOM} label points")
     return content.decode()
+
+
+def _platform_images(client, reference: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Where the engine holds each platform of a multi-platform build (one platform per tag:
+    ``TAG-<architecture>``), and that a push makes them one image index under the tag."""
+    import docker.errors
+
+    from builder.engine.platforms import parse_platform, platform_references
+    from builder.image.labels import PLATFORM, PLATFORMS
+
+    tag = reference
+    own = labels.get(PLATFORM)
+    shown: dict[str, Any] = {}
+    for name in labels[PLATFORMS].split(","):
+        target = parse_platform(name)
+        suffix = f"-{target.tag_suffix}"
+        if reference.endswith(suffix) and own == name:
+            tag = reference[:-len(suffix)]
+    for name in labels[PLATFORMS].split(","):
+        (local,) = platform_references([tag], parse_platform(name))
+        try:
+            attributes = client.api.inspect_image(local)
+            shown[name] = {"tag": local, "id": attributes["Id"],
+                           "architecture": attributes.get("Architecture"),
+                           "size": attributes.get("Size")}
+        except docker.errors.ImageNotFound:
+            shown[name] = {"tag": local, "id": None, "missing": "not on this engine"}
+    shown["index"] = (f"at push, {tag} is one OCI image index of "
+                      f"{', '.join(n for n in shown)} (each pushed as its own tag first)")
+    return shown
 
 
 def _image_labels(client, reference: str) -> dict[str, str]:

@@ -26,15 +26,40 @@ from typing import Any
 import docker
 from docker.models.images import Image
 
-from builder.base import BaseOptions, Release, ensure_base_image, resolve
-from builder.bridge import BridgeOptions, fit_base_python, plan_python, require_buildable
-from builder.client import Client
-from builder.engine import Leftovers, docker_client, tag_references
+from builder.base import (
+    BaseOptions,
+    Release,
+    ensure_base_image,
+    pin_platform_variant,
+    platform_image,
+    resolve,
+)
+from builder.bridge import (
+    BridgeOptions,
+    PythonPlan,
+    fit_base_python,
+    plan_python,
+    require_buildable,
+)
+from builder.client import DEFAULT_TIMEOUT, Client
+from builder.engine import (
+    DEFAULT_PLATFORM,
+    Leftovers,
+    Platform,
+    UnknownPlatformError,
+    docker_client,
+    parse_platform,
+    parse_platforms,
+    platform_references,
+    require_platforms,
+    tag_references,
+)
 from builder.environment import (
     PYTORCH_INDEX,
     EnvironmentOptions,
     PackageIndex,
     prepare_environment,
+    require_platform_wheels,
     ships_unpacked,
 )
 from builder.image import (
@@ -43,11 +68,12 @@ from builder.image import (
     PythonRuntime,
     ServingImage,
     build_serving_image,
+    emulated_allowance,
 )
 from builder.interrupts import deferred_interrupts, interrupts_stop_once
 from builder.pipeline import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
-from builder.push import PushResult, push_image, tag_image
+from builder.push import PushResult, push_image, push_index, tag_image
 from builder.repository import build_pipeline_model
 from builder.verify import (
     Check,
@@ -71,7 +97,11 @@ class ImageBuild(ServingImage):
     run_command: str = ""
     verification: Verification | None = None
     pushed: dict[str, PushResult] = field(default_factory=dict)
+    """Each reference pushed → the digest the registry confirmed (of a multi-platform build's
+    references: the image index's)."""
     seconds: float = 0.0
+    platform_images: dict[str, ImageBuild] = field(default_factory=dict)
+    """A multi-platform build: every platform's image (``linux/arm64`` → its build)."""
 
 
 @interrupts_stop_once()
@@ -95,6 +125,8 @@ def build_docker_image(
     interpreter_image: str | None = None,
     compile_stub: bool = False,
     triton_sources: str | os.PathLike | None = None,
+    platforms: Sequence[str] | None = None,
+    no_verify_platforms: Sequence[str] = (),
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
@@ -129,6 +161,17 @@ def build_docker_image(
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
     ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
     :func:`builder.repository.writer.build_pipeline_model`.
+
+    ``platforms`` (``("linux/amd64", "linux/arm64")``; default: linux/amd64) builds one image
+    per platform, each on that platform's base with an environment of its machine's wheels,
+    each verified — another platform than the engine's under emulation
+    (:mod:`builder.engine.emulation`; refused before anything is built where the engine has
+    none), ``no_verify_platforms`` skipped with a warning. The engine holds one platform per
+    tag: each platform's image is tagged ``TAG-<architecture>`` and the engine's own platform's
+    under the references themselves too; ``push`` pushes each platform's tags, then under each
+    reference one OCI image index of them (:mod:`builder.push.image_index`), every digest
+    confirmed by the registry.
+
     Interrupted (Ctrl-C, or SIGTERM, which stops it the same way while it runs unless the
     caller handles SIGTERM), it removes what it made on the engine and sets no tag.
 
@@ -150,6 +193,8 @@ def build_docker_image(
     base_options, bridging, environment, image_options, verifying = (
         chosen[BaseOptions], chosen[BridgeOptions], chosen[EnvironmentOptions],
         chosen[ImageOptions], chosen[VerifyOptions])
+    targets = parse_platforms(platforms)
+    unverified = _unverified(targets, no_verify_platforms)
     references = tag_references(image_name, tags)
     calls = list(verifying.calls if verifying.calls is not None else
                  [tuple(call) for call in pipe.examples])
@@ -158,39 +203,83 @@ def build_docker_image(
             "verification needs at least one call: give the pipeline an example "
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
-    release = resolve(base_options.cuda, base_options.triton_version, base_options.base_image,
-                      base_python=base_options.base_python)
-    plan = plan_python(release, options=bridging, conda=environment.packer == "conda")
-    require_buildable(plan)
+    plans = {}
+    for target in targets:
+        release = resolve(base_options.cuda, base_options.triton_version,
+                          base_options.base_image, base_python=base_options.base_python,
+                          platform=target)
+        plans[target] = plan_python(release, options=bridging,
+                                    conda=environment.packer == "conda")
+        require_buildable(plans[target])
+    if targets != (DEFAULT_PLATFORM,):
+        for target in targets:
+            require_platform_wheels(plans[target].release, plans[target].python_version,
+                                    env_specs=environment.env_specs,
+                                    requirements=environment.requirements,
+                                    operators=[node.op for node in pipe.nodes],
+                                    index=environment.index)
     client = client or docker_client()
-    with timed_step(f"base image {release.image}", on_log):
-        base = ensure_base_image(client, release, on_log=on_log)
-    release, plan = fit_base_python(plan, client, base.id)
+    support = require_platforms(client, targets)
+    log = on_log or stderr_line
+    for target in unverified:
+        log(f"warning: the {target} image will not be verified (--no-verify-platform "
+            f"{target}): it is tagged and pushed without having answered once")
+    multi = len(targets) > 1
+    builds: dict[Platform, ImageBuild] = {}
+    leftovers = Leftovers()
     with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
-        with timed_step("model repository (export, configs, pipe.pickle)", on_log):
-            built = build_pipeline_model(pipe, Path(workdir) / "models", format_priority,
-                                         parallelism, target=release, **pipeline_options)
-        with timed_step("python environment", on_log):
-            prepared = prepare_environment(client, built, plan,
-                                           operators=[node.op for node in pipe.nodes],
-                                           options=environment, bridge=bridging, on_log=on_log)
-        checks = [_pipeline_check(built.pipeline_model, calls, expected, verifying.tolerance)]
-        with timed_step(f"image {image_name}" + (" (verified)" if verifying.enabled else ""),
-                        on_log):
-            return _image_verify_push(
-                built.model_root, references, release, base, client=client,
-                options=replace(image_options, environment_python=plan.python_version,
-                                user=_user(image_options.user, release, plan.own_stub, on_log)),
-                python_models=plan.describe() if plan.own_stub else None,
-                python_runtime=PythonRuntime(
-                    stub=plan.stub, python_version=prepared.target.full_python_version,
-                    interpreter_image=plan.interpreter.image if plan.bridged else None,
-                    interpreter_image_id=prepared.target.image_id if plan.bridged else None),
-                verifying=verifying, checks=checks, push=push, started=started,
-                on_log=on_log)
+        try:
+            for target in targets:
+                plan = plans[target]
+                where = f" for {target}" if multi else ""
+                with timed_step(f"base image {plan.release.image}{where}", on_log):
+                    plan = _on_platform(client, plan)
+                    base = ensure_base_image(client, plan.release, on_log=on_log)
+                release, plan = fit_base_python(plan, client, base.id)
+                models = Path(workdir) / (target.architecture if multi else "") / "models"
+                with timed_step(f"model repository (export, configs, pipe.pickle){where}",
+                                on_log):
+                    built = build_pipeline_model(pipe, models, format_priority, parallelism,
+                                                 target=release, **pipeline_options)
+                with timed_step(f"python environment{where}", on_log):
+                    prepared = prepare_environment(
+                        client, built, plan, operators=[node.op for node in pipe.nodes],
+                        options=environment, bridge=bridging, on_log=on_log)
+                user = _user(image_options.user, release, plan.own_stub, on_log)
+                checks = [_pipeline_check(
+                    built.pipeline_model, calls, expected, verifying.tolerance,
+                    timeout=(emulated_allowance(DEFAULT_TIMEOUT) if support[target].emulated
+                             else DEFAULT_TIMEOUT))]
+                name = (platform_references([image_name], target)[0] if multi
+                        else image_name)
+                checking = verifying if target not in unverified else replace(
+                    verifying, enabled=False)
+                with timed_step(f"image {name}" + (" (verified)" if checking.enabled else ""),
+                                on_log):
+                    builds[target] = _build_verified(
+                        built.model_root, name, release, base, client=client,
+                        options=replace(image_options, environment_python=plan.python_version,
+                                        platforms=tuple(t.name for t in targets) if multi
+                                        else (), user=user),
+                        python_models=plan.describe() if plan.own_stub else None,
+                        python_runtime=PythonRuntime(
+                            stub=plan.stub, python_version=prepared.target.full_python_version,
+                            interpreter_image=plan.interpreter.image if plan.bridged else None,
+                            interpreter_image_id=(prepared.target.image_id if plan.bridged
+                                                  else None)),
+                        verifying=checking, checks=checks, emulated=support[target].emulated,
+                        native=support[target].native, leftovers=leftovers, on_log=on_log)
+        except BaseException:
+            leftovers.remove(client)
+            raise
+    if not multi:
+        return _tag_push(builds[targets[0]], references, client=client, push=push,
+                         started=started, leftovers=leftovers, on_log=on_log)
+    return _tag_push_platforms(builds, references, client=client, push=push,
+                               native=[t for t in targets if support[t].native],
+                               started=started, leftovers=leftovers, on_log=on_log)
 
 
-@interrupts_stop_once()
 def _user(user: str | None, release: Release, own_stub: bool, on_log: Log | None) -> str | None:
     """Who the image runs as: ``user`` — but root by default where the release can only
     extract its environment from an archive at start and a stub of our own sits in the model
@@ -204,6 +293,30 @@ def _user(user: str | None, release: Release, own_stub: bool, on_log: Log | None
     return user
 
 
+def _on_platform(client: docker.DockerClient, plan: PythonPlan) -> PythonPlan:
+    """``plan`` with the images it takes from registries (the release's, a bridge's
+    interpreter) pinned to its platform's variant by digest: the engine holds one platform per
+    tag, so another platform's is pulled by digest (:func:`builder.base.platform_image`)."""
+    release = pin_platform_variant(client, plan.release)
+    interpreter = plan.interpreter
+    if plan.bridged and interpreter.image and release.platform != DEFAULT_PLATFORM:
+        interpreter = replace(interpreter, image=platform_image(client, interpreter.image,
+                                                                release.platform))
+    return replace(plan, release=release, interpreter=interpreter)
+
+
+def _unverified(targets: tuple[Platform, ...], names: Iterable[str]) -> tuple[Platform, ...]:
+    """The platforms of ``names`` (``--no-verify-platform``), each one of ``targets``."""
+    chosen = tuple(parse_platform(name) for name in names)
+    stray = [str(p) for p in chosen if p not in targets]
+    if stray:
+        raise UnknownPlatformError(
+            f"no_verify_platforms names {', '.join(stray)}, which this build is not for "
+            f"(platforms: {', '.join(map(str, targets))})")
+    return chosen
+
+
+@interrupts_stop_once()
 def build_image_from_repository(
     repository_dir: str | os.PathLike,
     *,
@@ -240,14 +353,21 @@ def build_image_from_repository(
     client = client or docker_client()
     with step_log(f"base image {release.image}", on_log) as log:
         base_image = ensure_base_image(client, release, on_log=log)
-    return _image_verify_push(repository_dir, references, release, base_image, client=client,
-                              options=image, verifying=verify, checks=checks, push=push,
-                              started=started, on_log=on_log)
+    leftovers = Leftovers()
+    try:
+        built = _build_verified(repository_dir, references[0], release, base_image,
+                                client=client, options=image, verifying=verify, checks=checks,
+                                leftovers=leftovers, on_log=on_log)
+    except BaseException:
+        leftovers.remove(client)
+        raise
+    return _tag_push(built, references, client=client, push=push, started=started,
+                     leftovers=leftovers, on_log=on_log)
 
 
-def _image_verify_push(
+def _build_verified(
     repository_dir: str | os.PathLike,
-    references: list[str],
+    image_name: str,
     release: Release,
     base: Image,
     *,
@@ -255,42 +375,101 @@ def _image_verify_push(
     options: ImageOptions,
     verifying: VerifyOptions,
     checks: Sequence[Check],
-    push: bool,
-    started: float,
     python_models: str | None = None,
     python_runtime: PythonRuntime | None = None,
+    emulated: bool = False,
+    native: bool = True,
+    leftovers: Leftovers,
     on_log: Log | None = None,
 ) -> ImageBuild:
-    """The stages after the environment."""
-    leftovers = Leftovers()
+    """The serving image built and verified, untagged (what it made goes into ``leftovers``,
+    for the caller to remove where the build does not end tagged). ``emulated``: the image is
+    another platform's than the engine's, so it runs under emulation and is given
+    :func:`~builder.image.startup.emulated_allowance` to start; ``native``: it is the engine's
+    own platform (its ``docker run`` needs no ``--platform``)."""
+    image = build_serving_image(repository_dir, image_name=image_name, release=release,
+                                base=base, options=options, python_models=python_models,
+                                python_runtime=python_runtime, client=client,
+                                leftovers=leftovers, on_log=on_log)
+    platform = release.platform.name if release.platform != DEFAULT_PLATFORM else None
     verification = None
+    if image.built and verifying.enabled:
+        with step_log(f"verifying {image_name}", on_log) as log:
+            timeout = (verifying.timeout_s if verifying.timeout_s is not None
+                       else image.ready_timeout_s)
+            if emulated:
+                timeout = emulated_allowance(timeout)
+                log(f"{release.platform} runs under emulation here: allowing {timeout:.0f}s "
+                    f"to be ready (instead of {image.ready_timeout_s:.0f}s) and "
+                    f"{emulated_allowance(DEFAULT_TIMEOUT):.0f}s a request (instead of "
+                    f"{DEFAULT_TIMEOUT:.0f}s)")
+            verification = verify_image(
+                client, image.id, checks, gpus=verifying.gpus, timeout=timeout, on_log=log,
+                repository_dir=repository_dir, owner=leftovers.owner, platform=platform)
+    return ImageBuild(**vars(image), verification=verification,
+                      run_command=docker_run_command(
+                          image_name, gpus=release.gpu,
+                          platform=platform if platform and not native else None))
+
+
+def _tag_push(image: ImageBuild, references: list[str], *, client: docker.DockerClient,
+              push: bool, started: float, leftovers: Leftovers,
+              on_log: Log | None) -> ImageBuild:
+    """Tag a verified image with every reference (what the build made goes where tagging
+    fails), push them with their digests confirmed."""
     try:
-        image = build_serving_image(repository_dir, image_name=references[0], release=release,
-                                    base=base, options=options, python_models=python_models,
-                                    python_runtime=python_runtime, client=client,
-                                    leftovers=leftovers, on_log=on_log)
-        if image.built and verifying.enabled:
-            with step_log(f"verifying {references[0]}", on_log) as log:
-                timeout = (verifying.timeout_s if verifying.timeout_s is not None
-                           else image.ready_timeout_s)
-                verification = verify_image(client, image.id, checks, gpus=verifying.gpus,
-                                            timeout=timeout, on_log=log,
-                                            repository_dir=repository_dir,
-                                            owner=leftovers.owner)
-        run_command = docker_run_command(references[0], gpus=release.gpu)
         with deferred_interrupts():
             tag_image(client, image.id, references)
     except BaseException:
         leftovers.remove(client)
         raise
-    result = ImageBuild(**vars(image), tags=references, run_command=run_command,
-                        verification=verification)
+    image.tags = references
     if push:
         with step_log(f"pushing {', '.join(references)}", on_log) as log:
             for reference in references:
-                result.pushed[reference] = push_image(client, reference, on_log=log)
+                image.pushed[reference] = push_image(client, reference, on_log=log)
+    image.seconds = time.monotonic() - started
+    (on_log or stderr_line)(f"run it: {image.run_command}")
+    return image
+
+
+def _tag_push_platforms(builds: dict[Platform, ImageBuild], references: list[str], *,
+                        client: docker.DockerClient, push: bool, native: list[Platform],
+                        started: float, leftovers: Leftovers,
+                        on_log: Log | None) -> ImageBuild:
+    """Every platform's image tagged ``TAG-<architecture>`` (the engine holds one platform per
+    tag), the engine's own platform's also under ``references`` themselves; with ``push``, each
+    platform's tags pushed and confirmed, then under each reference one image index of them.
+
+    Returns the engine's own platform's build (else the first) with ``pushed`` the indexes and
+    ``platform_images`` every platform's build (each with its own tags and pushes)."""
+    tagged = {target: platform_references(references, target) for target in builds}
+    for target, image in builds.items():
+        image.tags = tagged[target] + (references if target in native[:1] else [])
+    try:
+        with deferred_interrupts():
+            for image in builds.values():
+                tag_image(client, image.id, image.tags)
+    except BaseException:
+        leftovers.remove(client)
+        raise
+    result = replace(builds[native[0]] if native else next(iter(builds.values())), pushed={},
+                     platform_images={target.name: image for target, image in builds.items()})
+    if push:
+        with step_log(f"pushing {', '.join(references)} for "
+                      f"{', '.join(t.name for t in builds)}", on_log) as log:
+            for target, image in builds.items():
+                for reference in tagged[target]:
+                    image.pushed[reference] = push_image(client, reference, on_log=log)
+            for position, reference in enumerate(references):
+                manifests = {target: builds[target].pushed[tagged[target][position]]
+                             for target in builds}
+                result.pushed[reference] = push_index(client, reference, manifests,
+                                                      on_log=log)
     result.seconds = time.monotonic() - started
-    (on_log or stderr_line)(f"run it: {result.run_command}")
+    log_line = on_log or stderr_line
+    for target, image in builds.items():
+        log_line(f"run it ({target}): {image.run_command}")
     return result
 
 
@@ -319,12 +498,13 @@ def _stage_options(given: Sequence[StageOptions],
 
 
 def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any],
-                    tolerance: float) -> Check:
-    """Every call over gRPC and HTTP must answer what the in-process pipeline answered."""
+                    tolerance: float, timeout: float = DEFAULT_TIMEOUT) -> Check:
+    """Every call over gRPC and HTTP must answer what the in-process pipeline answered, each
+    within ``timeout`` seconds."""
 
     def check(endpoint: ContainerEndpoint) -> None:
         for scheme, address in (("grpc", endpoint.grpc_url), ("http", endpoint.http_url)):
-            with Client(f"{scheme}://{address}/{model}") as client:
+            with Client(f"{scheme}://{address}/{model}", timeout=timeout) as client:
                 for call, reference in zip(calls, expected):
                     check_same(client(*call), reference, tolerance,
                                where=f"{model}{_short(call)} over {scheme}")

@@ -84,6 +84,34 @@ def cpu_base_image(docker_client, os_image) -> str:
 
 
 @pytest.fixture(scope="session")
+def arm64_emulation(docker_client) -> None:
+    """linux/arm64 containers run here: natively, or under qemu-user the test bed enables."""
+    from builder.engine.emulation import platform_support
+    from builder.engine.platforms import ARM64
+    from builder.host_packages import HostError
+    from tests.support.testbed import enable_emulation
+
+    if platform_support(docker_client, ARM64).problem is None:
+        return
+    try:
+        enable_emulation(ARM64)
+    except HostError as error:
+        pytest.skip(f"no linux/arm64 emulation: {error}")
+
+
+@pytest.fixture(scope="session")
+def arm64_cpu_base_image(docker_client, arm64_emulation) -> str:
+    """The CPU base for linux/arm64 on Debian's arm64 packages (mmdebstrap under emulation)."""
+    from builder.base.cpu import build_cpu_base
+    from builder.base.os_image import debian_os_image
+    from builder.engine.platforms import ARM64
+
+    os_image = (os.environ.get("TRITON_BUILDER_OS_IMAGE_ARM64")
+                or debian_os_image(docker_client, platform=ARM64))
+    return build_cpu_base(docker_client, os_image=os_image, platform=ARM64).tags[0]
+
+
+@pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Iterator[LocalRegistry]:
     with LocalRegistry(tmp_path_factory.mktemp("registry")) as running:
         yield running

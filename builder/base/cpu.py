@@ -8,6 +8,11 @@ parameter: ``python:3.11-slim-bookworm`` where Docker Hub is reachable, or the D
 
 Builds are cached by content: the inputs are hashed before any work is done, and an image whose
 label carries the same hash is reused as it is.
+
+Each platform (:mod:`builder.engine.platforms`) has its own base, tagged apart (the engine holds
+one platform per tag): the same Triton from the wheel for its machine (``nvidia-pytriton`` 0.7.0
+has ``manylinux_2_35_aarch64`` beside ``x86_64``), the backend's packages for its machine, on an
+OS image of its architecture.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from packaging.requirements import Requirement
 from builder.cache import cache_dir, content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
+from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
 from builder.errors import TritonBuilderError
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
@@ -34,8 +40,15 @@ from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, trit
 DEFAULT_OS_IMAGE = "python:3.11-slim-bookworm"
 TEMPLATE = "tritonserver-cpu.Dockerfile.j2"
 REQUIREMENTS = "tritonserver-cpu.txt"
-WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-                   "manylinux2014_x86_64")
+MACHINE_REQUIREMENTS = {"aarch64": "tritonserver-cpu-aarch64.txt"}
+"""Pins that replace those of :data:`REQUIREMENTS` of the same name on a machine (why: in the
+file)."""
+WHEEL_PLATFORMS = ("manylinux_2_28_{machine}", "manylinux_2_27_{machine}",
+                   "manylinux_2_17_{machine}", "manylinux2014_{machine}")
+"""The wheel platform tags of the base's packages, for the platform's machine (PEP 600)."""
+OS_IMAGE_VARIABLE = "TRITON_BUILDER_OS_IMAGE"
+"""The OS image of the default platform's base; ``…_ARM64`` (the architecture) another's."""
+PLATFORM_LABEL = "ai.triton-builder.platform"
 
 _CHECK_PYTHON = (
     "import sys; v = '%d.%d' % sys.version_info[:2]; "
@@ -53,13 +66,25 @@ class BaseImageError(TritonBuilderError, RuntimeError):
     """The CPU base image cannot be built from these inputs."""
 
 
-def default_os_image() -> str:
-    """``$TRITON_BUILDER_OS_IMAGE`` where set (air-gapped machines), else the Docker Hub image."""
-    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or DEFAULT_OS_IMAGE
+def os_image_variable(platform: Platform = DEFAULT_PLATFORM) -> str:
+    """``TRITON_BUILDER_OS_IMAGE``, or ``TRITON_BUILDER_OS_IMAGE_ARM64`` for linux/arm64."""
+    return (OS_IMAGE_VARIABLE if platform == DEFAULT_PLATFORM
+            else f"{OS_IMAGE_VARIABLE}_{platform.architecture.upper()}")
 
 
-def cpu_base_tag(python_version: str = "3.11") -> str:
-    return f"triton-builder/tritonserver-cpu:{TRITON_VERSION}-py{python_version}"
+def default_os_image(platform: Platform = DEFAULT_PLATFORM) -> str:
+    """``$TRITON_BUILDER_OS_IMAGE`` (``…_ARM64`` for arm64) where set (air-gapped machines),
+    else the Docker Hub image."""
+    return os.environ.get(os_image_variable(platform)) or DEFAULT_OS_IMAGE
+
+
+def cpu_base_tag(python_version: str = "3.11", platform: Platform = DEFAULT_PLATFORM) -> str:
+    """``triton-builder/tritonserver-cpu:2.51.0-py3.11``; another platform's base carries its
+    architecture (``…-py3.11-arm64``)."""
+    tag = f"{TRITON_VERSION}-py{python_version}"
+    if platform != DEFAULT_PLATFORM:
+        tag = per_platform_tag(tag, platform)
+    return f"triton-builder/tritonserver-cpu:{tag}"
 
 
 def build_cpu_base(
@@ -69,17 +94,18 @@ def build_cpu_base(
     python_version: str = "3.11",
     tag: str | None = None,
     rebuild: bool = False,
+    platform: Platform = DEFAULT_PLATFORM,
     on_log: Log | None = None,
 ) -> BuiltImage:
-    """Build (or reuse) the CPU Triton base image and return it.
+    """Build (or reuse) the CPU Triton base image for ``platform`` and return it.
 
     ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache.
     """
-    os_image = os_image or default_os_image()
-    tag = tag or cpu_base_tag(python_version)
-    os_image_id = _os_image_id(client, os_image)
-    distribution = triton_distribution()
-    requirements = (resources.files("builder.envs") / REQUIREMENTS).read_text()
+    os_image = os_image or default_os_image(platform)
+    tag = tag or cpu_base_tag(python_version, platform)
+    os_image_id = _os_image_id(client, os_image, platform)
+    distribution = triton_distribution(machine=platform.machine)
+    requirements = base_requirements_text(platform.machine)
     dockerfile = render(
         TEMPLATE, os_image=os_image, triton_version=TRITON_VERSION,
         check_python=_CHECK_PYTHON.format(python_version), register_packages=_REGISTER_PACKAGES,
@@ -87,11 +113,13 @@ def build_cpu_base(
     digest = content_hash(
         dockerfile, template_source(TEMPLATE), requirements, os_image_id, python_version,
         distribution.root.name, ONNXRUNTIME_BACKEND,
+        *([platform.name] if platform != DEFAULT_PLATFORM else []),
     )
     cached = None if rebuild else find_built(client, tag, digest)
     if cached is not None:
         return cached
-    packages = _python_packages(requirements_for(requirements, python_version), python_version)
+    packages = _python_packages(requirements_for(requirements, python_version), python_version,
+                                platform)
     with tempfile.TemporaryDirectory(prefix="tritonserver-cpu-") as workdir:
         context = Path(workdir)
         (context / "Dockerfile").write_text(dockerfile)
@@ -106,16 +134,32 @@ def build_cpu_base(
             "org.opencontainers.image.version": TRITON_VERSION,
             "org.opencontainers.image.base.name": os_image,
             "org.opencontainers.image.base.digest": os_image_id,
+            **({PLATFORM_LABEL: platform.name} if platform != DEFAULT_PLATFORM else {}),
         }
         return build_image(client, context, [tag], labels=labels, nocache=rebuild,
-                           on_log=on_log)
+                           platform=platform.name, on_log=on_log)
 
 
-def _os_image_id(client: docker.DockerClient, os_image: str) -> str:
+def _os_image_id(client: docker.DockerClient, os_image: str, platform: Platform) -> str:
+    """The OS image's ID; refused where it is another platform's (the engine holds one
+    platform per tag: a multi-platform name pulled here is the engine's own)."""
     try:
-        return client.images.get(os_image).id
+        found = client.images.get(os_image)
     except docker.errors.ImageNotFound:
-        pass
+        found = None
+    if found is not None:
+        architecture = found.attrs.get("Architecture")
+        if architecture != platform.architecture:
+            raise BaseImageError(
+                f"the base OS image {os_image} is {found.attrs.get('Os')}/{architecture}, not "
+                f"{platform}: make one with `triton-builder base os --platform {platform}` and "
+                f"pass it (--os-image, or {os_image_variable(platform)})")
+        return found.id
+    if platform != DEFAULT_PLATFORM:
+        raise BaseImageError(
+            f"the base OS image {os_image} for {platform} is not on this engine: make one with "
+            f"`triton-builder base os --platform {platform}` and pass it (--os-image, or set "
+            f"{os_image_variable(platform)})")
     try:
         return client.images.pull(os_image).id
     except docker.errors.APIError as error:
@@ -146,9 +190,10 @@ def requirements_for(requirements: str, python_version: str) -> str:
     return "".join(f"{line}\n" for line in kept)
 
 
-def _python_packages(requirements: str, python_version: str) -> Path:
+def _python_packages(requirements: str, python_version: str, platform: Platform) -> Path:
     """Install ``requirements`` for the image's Python and platform into a cached directory."""
-    target = cache_dir("base-python", content_hash(requirements, python_version)[:16])
+    tags = [tag.format(machine=platform.machine) for tag in WHEEL_PLATFORMS]
+    target = cache_dir("base-python", content_hash(requirements, python_version, *tags)[:16])
     if (target / ".complete").exists():
         return target / "site-packages"
     staging = target / "site-packages"
@@ -160,20 +205,37 @@ def _python_packages(requirements: str, python_version: str) -> Path:
             sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
             "--only-binary=:all:", "--implementation", "cp",
             "--python-version", python_version, "--target", str(staging),
-            *(arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)),
+            *(arg for tag in tags for arg in ("--platform", tag)),
             "-r", spec.name,
         ]
         result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise BaseImageError(
-            f"could not fetch the base image's Python packages for Python {python_version}:\n"
+            f"could not fetch the base image's Python packages for Python {python_version} on "
+            f"{platform}:\n"
             f"{result.stderr.strip()[-3000:]}"
         )
     (target / ".complete").touch()
     return staging
 
 
-def cpu_backend_requirements(python_version: str) -> tuple[str, ...]:
-    """The pinned packages of the CPU base's onnxruntime backend, for ``python_version``."""
-    return tuple(requirements_for(
-        (resources.files("builder.envs") / REQUIREMENTS).read_text(), python_version).split())
+def cpu_backend_requirements(python_version: str,
+                             machine: str = "x86_64") -> tuple[str, ...]:
+    """The pinned packages of the CPU base's onnxruntime backend, for ``python_version`` on
+    ``machine``."""
+    return tuple(requirements_for(base_requirements_text(machine), python_version).split())
+
+
+def base_requirements_text(machine: str = "x86_64") -> str:
+    """:data:`REQUIREMENTS`, with the pins of :data:`MACHINE_REQUIREMENTS` for ``machine`` in
+    place of those of the same name (the default machine's text is the file as it is)."""
+    text = (resources.files("builder.envs") / REQUIREMENTS).read_text()
+    if machine not in MACHINE_REQUIREMENTS:
+        return text
+    overrides = (resources.files("builder.envs") / MACHINE_REQUIREMENTS[machine]).read_text()
+    replaced = {Requirement(line.split(" #", 1)[0]).name
+                for line in overrides.splitlines() if line.strip() and not line.startswith("#")}
+    kept = [line for line in text.splitlines()
+            if not line.strip() or line.lstrip().startswith("#") or line.startswith(" ")
+            or Requirement(line.split(" #", 1)[0].split(";")[0].strip()).name not in replaced]
+    return "\n".join(kept) + "\n" + overrides

@@ -50,6 +50,7 @@ from enum import Enum
 from importlib import resources
 
 from builder.base.cpu import cpu_base_tag
+from builder.engine.platforms import DEFAULT_PLATFORM, Platform
 from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import TRITON_VERSION
 
@@ -157,6 +158,9 @@ class Release:
     known_issue: str = ""
     glibc: str = ""
     """glibc of the image (its Ubuntu's, or the CPU base's Debian suite's)."""
+    platform: Platform = DEFAULT_PLATFORM
+    """The platform of the image built on it: the CPU base's is tagged per platform, an NGC
+    release's is the variant of its manifest list for that platform."""
 
     @property
     def branch(self) -> str:
@@ -265,10 +269,12 @@ def _read_releases() -> tuple[Release, ...]:
 RELEASES: tuple[Release, ...] = _read_releases()
 
 
-def cpu_release(python_version: str = CPU_PYTHON) -> Release:
+def cpu_release(python_version: str = CPU_PYTHON,
+                platform: Platform = DEFAULT_PLATFORM) -> Release:
     """Our CPU base (:mod:`builder.base.cpu`): Triton from the ``nvidia-pytriton`` wheel.
 
-    Python 3.11 is Debian bookworm's, 3.13 Debian trixie's (:data:`CPU_BASE_SUITES`).
+    Python 3.11 is Debian bookworm's, 3.13 Debian trixie's (:data:`CPU_BASE_SUITES`); each
+    platform has its own base image.
     """
     suite = CPU_BASE_SUITES.get(python_version)
     if suite is None:
@@ -277,8 +283,8 @@ def cpu_release(python_version: str = CPU_PYTHON) -> Release:
             f"{', '.join(f'Python {p} (Debian {s})' for p, s in CPU_BASE_SUITES.items())}")
     return Release(release="cpu", triton_version=TRITON_VERSION, cuda=None,
                    python_version=python_version, ubuntu=None, min_driver=None,
-                   driver_source=None, image=cpu_base_tag(python_version), gpu=False,
-                   glibc=DEBIAN_SUITES[suite][1])
+                   driver_source=None, image=cpu_base_tag(python_version, platform), gpu=False,
+                   glibc=DEBIAN_SUITES[suite][1], platform=platform)
 
 
 def supported_cuda_versions() -> list[str]:
@@ -303,8 +309,9 @@ def resolve(
     *,
     python_version: str | None = None,
     base_python: str | None = None,
+    platform: Platform = DEFAULT_PLATFORM,
 ) -> Release:
-    """The release to build on.
+    """The release to build on, for ``platform``.
 
     ``cuda='11.8'`` gives, among the releases built on CUDA 11.8 that have no known defect, the
     newest whose own Python is ``python_version`` (default: this builder's) — else the newest
@@ -319,7 +326,7 @@ def resolve(
     python_version = python_version or builder_python()
     cuda_minor = _cuda_minor(cuda)
     if cuda_minor is None:
-        release = cpu_release(base_python or CPU_PYTHON)
+        release = cpu_release(base_python or CPU_PYTHON, platform)
         if triton_version and _normal_triton(triton_version) not in (
                 _normal_triton(TRITON_VERSION), "cpu"):
             raise UnsupportedCudaError(
@@ -350,6 +357,7 @@ def resolve(
     else:
         healthy = [r for r in candidates if not r.known_issue] or candidates
         release = _preferred(healthy, python_version)
+    release = replace(release, platform=platform)
     return replace(release, image=base_image) if base_image else release
 
 

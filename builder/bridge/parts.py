@@ -70,4 +70,5 @@ def prepare_bridge(client: docker.DockerClient, plan: PythonPlan, *,
                            interpreter_image=plan.interpreter.image)
     return BridgeParts(stub=path, libraries=libraries, interpreter_image=plan.interpreter.image,
                        backends=("python", "onnxruntime"),
-                       requirements=cpu_backend_requirements(plan.python_version))
+                       requirements=cpu_backend_requirements(
+                           plan.python_version, plan.release.platform.machine))

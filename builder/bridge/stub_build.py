@@ -38,6 +38,7 @@ from builder.cache import DownloadError, cache_dir, cached_download, content_has
 from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
+from builder.engine.platforms import DEFAULT_PLATFORM, platform_of_machine
 from builder.interrupts import deferred_interrupts
 from builder.progress import Log
 
@@ -87,7 +88,9 @@ def compile_stub(
     toolkit is in their image, at :data:`CUDA_ROOT`). ``backend`` builds the branch's backend
     library as well: ``libtriton_python.so`` and the branch's ``triton_python_backend_utils.py``
     then lie beside the returned stub, a whole python backend of that branch (the tests load it
-    into the host Triton to run each release's python backend API).
+    into the host Triton to run each release's python backend API). The stage is built for
+    ``build_image_name``'s platform (an arm64 release image: an arm64 stub, compiled under
+    emulation on an amd64 machine).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
@@ -130,9 +133,12 @@ def compile_stub(
             f"{build_image_name}" + (f" from {sources}" if archives else " (fetching sources)"))
         made: list[str] = []
         built = None
+        platform = platform_of_machine(images[0].attrs.get("Architecture", "amd64"))
         try:
             built = build_image(client, context, [], network_mode="host", on_log=log,
-                                made=made)
+                                made=made,
+                                platform=(platform.name if platform and platform != DEFAULT_PLATFORM
+                                          else None))
             _copy_out(client, built.id, entry, backend)
         finally:
             _remove_stage(client, [built.id] if built is not None else made[-1:])

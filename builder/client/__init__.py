@@ -7,6 +7,7 @@ returns; :class:`TritonRemoteModel` calls any Triton model with numpy arrays and
 from builder.client.aio import AsyncClient, AsyncTritonRemoteModel
 from builder.client.coercion import InputError
 from builder.client.errors import RemoteModelError, RemoteTimeoutError, ServerUnavailableError
+from builder.client.lifecycle import DEFAULT_TIMEOUT
 from builder.client.pipeline import Client
 from builder.client.remote_model import TritonRemoteModel
 from builder.client.retry import RetryPolicy
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncClient",
     "AsyncTritonRemoteModel",
     "Client",
+    "DEFAULT_TIMEOUT",
     "InputError",
     "RemoteModelError",
     "RemoteTimeoutError",

@@ -6,13 +6,30 @@ through the same :func:`builder.engine.image_build.build_image`.
 """
 
 from builder.engine.daemon import EngineError, docker_client, ensure_engine
+from builder.engine.emulation import EmulationMissingError, require_platforms
 from builder.engine.leftovers import Leftovers
+from builder.engine.platforms import (
+    DEFAULT_PLATFORM,
+    Platform,
+    UnknownPlatformError,
+    parse_platform,
+    parse_platforms,
+    platform_references,
+)
 from builder.engine.reference import tag_references
 
 __all__ = [
+    "DEFAULT_PLATFORM",
+    "EmulationMissingError",
     "EngineError",
     "Leftovers",
+    "Platform",
+    "UnknownPlatformError",
     "docker_client",
     "ensure_engine",
+    "parse_platform",
+    "parse_platforms",
+    "platform_references",
+    "require_platforms",
     "tag_references",
 ]

@@ -64,10 +64,15 @@ def build_image(
     buildargs: dict[str, str] | None = None,
     network_mode: str | None = None,
     nocache: bool = False,
+    platform: str | None = None,
     on_log: Log | None = None,
     made: list[str] | None = None,
 ) -> BuiltImage:
     """Build ``context`` and tag the result with every name in ``tags``.
+
+    ``platform`` (``linux/arm64``) builds for that platform: the legacy builder takes a FROM
+    image the engine holds for it, and runs the ``RUN`` steps under emulation where it is not
+    the engine's own (:mod:`builder.engine.emulation`).
 
     The context goes to the engine as a canonical tar (:mod:`builder.engine.context_archive`),
     so the layers its ``COPY`` steps make depend on the files alone. Tags are set only once the
@@ -90,7 +95,7 @@ def build_image(
             build = _BuildStream(lambda: client.api.build(
                 fileobj=upload, custom_context=True, dockerfile=dockerfile,
                 labels=labels or {}, buildargs=buildargs, network_mode=network_mode,
-                nocache=nocache, rm=True, forcerm=True, decode=True,
+                nocache=nocache, rm=True, forcerm=True, decode=True, platform=platform,
             ), upload, made, running)
             image_id = build.follow(log, on_log)
             with deferred_interrupts():

@@ -32,6 +32,7 @@ import docker
 import docker.errors
 
 from builder.build_epoch import rfc3339
+from builder.engine.platforms import Platform
 from builder.errors import TritonBuilderError
 from builder.interrupts import deferred_interrupts
 
@@ -68,6 +69,19 @@ def restamp_image(client: docker.DockerClient, image_id: str, *, created: str,
     new_id = load_config(client, config, made)
     _check_same_image(client, image_id, new_id, steps)
     return new_id
+
+
+def restamp_platform(client: docker.DockerClient, image_id: str,
+                     platform: Platform) -> dict[str, Any]:
+    """The config of ``image_id`` (read whole from ``docker save``) saying ``platform``: for an
+    image imported from another architecture's root file system, which ``docker import`` stamps
+    with the engine's own."""
+    config = raw_config(client, image_id)
+    config["architecture"], config["os"] = platform.architecture, platform.os
+    config.pop("variant", None)
+    if platform.variant:
+        config["variant"] = platform.variant
+    return config
 
 
 def _history_entry(step: dict[str, Any], created: str | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from builder.environment.errors import (
 )
 from builder.environment.index import PackageIndex
 from builder.environment.packers import CondaPacker, VenvPacker
+from builder.environment.platform_wheels import MissingPlatformWheelError, require_platform_wheels
 from builder.environment.prepare import (
     EnvironmentOptions,
     PreparedEnvironment,
@@ -45,6 +46,7 @@ __all__ = [
     "EnvironmentSpec",
     "EnvironmentTarball",
     "EnvironmentTarget",
+    "MissingPlatformWheelError",
     "PYTORCH_INDEX",
     "PackError",
     "PackageIndex",
@@ -59,5 +61,6 @@ __all__ = [
     "load_spec",
     "pack_environment",
     "prepare_environment",
+    "require_platform_wheels",
     "requires",
 ]

@@ -24,6 +24,7 @@ from builder.base.releases import Release, version_key
 from builder.bridge import BridgeOptions, PythonPlan, prepare_bridge
 from builder.environment.attach import attach_environment
 from builder.environment.carried import CarriedInterpreterPacker
+from builder.environment.errors import TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import (
     EnvironmentSpec,
@@ -96,6 +97,10 @@ def prepare_environment(
                                     triton_version=release.triton_version)
     else:
         target = image_target(client, release.image)
+    if target.machine != release.platform.machine:
+        raise TargetError(
+            f"{target.where} runs {target.machine} programs, but this environment is for "
+            f"{release.platform} ({release.platform.machine}): pass that platform's image")
     spec = environment_spec(built, release, target.python_version, operators, options)
     if parts is not None and parts.requirements:
         spec = merge_specs(spec, requirements_spec(
@@ -123,7 +128,8 @@ def environment_spec(built: BuildResult, release: Release, python_version: str,
         requirements_spec(_pickle_requirements(built.model_root / built.pipeline_model),
                           PICKLE_SOURCE),
         requirements_spec(_python_model_requirements(built.models), PYTHON_MODEL_SOURCE),
-        requirements_spec(_in_process_requirements(built.models, python_version),
+        requirements_spec(_in_process_requirements(built.models, python_version,
+                                                   release.platform.machine),
                           "ONNX model operators run in the pipeline model"),
         _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
 
@@ -151,12 +157,13 @@ def _python_model_requirements(models: Sequence[BuiltModel]) -> list[str]:
     return [f"torch=={torch.__version__.split('+')[0]}"]
 
 
-def _in_process_requirements(models: Sequence[BuiltModel], python_version: str) -> list[str]:
+def _in_process_requirements(models: Sequence[BuiltModel], python_version: str,
+                             machine: str = "x86_64") -> list[str]:
     """ONNX Runtime where the pipeline model runs model operators itself: the version the CPU
     base's onnxruntime backend runs (the same numerics, one pin when that backend is bridged)."""
     if not any(model.in_process for model in models):
         return []
-    return [line for line in cpu_backend_requirements(python_version)
+    return [line for line in cpu_backend_requirements(python_version, machine)
             if Requirement(line).name == "onnxruntime"]
 
 

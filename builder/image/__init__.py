@@ -7,6 +7,7 @@ from builder.image.serving_image import (
     ServingImage,
     build_serving_image,
 )
+from builder.image.startup import emulated_allowance
 
 __all__ = [
     "DRAIN_S",
@@ -14,4 +15,5 @@ __all__ = [
     "PythonRuntime",
     "ServingImage",
     "build_serving_image",
+    "emulated_allowance",
 ]

@@ -40,6 +40,12 @@ PAYLOAD_HASH = PREFIX + "payload-hash"
 STAGE = PREFIX + "stage"
 SBOM = PREFIX + "sbom"
 """Where the image's CycloneDX bill of materials lies in it (:mod:`builder.image.sbom`)."""
+PLATFORM = PREFIX + "platform"
+"""The platform the image is for (``linux/arm64``): the engine's ``Architecture`` says the
+same, the label keeps it beside ours when the image is copied or exported."""
+PLATFORMS = PREFIX + "platforms"
+"""Every platform of a multi-platform build (``linux/amd64,linux/arm64``): the images tagged
+``TAG-<architecture>`` beside this one, pushed under one index (``inspect`` reads it)."""
 UNHASHED = frozenset({CREATED})
 """Labels that do not take part in the content hash."""
 INPUTS = {
@@ -83,8 +89,10 @@ def serving_labels(
     version: str | None = None,
     revision: str | None = None,
     extra: Mapping[str, str] | None = None,
+    platforms: tuple[str, ...] = (),
 ) -> dict[str, str]:
-    """Every label of a serving image except the content hash and ``created`` (added last)."""
+    """Every label of a serving image except the content hash and ``created`` (added last);
+    ``platforms``: every platform of a multi-platform build this image is one of."""
     reference = ImageReference.parse(image_name)
     labels = {
         OCI + "title": reference.path.rsplit("/", 1)[-1],
@@ -99,7 +107,10 @@ def serving_labels(
         SIGNATURE: signature if isinstance(signature, str) else _compact_json(signature),
         STAGE: "serving",
         SBOM: SBOM_PATH,
+        PLATFORM: release.platform.name,
     }
+    if len(platforms) > 1:
+        labels[PLATFORMS] = ",".join(platforms)
     if revision:
         labels[OCI + "revision"] = revision
     if release.gpu and release.safe_driver:

@@ -141,7 +141,12 @@ def image_sbom(
 ) -> str:
     """The CycloneDX 1.6 JSON text of the image ``title``:``version`` (see the module's text)."""
     image = Component(name=title, version=version, type=ComponentType.CONTAINER,
-                      bom_ref="image", description=f"serving image on {release.describe()}")
+                      bom_ref="image",
+                      description=f"serving image for {release.platform} on "
+                                  f"{release.describe()}",
+                      properties=[Property(name=PROPERTY + "platform", value=release.platform.name),
+                                  Property(name=PROPERTY + "architecture",
+                                           value=release.platform.architecture)])
     bom = Bom(serial_number=uuid.UUID(int=0))
     bom.metadata.timestamp = None  # optional, and it would make two identical builds differ
     bom.metadata.component = image

@@ -42,6 +42,7 @@ from builder.engine.image_build import (
 )
 from builder.engine.image_config import restamp_image
 from builder.engine.leftovers import Leftovers
+from builder.engine.platforms import DEFAULT_PLATFORM
 from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
@@ -134,6 +135,8 @@ class ImageOptions:
     drain_s: float = DRAIN_S
     environment: str | os.PathLike | None = None
     environment_python: str | None = None
+    platforms: tuple[str, ...] = ()
+    """Every platform of a multi-platform build this image is one of (its label)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels or {})))
@@ -194,7 +197,8 @@ def build_serving_image(
         environment_hash=plan.digest("environment") if plan.has("environment") else "none",
         signature=(options.signature if options.signature is not None
                    else repository_signature(repository_dir)),
-        version=options.version, revision=options.revision, extra=options.labels)
+        version=options.version, revision=options.revision, extra=options.labels,
+        platforms=options.platforms)
     sbom = image_sbom(
         title=image_labels[OCI + "title"], version=image_labels[OCI + "version"],
         release=release, base=BaseImage(release.image, base.id, _base_digest(base),
@@ -215,8 +219,10 @@ def build_serving_image(
         return ServingImage(id=cached.id, release=release, content_hash=digest,
                             labels=dict(client.images.get(cached.id).labels), built=False,
                             ready_timeout_s=ready_timeout_s)
+    platform = None if release.platform == DEFAULT_PLATFORM else release.platform.name
     with step_log(f"payload layers of {image_name}", on_log) as log:
-        payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log)
+        payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log,
+                                    platform)
     serving_dockerfile = render_serving_dockerfile(
         release, options=serving, stage="serving", payload_image=payload_id,
         start_period=start_period, labels=image_labels)
@@ -232,7 +238,8 @@ def build_serving_image(
         sbom_file.parent.mkdir(parents=True)
         sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
-        built = build_image(client, context, [], on_log=log, made=leftovers.images)
+        built = build_image(client, context, [], platform=platform, on_log=log,
+                            made=leftovers.images)
         image_id = restamp_image(client, built.id, created=image_labels[CREATED],
                                  kept_history=len(client.api.history(base.id)),
                                  made=leftovers.images)
@@ -306,7 +313,7 @@ def _base_digest(image: Image) -> str:
 
 
 def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: str,
-                   payload_hash: str, log: Log) -> str:
+                   payload_hash: str, log: Log, platform: str | None = None) -> str:
     """The payload image for ``payload_hash``: found by its cache tag, or built and tagged.
 
     A tag, not a label filter: images built FROM the payload inherit its labels, so only a tag
@@ -323,7 +330,7 @@ def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: s
     with tempfile.TemporaryDirectory(prefix="triton-builder-payload-") as workdir:
         context = plan.write(Path(workdir), ["environment", "weights"])
         (context / "Dockerfile").write_text(dockerfile)
-        built = build_image(client, context, [reference], on_log=log)
+        built = build_image(client, context, [reference], platform=platform, on_log=log)
     return built.id
 
 

@@ -2,6 +2,7 @@
 with the registry."""
 
 from builder.push.docker_push import PushError, PushResult, push_image
+from builder.push.image_index import IndexPushResult, push_index
 from builder.push.tags import tag_image
 
-__all__ = ["PushError", "PushResult", "push_image", "tag_image"]
+__all__ = ["IndexPushResult", "PushError", "PushResult", "push_image", "push_index", "tag_image"]

@@ -20,9 +20,9 @@ import docker
 import docker.errors
 
 from builder.engine.reference import ImageReference
+from builder.engine.registry import RegistryError, manifest_digest, registry_insecure
 from builder.errors import TritonBuilderError
 from builder.progress import Log
-from builder.push.registry import RegistryError, is_loopback, manifest_digest
 
 TRANSIENT = (
     "connection refused", "connection reset", "broken pipe", "i/o timeout", "timeout",
@@ -128,7 +128,7 @@ def _push_once(client: docker.DockerClient, repository: str, tag: str,
 def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts: int) -> str:
     host = ImageReference.parse(reference).registry
     try:
-        held = manifest_digest(reference, insecure=_insecure(client, host))
+        held = manifest_digest(reference, insecure=registry_insecure(client, host))
     except RegistryError as error:
         raise PushError(f"pushed {reference} ({pushed}), but could not confirm it with the "
                         f"registry: {error}", reference=reference, attempts=attempts,
@@ -138,18 +138,6 @@ def _confirm(client: docker.DockerClient, reference: str, pushed: str, attempts:
                         f"{pushed}: another push raced this one?", reference=reference,
                         attempts=attempts, transient=False)
     return held
-
-
-def _insecure(client: docker.DockerClient, host: str) -> bool:
-    """Whether the engine talks plain HTTP to ``host`` (its insecure registries)."""
-    if is_loopback(host):
-        return True
-    try:
-        config = client.info().get("RegistryConfig") or {}
-    except docker.errors.APIError:
-        return False
-    index = (config.get("IndexConfigs") or {}).get(host)
-    return bool(index) and index.get("Secure") is False
 
 
 def _is_transient(message: str) -> bool:

@@ -25,6 +25,10 @@ from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 """PyTriton 0.7.0 ships Triton 2.51.0, the server of the 24.10 NGC container."""
+WHEEL_PLATFORMS = {"x86_64": ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64"),
+                   "aarch64": ("manylinux_2_35_aarch64",)}
+"""The platform tags of PyTriton 0.7.0's wheels (PyPI's file list), by machine (``uname -m``):
+the same Triton 2.51.0 built for each."""
 
 TRITON_VERSION = "2.51.0"
 STUB_PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
@@ -112,13 +116,18 @@ class TritonDistribution:
         return dest
 
 
-def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
-    """Return the unpacked Triton wheel, downloading and unpacking it on first use.
+def triton_distribution(wheel: Path | None = None, *,
+                        machine: str = "x86_64") -> TritonDistribution:
+    """Return the unpacked Triton wheel for ``machine``, downloading and unpacking it on first
+    use.
 
-    ``wheel`` (or ``$TRITON_BUILDER_PYTRITON_WHEEL``) points at a wheel already on disk, for
-    machines that reach no package index.
+    ``wheel`` (or ``$TRITON_BUILDER_PYTRITON_WHEEL``, where it is that machine's) points at a
+    wheel already on disk, for machines that reach no package index.
     """
-    wheel = wheel or _env_path("TRITON_BUILDER_PYTRITON_WHEEL") or download_wheel()
+    given = _env_path("TRITON_BUILDER_PYTRITON_WHEEL")
+    if given is not None and not given.name.endswith(f"_{machine}.whl"):
+        given = None
+    wheel = wheel or given or download_wheel(machine=machine)
     digest = wheel_digest(wheel)[:16]
     root = cache_dir("tritonserver") / f"{TRITON_VERSION}-{digest}"
     if not (root / ".complete").exists():
@@ -129,12 +138,16 @@ def triton_distribution(wheel: Path | None = None) -> TritonDistribution:
     return distribution
 
 
-def download_wheel(requirement: str = PYTRITON_REQUIREMENT) -> Path:
-    """The ``nvidia-pytriton`` wheel ``requirement`` for x86-64 Linux, downloaded once."""
-    platforms = ("manylinux_2_35_x86_64", "manylinux_2_31_x86_64")
+def download_wheel(requirement: str = PYTRITON_REQUIREMENT, *, machine: str = "x86_64") -> Path:
+    """The ``nvidia-pytriton`` wheel ``requirement`` for Linux on ``machine``, downloaded once."""
+    if machine not in WHEEL_PLATFORMS:
+        raise DistributionError(f"{requirement} has no wheel for {machine}: only for "
+                                f"{', '.join(WHEEL_PLATFORMS)}")
+    platforms = WHEEL_PLATFORMS[machine]
     try:
         return cached_download(
-            requirement, "wheels", f"nvidia_pytriton-{requirement.split('==')[1]}-*.whl",
+            requirement, "wheels",
+            f"nvidia_pytriton-{requirement.split('==')[1]}-*_{machine}.whl",
             "--only-binary=:all:", *(a for platform in platforms for a in ("--platform", platform)),
             "--python-version", "3.11")
     except DownloadError as error:

@@ -59,10 +59,11 @@ class ServingContainer:
     (the Docker SDK's dict: ``test``, ``interval`` in ns, ``retries``, ...); ``environment``
     sets the container's variables (e.g. the supervisor's ``TRITON_BUILDER_HEAL_*``);
     ``read_only`` and ``tmpfs`` (path → mount options) harden it as ``docker run --read-only
-    --tmpfs /tmp`` does; ``command`` replaces the image's. ``owner`` (a build's) labels the
-    container with it and names it after the build, so that the build's cleanup and
-    ``triton-builder doctor`` find it; without, it is the caller's to keep (``triton-builder
-    serve --detach``).
+    --tmpfs /tmp`` does; ``command`` replaces the image's; ``platform`` (``linux/arm64``) is the
+    image's platform where it is not the engine's own (``docker run --platform``: it then runs
+    under emulation). ``owner`` (a build's) labels the container with it and names it after the
+    build, so that the build's cleanup and ``triton-builder doctor`` find it; without, it is the
+    caller's to keep (``triton-builder serve --detach``).
     """
 
     def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
@@ -74,7 +75,7 @@ class ServingContainer:
                  volumes: dict[str, dict[str, str]] | None = None,
                  environment: dict[str, str] | None = None, read_only: bool = False,
                  tmpfs: dict[str, str] | None = None,
-                 command: list[str] | None = None,
+                 command: list[str] | None = None, platform: str | None = None,
                  owner: BuildOwner | None = None) -> None:
         self.client = client
         self.image = image
@@ -85,7 +86,7 @@ class ServingContainer:
         self._options = dict(
             shm_size=shm_size, name=name, labels=labels or {}, healthcheck=healthcheck,
             volumes=volumes, environment=environment, read_only=read_only, tmpfs=tmpfs,
-            command=command,
+            command=command, **({"platform": platform} if platform else {}),
             device_requests=([docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
                              if self.gpus else None),
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)
@@ -179,9 +180,11 @@ def gpus_available(client: docker.DockerClient) -> bool:
 
 
 def docker_run_command(image: str, *, gpus: bool = True,
-                       shm_size: str | None = DEFAULT_SHM_SIZE) -> str:
-    """The command users copy to run the image (GPU form unless ``gpus=False``)."""
-    parts = ["docker", "run", "--rm"]
+                       shm_size: str | None = DEFAULT_SHM_SIZE,
+                       platform: str | None = None) -> str:
+    """The command users copy to run the image (GPU form unless ``gpus=False``; ``platform``
+    where it is not the engine's own)."""
+    parts = ["docker", "run", "--rm", *([f"--platform={platform}"] if platform else [])]
     if gpus:
         parts.append("--gpus=all")
     if shm_size:

@@ -96,6 +96,8 @@ class Verification:
     models: list[str] = field(default_factory=list)
     gpu_placement: GpuPlacement | None = None
     """For an image with ``KIND_GPU`` models: whether their placement was exercised, and how."""
+    platform: str | None = None
+    """Where the image was another platform's than the engine's: which (run under emulation)."""
 
 
 def verify_image(
@@ -110,13 +112,15 @@ def verify_image(
     repository_dir: str | Path | None = None,
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
     owner: BuildOwner | None = None,
+    platform: str | None = None,
 ) -> Verification:
     """Run ``image``, wait for readiness, run the default model check and ``checks``.
 
     ``repository_dir`` (the repository the image serves, at ``image_repository`` inside it)
     makes the check GPU-aware (:mod:`builder.verify.placement`): with GPUs each ``KIND_GPU``
     model must have run on one; without, those models are verified on the CPU and the result
-    says their placement was not exercised.
+    says their placement was not exercised. ``platform`` runs an image of another platform than
+    the engine's (under emulation: give it a longer ``timeout``).
 
     The container is labelled with ``owner`` (the build's; default: a new one of this process)
     and named after it, so that the build's cleanup and ``triton-builder doctor`` find it.
@@ -131,7 +135,8 @@ def verify_image(
         admin_key = secrets.token_urlsafe(24)
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
                                      labels={VERIFICATION_LABEL: "1"}, volumes=volumes,
-                                     environment={ADMIN_KEY_VARIABLE: admin_key}, owner=owner)
+                                     environment={ADMIN_KEY_VARIABLE: admin_key}, owner=owner,
+                                     platform=platform)
         try:
             endpoint = container.start(timeout)
             models = _check_models_ready(endpoint, admin_key)
@@ -148,7 +153,7 @@ def verify_image(
                 on_log(placement.detail)
             return Verification(image=image, gpus=container.gpus,
                                 seconds=time.monotonic() - started, models=models,
-                                gpu_placement=placement)
+                                gpu_placement=placement, platform=platform)
         except (VerificationError, ContainerError, GpuPlacementError) as error:
             failure = VerificationError(str(error).split("\n--- container log")[0],
                                         container.logs())

@@ -12,12 +12,12 @@ import urllib.request
 import docker.errors
 import pytest
 
-from builder.push.docker_push import PushError, push_image
-from builder.push.registry import (
+from builder.engine.registry import (
     MANIFEST_TYPES,
     RegistryError,
     manifest_digest,
 )
+from builder.push.docker_push import PushError, push_image
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from builder.image.labels import INPUTS
-from builder.image.serving_image import PAYLOAD_REPOSITORY
+from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -47,25 +47,6 @@ def _build(workdir: Path, umask: int, hash_seed: str) -> str:
     return result.stdout + result.stderr
 
 
-def _remove_what_the_build_made(client, before: set[str]) -> None:
-    """Every image that was not there before: the image, its payload, the build's layers."""
-    for tag in [REFERENCE, *(t for image in client.images.list(PAYLOAD_REPOSITORY)
-                             for t in image.tags)]:
-        image = client.images.get(tag)
-        if image.id not in before:
-            client.images.remove(tag, noprune=True)
-    for _ in range(10):  # children first: repeat until no new untagged image is left
-        left = [image for image in client.images.list(all=True)
-                if image.id not in before and not image.tags]
-        if not left:
-            return
-        for image in left:
-            try:
-                client.images.remove(image.id, noprune=True)
-            except Exception:  # noqa: BLE001 - a parent of one still there; next round
-                pass
-
-
 def _layers(client, image_id: str) -> list[str]:
     return client.images.get(image_id).attrs["RootFS"]["Layers"]
 
@@ -73,7 +54,7 @@ def _layers(client, image_id: str) -> list[str]:
 def test_two_clean_builds_give_one_image_id(docker_client, cpu_base_image, tmp_path):
     import time
 
-    before = {image.id for image in docker_client.images.list(all=True)}
+    before = image_ids(docker_client)
     ids, layers = [], []
     for machine, (umask, seed) in enumerate(((0o022, "1"), (0o077, "2"))):
         if machine:
@@ -89,7 +70,7 @@ def test_two_clean_builds_give_one_image_id(docker_client, cpu_base_image, tmp_p
                 label: image.labels[label] for label in INPUTS}
         ids.append(image.id)
         layers.append(_layers(docker_client, image.id))
-        _remove_what_the_build_made(docker_client, before)
+        remove_images_made(docker_client, before, (REFERENCE,))
     differing = [index for index, (first, second) in enumerate(zip(*layers)) if first != second]
     assert ids[0] == ids[1], (f"two image IDs {ids}; layers that differ (from the base up): "
                               f"{differing} of {len(layers[0])}")

@@ -9,7 +9,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from builder.host_packages import ensure_program
+from builder.engine.emulation import BINFMT_MISC, binfmt_problem
+from builder.engine.platforms import Platform
+from builder.host_packages import HostError, ensure_program
 
 
 class LocalRegistry:
@@ -66,3 +68,26 @@ class LocalRegistry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def enable_emulation(target: Platform) -> None:
+    """Make this host run ``target``'s programs in containers, as root on Debian: Debian's
+    ``qemu-user-static`` and ``binfmt-support`` (and ``arch-test``, which ``mmdebstrap`` asks
+    for another architecture), ``binfmt_misc`` mounted where it is not, the handler enabled.
+
+    Raises :class:`~builder.host_packages.HostError` saying what is missing where it cannot.
+    """
+    if binfmt_problem(target) is None:
+        return
+    ensure_program("qemu-aarch64-static" if target.machine == "aarch64"
+                   else f"qemu-{target.machine}-static", "qemu-user-static")
+    ensure_program("update-binfmts", "binfmt-support")
+    ensure_program("arch-test", "arch-test")
+    if not (BINFMT_MISC / "status").exists():
+        subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT_MISC)],
+                       capture_output=True, text=True)
+    subprocess.run(["update-binfmts", "--enable", target.binfmt], capture_output=True,
+                   text=True)
+    problem = binfmt_problem(target)
+    if problem is not None:
+        raise HostError(f"could not enable emulation of {target} here: {problem}")

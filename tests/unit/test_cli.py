@@ -85,6 +85,10 @@ def test_docker_host_at_a_missing_socket_fails_at_once_naming_it(tmp_path):
     (["-t", "tb-i14/ok:1", "--env", "envs/no-such-spec.txt"],
      "'envs/no-such-spec.txt' does not exist"),
     (["-t", "tb-i14/ok:1", "--parallelism", "0"], "'--parallelism'"),
+    (["-t", "tb-i14/ok:1", "--platform", "linux/amd64", "--platform", "linux/s390x"],
+     "unknown platform 'linux/s390x': images are built for linux/amd64, linux/arm64"),
+    (["-t", "tb-i14/ok:1", "--platform", "linux/amd64", "--no-verify-platform", "linux/arm/v7"],
+     "unknown platform 'linux/arm/v7'"),
 ])
 def test_bad_image_options_are_usage_errors_before_any_step(options, message, docker_client):
     result = cli("image", PIPELINE, *options, check=False)

@@ -123,7 +123,8 @@ def _packages_of(component: list[str]) -> set[str]:
     return {m for m in component if MODULES[m].name == "__init__.py"}
 
 
-DECISIONS = {"resolve": "base", "plan_python": "bridge", "require_buildable": "bridge"}
+DECISIONS = {"resolve": "base", "plan_python": "bridge", "require_buildable": "bridge",
+             "require_platform_wheels": "environment"}
 """Calls that only decide (nothing pulled, built or written): the job makes them all before any
 stage does work, so bad input is refused before anything is written."""
 
@@ -156,10 +157,12 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
 
 JOB_SOURCE = ast.parse((ROOT / "job.py").read_text())
 JOB_FUNCTIONS = {node.name: node for node in JOB_SOURCE.body if isinstance(node, ast.FunctionDef)}
-JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "base", "bridge", "repository",
-              "environment", "image", "verify", "push"]
+JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "decide:environment", "base", "bridge",
+              "repository", "environment", "image", "verify", "push"]
 """The in-process pipeline first (its answers are the reference), then the decisions, then one
-entry per stage: the base image; the bridge's plan held against the Python that image's stub
+entry per stage (a multi-platform build asks first that every requirement has a wheel for every
+platform: :func:`builder.environment.platform_wheels.require_platform_wheels`): the base image;
+the bridge's plan held against the Python that image's stub
 really links (:func:`builder.bridge.base_python.fit_base_python`: it needs the image on the
 engine, and must refuse before the repository is written); then the rest. The bridge's parts
 are made by the environment stage (:func:`builder.environment.prepare.prepare_environment`)."""

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from builder.push.registry import MANIFEST_TYPES, RegistryError, is_loopback, manifest_digest
+from builder.engine.registry import MANIFEST_TYPES, RegistryError, is_loopback, manifest_digest
 
 DIGEST = "sha256:" + "ab" * 32
 TOKEN = "registry-token"

@@ -1,4 +1,5 @@
-"""Asking a registry which manifest a tag names: the check that a push really landed.
+"""Asking a registry which manifest a tag names: the check that a push really landed, and which
+manifest of a multi-platform tag is one platform's (the engine pulls that one by its digest).
 
 ``GET /v2/<name>/manifests/<tag>`` with the manifest media types in ``Accept`` answers with a
 ``Docker-Content-Digest`` header. Registries that want credentials answer 401 with a
@@ -18,9 +19,14 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+import docker
+import docker.errors
 from docker import auth as docker_auth
 
+from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
 
@@ -44,19 +50,79 @@ def manifest_digest(reference: str, *, insecure: bool | None = None,
     insecure by default, as they are for the engine).
     """
     ref = ImageReference.parse(reference)
+    answer = registry_request(ref, f"manifests/{urllib.parse.quote(ref.tag)}",
+                              insecure=insecure, timeout=timeout)
+    return _digest_of(answer, ref)
+
+
+def platform_variant_digest(reference: str, platform: Platform, *,
+                            insecure: bool | None = None, timeout: float = 15.0) -> str:
+    """The digest of ``platform``'s manifest in the image index (manifest list) ``reference``
+    names: what ``docker pull --platform`` would take, pinned so that pulling it leaves the
+    tag's local image (another platform's) alone. A single-platform tag is refused where it
+    is not that platform's (its config says which)."""
+    ref = ImageReference.parse(reference)
+    answer = registry_request(ref, f"manifests/{urllib.parse.quote(ref.tag)}",
+                              insecure=insecure, timeout=timeout)
+    document = json.loads(answer.body)
+    entries = document.get("manifests")
+    if entries is None:
+        raise RegistryError(f"{reference} is a single-platform image, not an index of "
+                            f"platforms: pass that platform's own image (base_image=)")
+    wanted = platform.index_entry()
+    for entry in entries:
+        found = entry.get("platform") or {}
+        if (found.get("os"), found.get("architecture")) == (wanted["os"],
+                                                            wanted["architecture"]):
+            if "variant" in found and found["variant"] != wanted.get("variant", found["variant"]):
+                continue
+            return entry["digest"]
+    listed = ", ".join(f"{(e.get('platform') or {}).get('os')}/"
+                       f"{(e.get('platform') or {}).get('architecture')}" for e in entries)
+    raise RegistryError(f"{reference} has no {platform} image (it holds {listed})")
+
+
+@dataclass(frozen=True)
+class RegistryAnswer:
+    """What the registry answered a request: status, headers, body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def registry_request(ref: ImageReference, path: str, *, method: str = "GET",
+                     body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                     actions: str = "pull", insecure: bool | None = None,
+                     timeout: float = 15.0) -> RegistryAnswer:
+    """``method /v2/<repository>/<path>`` on ``ref``'s registry, with the credentials of the
+    Docker configuration where it asks for them (a token for ``actions`` on the repository:
+    ``pull``, or ``pull,push`` to write). Manifests are asked for in every type we know."""
     if insecure is None:
         insecure = is_loopback(ref.registry)
-    path = f"/v2/{ref.registry_path}/manifests/{urllib.parse.quote(ref.tag)}"
+    sent = {"Accept": MANIFEST_TYPES, **(headers or {})}
     errors = []
     for scheme in ("https", "http") if insecure else ("https",):
-        url = f"{scheme}://{ref.registry}{path}"
+        url = f"{scheme}://{ref.registry}/v2/{ref.registry_path}/{path}"
         try:
-            return _get_digest(url, ref, timeout)
+            return _send(url, method, body, sent, ref, actions, timeout)
         except (urllib.error.URLError, ssl.SSLError, ConnectionError, TimeoutError) as error:
             if isinstance(error, urllib.error.HTTPError):
                 raise RegistryError(_http_message(ref, error)) from None
             errors.append(f"{url}: {getattr(error, 'reason', error)}")
     raise RegistryError(f"cannot reach the registry {ref.registry}: " + "; ".join(errors))
+
+
+def registry_insecure(client: docker.DockerClient, host: str) -> bool:
+    """Whether the engine talks plain HTTP to ``host`` (its insecure registries)."""
+    if is_loopback(host):
+        return True
+    try:
+        config = client.info().get("RegistryConfig") or {}
+    except docker.errors.APIError:
+        return False
+    index = (config.get("IndexConfigs") or {}).get(host)
+    return bool(index) and index.get("Secure") is False
 
 
 def is_loopback(host: str) -> bool:
@@ -72,26 +138,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _get_digest(url: str, ref: ImageReference, timeout: float) -> str:
-    headers = {"Accept": MANIFEST_TYPES}
+def _send(url: str, method: str, body: bytes | None, headers: dict[str, str],
+          ref: ImageReference, actions: str, timeout: float) -> RegistryAnswer:
     try:
-        return _digest_of(_open(url, headers, timeout), ref)
+        return _open(url, method, body, headers, timeout)
     except urllib.error.HTTPError as error:
         if error.code != 401:
             raise
         challenge = error.headers.get("WWW-Authenticate", "")
-    headers["Authorization"] = _authorization(challenge, ref, timeout)
-    return _digest_of(_open(url, headers, timeout), ref)
+    authorized = {**headers, "Authorization": _authorization(challenge, ref, timeout, actions)}
+    return _open(url, method, body, authorized, timeout)
 
 
-def _open(url: str, headers: dict[str, str], timeout: float):
-    request = urllib.request.Request(url, headers=headers, method="GET")
-    return urllib.request.urlopen(request, timeout=timeout)
+def _open(url: str, method: str, body: bytes | None, headers: dict[str, str],
+          timeout: float) -> RegistryAnswer:
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return RegistryAnswer(response.status, dict(response.headers.items()), response.read())
 
 
-def _digest_of(response, ref: ImageReference) -> str:
-    with response:
-        digest = response.headers.get("Docker-Content-Digest")
+def _digest_of(answer: RegistryAnswer, ref: ImageReference) -> str:
+    digest = answer.headers.get("Docker-Content-Digest")
     if not digest:
         raise RegistryError(f"{ref.registry} did not send Docker-Content-Digest for "
                             f"{ref.registry_path}:{ref.tag}")
@@ -113,7 +180,8 @@ def _credentials(ref: ImageReference) -> tuple[str, str] | None:
     return None
 
 
-def _authorization(challenge: str, ref: ImageReference, timeout: float) -> str:
+def _authorization(challenge: str, ref: ImageReference, timeout: float,
+                   actions: str = "pull") -> str:
     scheme, _, params = challenge.partition(" ")
     credentials = _credentials(ref)
     if scheme.lower() == "basic":
@@ -126,7 +194,7 @@ def _authorization(challenge: str, ref: ImageReference, timeout: float) -> str:
     realm = fields.pop("realm", "")
     if not realm:
         raise RegistryError(f"{ref.registry} sent a bearer challenge without a realm")
-    fields.setdefault("scope", f"repository:{ref.registry_path}:pull")
+    fields.setdefault("scope", f"repository:{ref.registry_path}:{actions}")
     request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
     if credentials is not None:
         token = base64.b64encode(":".join(credentials).encode()).decode()
