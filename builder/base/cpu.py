@@ -77,7 +77,7 @@ def build_cpu_base(
     """
     os_image = os_image or default_os_image()
     tag = tag or cpu_base_tag(python_version)
-    os_image_id = _os_image_id(client, os_image)
+    os_image_id = base_os_image_id(client, os_image)
     distribution = triton_distribution()
     requirements = (resources.files("builder.envs") / REQUIREMENTS).read_text()
     dockerfile = render(
@@ -111,7 +111,8 @@ def build_cpu_base(
                            on_log=on_log)
 
 
-def _os_image_id(client: docker.DockerClient, os_image: str) -> str:
+def base_os_image_id(client: docker.DockerClient, os_image: str) -> str:
+    """The ID of ``os_image`` on this engine, pulled where it is missing (a base's FROM)."""
     try:
         return client.images.get(os_image).id
     except docker.errors.ImageNotFound:

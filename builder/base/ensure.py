@@ -12,6 +12,7 @@ import docker.errors
 from docker.models.images import Image
 
 from builder.base.cpu import build_cpu_base, cpu_base_tag
+from builder.base.gpu_slim import build_slim_base, slim_base_tag
 from builder.base.releases import Release
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
@@ -24,7 +25,8 @@ class BaseImageUnavailableError(TritonBuilderError, RuntimeError):
 
 def ensure_base_image(client: docker.DockerClient, release: Release, *,
                       on_log: Log | None = None) -> Image:
-    """The release's base image on this engine: found, built (our CPU base) or pulled.
+    """The release's base image on this engine: found, built (our CPU and slim GPU bases) or
+    pulled.
 
     The environment must be packed against this image (its Python, its glibc), so callers that
     pack one get the base here first.
@@ -36,6 +38,9 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
         pass
     if not release.gpu and release.image == cpu_base_tag(release.python_version):
         built = build_cpu_base(client, python_version=release.python_version, on_log=log)
+        return client.images.get(built.id)
+    if release.slim and release.image == slim_base_tag(release.python_version):
+        built = build_slim_base(client, release.python_version, on_log=log)
         return client.images.get(built.id)
     base = ImageReference.parse(release.image)
     try:

@@ -16,7 +16,10 @@ base), chosen from the wheels' own metadata:
    resolves (find-links, mirrors), accepted only if its metadata requires no CUDA runtime.
 
 ``torchvision``/``torchaudio`` pins are loosened so pip picks the builds matching the chosen
-torch; ``nvidia-*-cuXX`` requirements of another CUDA major are refused. Every choice says what
+torch; ``nvidia-*-cuXX`` requirements of another CUDA major are refused. On a GPU release an
+``onnxruntime-gpu`` requirement (the slim GPU route's ONNX operators) becomes the newest build for
+the release's CUDA, with the CUDA libraries it loads (:mod:`.onnxruntime_gpu`), and replaces
+any ``onnxruntime``. Every choice says what
 was chosen and why (:attr:`CudaChoice.reason`).
 """
 
@@ -41,8 +44,16 @@ from builder.base.releases import Release, version_key
 from builder.environment.errors import IndexUnreachableError, SpecError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import EnvironmentSpec
+from builder.environment.torch_for_cuda.onnxruntime_gpu import (
+    CUDA_LIBRARIES_SOURCE,
+    ONNXRUNTIME,
+    ONNXRUNTIME_GPU,
+    choose_onnxruntime_gpu,
+    cuda_toolkit_requirement,
+)
 from builder.environment.torch_for_cuda.wheel_metadata import (
     WheelFile,
+    compatible_wheels,
     list_wheels,
     local_metadata,
     read_metadata,
@@ -173,6 +184,17 @@ def resolve_cuda_packages(
                 f"{line!r} ({spec.where(line)}) is built for CUDA {found.group(1)}, but "
                 f"{release.describe()} is CUDA {release.cuda}: require the "
                 f"-cu{release.cuda.split('.')[0]} package instead")
+        if name == ONNXRUNTIME_GPU and release.gpu:
+            chosen, wheel, cuda, evidence = choose_onnxruntime_gpu(
+                requirement, release, python_version, platforms, index, spec.where(line))
+            choice = CudaChoice(ONNXRUNTIME_GPU, chosen, wheel, cuda, evidence,
+                                f"the newest onnxruntime-gpu whose CUDA runtime requirement "
+                                f"admits CUDA {release.cuda}")
+            choices.append(choice)
+            _replace(requirements, origins, line, chosen,
+                     f"{spec.where(line)}; chosen for {_target_words(release)}")
+            log(f"onnxruntime-gpu for {_target_words(release)}: {choice.describe()}")
+            continue
         if name in TORCH_COMPANIONS and requirement.specifier:
             loose = _without_specifier(requirement)
             _replace(requirements, origins, line, loose,
@@ -200,6 +222,14 @@ def resolve_cuda_packages(
         _replace(requirements, origins, line, choice.requirement,
                  f"{spec.where(line)}; chosen for {_target_words(release)}")
         log(f"torch for {_target_words(release)}: {choice.describe()}")
+    if any(choice.package == ONNXRUNTIME_GPU for choice in choices):
+        _one_onnxruntime(requirements, origins, log)
+        if not any(choice.package == TORCH for choice in choices):
+            pinned = cuda_toolkit_requirement(release)
+            requirements.append(pinned)
+            origins[pinned] = (CUDA_LIBRARIES_SOURCE,)
+            log(f"{pinned}: {CUDA_LIBRARIES_SOURCE} (NVIDIA's meta-package of CUDA "
+                f"{release.cuda}'s libraries)")
     if not choices and not extra_indexes and requirements == list(spec.requirements):
         return CudaResolution(spec, index, ())
     kept = {line: spec.origins.get(line, ()) for line in requirements if line not in origins}
@@ -207,6 +237,17 @@ def resolve_cuda_packages(
     if extra_indexes:
         index = replace(index, extra_index_urls=(*index.extra_index_urls, *extra_indexes))
     return CudaResolution(resolved, index, tuple(choices))
+
+
+def _one_onnxruntime(requirements: list[str], origins: dict[str, tuple[str, ...]],
+                     log: Log) -> None:
+    """Drop ``onnxruntime`` where ``onnxruntime-gpu`` is chosen: both install the same
+    ``onnxruntime`` package, and the GPU build runs on the CPU too."""
+    for line in list(requirements):
+        if canonicalize_name(Requirement(line).name) == ONNXRUNTIME:
+            requirements.remove(line)
+            origins.pop(line, None)
+            log(f"{line} dropped: onnxruntime-gpu provides the same package, CPU included")
 
 
 def _choose_torch(requirement: Requirement, release: Release, python_version: str,
@@ -218,7 +259,7 @@ def _choose_torch(requirement: Requirement, release: Release, python_version: st
         flavour = f"cu{label.replace('.', '')}" if label else "cpu"
         url = f"{pytorch_index.rstrip('/')}/{flavour}"
         try:
-            wheels = _compatible(list_wheels(url, TORCH, context=context), python_version,
+            wheels = compatible_wheels(list_wheels(url, TORCH, context=context), python_version,
                                  platforms)
         except IndexUnreachableError as error:
             unreachable = f"{url} could not be reached ({error})"
@@ -259,7 +300,7 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
                         where: str, unreachable: str, context) -> CudaChoice:
     simple = index.index_url or PYPI_SIMPLE
     try:
-        wheels = _compatible(list_wheels(simple, TORCH, context=context), python_version,
+        wheels = compatible_wheels(list_wheels(simple, TORCH, context=context), python_version,
                              platforms)
     except IndexUnreachableError as error:
         raise SpecError(f"{requirement} ({where}): {unreachable}, and {simple} could not be "
@@ -374,15 +415,6 @@ def _newest_fitting(versions: list[Version], own: tuple[int, int],
         return None
     cuda = cuda_of(best).cuda
     return best if cuda is not None and version_key(cuda)[0] == own[0] else None
-
-
-def _compatible(wheels: list[WheelFile], python_version: str,
-                platforms: Sequence[str]) -> list[WheelFile]:
-    interpreter = "cp" + python_version.replace(".", "")
-    allowed = set(platforms)
-    return [w for w in wheels if any(t.interpreter == interpreter and t.platform in allowed
-                                     and t.abi in (interpreter, "abi3", "none")
-                                     for t in w.tags)]
 
 
 def _platform_rank(wheel: WheelFile, platforms: Sequence[str]) -> int:
