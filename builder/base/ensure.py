@@ -12,7 +12,7 @@ import docker.errors
 from docker.models.images import Image
 
 from builder.base.cpu import build_cpu_base, cpu_base_tag
-from builder.base.gpu_slim import build_slim_base, slim_base_tag
+from builder.base.gpu_slim import OS_IMAGE_LABEL, build_slim_base, slim_base_tag
 from builder.base.releases import Release
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
@@ -32,15 +32,14 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
     pack one get the base here first.
     """
     log = on_log or (lambda line: None)
+    if release.slim and release.image == slim_base_tag(release.python_version):
+        return _slim_base(client, release, log)
     try:
         return client.images.get(release.image)
     except docker.errors.ImageNotFound:
         pass
     if not release.gpu and release.image == cpu_base_tag(release.python_version):
         built = build_cpu_base(client, python_version=release.python_version, on_log=log)
-        return client.images.get(built.id)
-    if release.slim and release.image == slim_base_tag(release.python_version):
-        built = build_slim_base(client, release.python_version, on_log=log)
         return client.images.get(built.id)
     base = ImageReference.parse(release.image)
     try:
@@ -57,3 +56,15 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
             f"the base image {release.image} is not on this engine and cannot be pulled "
             f"({error.explanation or error}); `docker login {host}` if it needs a login, or pass "
             f"base_image= (a mirror) or cuda=None (the CPU base)") from None
+
+
+def _slim_base(client: docker.DockerClient, release: Release, log: Log) -> Image:
+    """The slim GPU base, by content rather than by tag (its onnxruntime backend is the one a
+    build's checks run, so a new backend makes a new base), on the OS image the tagged one was
+    built from where there is one (its label), else the default."""
+    try:
+        os_image = (client.images.get(release.image).labels or {}).get(OS_IMAGE_LABEL)
+    except docker.errors.ImageNotFound:
+        os_image = None
+    built = build_slim_base(client, release.python_version, os_image=os_image, on_log=log)
+    return client.images.get(built.id)

@@ -32,6 +32,7 @@ from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
 TEMPLATE = "tritonserver-gpu-slim.Dockerfile.j2"
+OS_IMAGE_LABEL = "ai.triton-builder.os-image"
 SLIM_SERVER_CUDA = "12.6"
 """The CUDA runtime the wheel's server links: ``nvidia_pytriton.libs/libcudart-*.so.12.6.77`` of
 ``nvidia-pytriton`` 0.7.0 (REFERENCE.md, "The Triton in the nvidia-pytriton wheel is a GPU
@@ -88,7 +89,7 @@ def build_slim_base(
             "ai.triton-builder.triton-version": TRITON_VERSION,
             "ai.triton-builder.python-version": python_version,
             "ai.triton-builder.server-cuda": SLIM_SERVER_CUDA,
-            "ai.triton-builder.os-image": os_image,
+            OS_IMAGE_LABEL: os_image,
             "org.opencontainers.image.title": "tritonserver-gpu-slim",
             "org.opencontainers.image.version": TRITON_VERSION,
             "org.opencontainers.image.base.name": os_image,

@@ -22,8 +22,9 @@ from packaging.requirements import Requirement
 from builder.base.cpu import cpu_backend_requirements
 from builder.base.releases import Release, version_key
 from builder.bridge import BridgeOptions, PythonPlan, prepare_bridge
-from builder.environment.attach import attach_environment
+from builder.environment.attach import ENVIRONMENT_DIRECTORY, attach_environment
 from builder.environment.carried import CarriedInterpreterPacker
+from builder.environment.cuda_libraries import check_cuda_libraries
 from builder.environment.index import PackageIndex
 from builder.environment.spec import (
     EnvironmentSpec,
@@ -117,6 +118,9 @@ def prepare_environment(
                                 backends=parts.backends if parts else
                                 environment_backends(release),
                                 unpacked=ships_unpacked(release))
+    if release.slim and models and any(m.gpu and m.format == "onnx" and not m.in_process
+                                       for m in built.models):
+        check_cuda_libraries(target, built.model_root / models[0] / ENVIRONMENT_DIRECTORY)
     return PreparedEnvironment(tarball=tarball, target=target, models=models)
 
 

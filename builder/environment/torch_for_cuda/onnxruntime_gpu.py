@@ -44,9 +44,10 @@ ONNXRUNTIME_GPU_EXTRAS = ("cuda", "cudnn")
 """The extras under which onnxruntime-gpu declares the CUDA wheels its provider loads."""
 ONNX_OPERATOR_SOURCE = "ONNX model operators (the onnxruntime backend, CUDA execution provider)"
 CUDA_TOOLKIT = "cuda-toolkit"
-CUDA_TOOLKIT_EXTRAS = ("cublas", "cudart", "cufft", "curand", "nvrtc")
+CUDA_TOOLKIT_EXTRAS = ("cublas", "cudart", "cufft", "curand", "nvjitlink", "nvrtc")
 """The components ONNX Runtime's CUDA provider loads: its ``cuda`` extra's runtime, NVRTC,
-cuFFT and cuRAND, and cuBLAS (which its ``cudnn`` extra's cuDNN requires)."""
+cuFFT and cuRAND, cuBLAS (which its ``cudnn`` extra's cuDNN requires) and nvJitLink (which
+cuFFT requires unpinned: without it pip took 12.9's beside CUDA 12.6's cuFFT)."""
 CUDA_LIBRARIES_SOURCE = "the CUDA libraries of onnxruntime-gpu, pinned to the image's CUDA"
 
 _RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu(\d+))?$")

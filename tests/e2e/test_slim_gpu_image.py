@@ -1,0 +1,203 @@
+"""The slim GPU route end to end, on this machine: no NGC image, no GPU.
+
+The text-embedding example (its encoder an ONNX model operator) is built with ``--cuda 12.6
+--slim`` by the command line, from a clean state as on a fresh machine: an empty
+``TRITON_BUILDER_CACHE`` and an empty pip cache, so every CUDA wheel (onnxruntime-gpu, cuBLAS,
+cuDNN, cuFFT, cuRAND, the runtime: about 1.7 GB) comes from the package index. The build verifies
+the image against the in-process pipeline over gRPC and HTTP; with no GPU here the operator's
+``KIND_GPU`` config is swapped for ``KIND_CPU`` in the verification container (onnxruntime-gpu
+runs on the CPU too) and the build says that placement was not exercised. What a GPU adds —
+the CUDA provider on a device — is the GPU tier's (``tests/gpu``).
+
+What this module does check without a GPU: the bill of materials names the CUDA wheels with
+their hashes; the image is what the NVIDIA container runtime reads; the check a ``KIND_GPU``
+ONNX instance runs before its session finds every CUDA library in the image's environment and
+names what is missing (the driver's ``libcuda.so.1`` here, or a library hidden from it); the
+deployment manifests request GPUs; and a second clean build (another process, cache, umask,
+hash seed, the first build's images removed) gives the same image ID. The second build shares
+the first one's pip cache (not an input of the image) so that CI downloads the wheels once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from builder.base.gpu_slim import SLIM_SERVER_CUDA
+from builder.environment.lock import read_lock
+from builder.image.serving_image import PAYLOAD_REPOSITORY
+from tests.support.paths import REPO_ROOT
+from tests.unit.test_cli import cli
+
+pytestmark = pytest.mark.slow
+
+PIPELINE = f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline"
+REFERENCE = "triton-builder-test/slim-gpu-text-embedding:12.6"
+CUDA_WHEELS = ("cuda-toolkit", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12",
+               "nvidia-cudnn-cu12", "nvidia-cufft-cu12", "nvidia-curand-cu12", "onnxruntime-gpu")
+ENVIRONMENT = "/models/pipeline/environment"
+SITE = f"{ENVIRONMENT}/lib/python3.11/site-packages"
+
+
+def _build(workdir: Path, pip_cache: Path, os_image: str, *extra: str, umask: int,
+           seed: str) -> tuple[str, float]:
+    """One ``triton-builder image --cuda 12.6 --slim`` as on a fresh machine: its log, seconds."""
+    (workdir / "cache").mkdir(parents=True)
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "SOURCE_DATE_EPOCH"}
+    environment.update(TRITON_BUILDER_CACHE=str(workdir / "cache"), PIP_CACHE_DIR=str(pip_cache),
+                       TRITON_BUILDER_OS_IMAGE=os_image, PYTHONHASHSEED=seed)
+    program = Path(sys.executable).parent / "triton-builder"
+    started = time.monotonic()
+    result = subprocess.run([str(program), "image", PIPELINE, "-t", REFERENCE, "--cuda", "12.6",
+                             "--slim", *extra], cwd=workdir, env=environment,
+                            capture_output=True, text=True,
+                            preexec_fn=lambda: os.umask(umask), timeout=1800)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result.stdout + result.stderr, seconds
+
+
+def _made_since(client, before: set[str]) -> list[str]:
+    return [image.id for image in client.images.list(all=True) if image.id not in before]
+
+
+def _remove_made_since(client, before: set[str]) -> None:
+    """Every image that was not there before: the image, its payload, the build's layers."""
+    for tag in [REFERENCE, *(t for image in client.images.list(PAYLOAD_REPOSITORY)
+                             for t in image.tags)]:
+        try:
+            if client.images.get(tag).id not in before:
+                client.images.remove(tag, noprune=True)
+        except docker.errors.ImageNotFound:
+            pass
+    for _ in range(10):  # children first: repeat until no new untagged image is left
+        left = [image for image in client.images.list(all=True)
+                if image.id not in before and not image.tags]
+        if not left:
+            return
+        for image in left:
+            try:
+                client.images.remove(image.id, noprune=True)
+            except docker.errors.APIError:
+                pass  # a parent of one still there; next round
+
+
+@pytest.fixture(scope="module")
+def pip_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pip-cache")
+
+
+@pytest.fixture(scope="module")
+def slim_build(docker_client, slim_base_image, os_image, pip_cache, tmp_path_factory):
+    before = {image.id for image in docker_client.images.list(all=True)}
+    log, seconds = _build(tmp_path_factory.mktemp("machine-0"), pip_cache, os_image,
+                          umask=0o022, seed="1")
+    downloaded = sum(f.stat().st_size for f in pip_cache.rglob("*") if f.is_file())
+    print(f"\nslim GPU build from a clean state: {seconds:.0f} s, pip cache after it "
+          f"{downloaded / 1e9:.2f} GB (the wheels fetched from the package index)")
+    yield {"log": log, "id": docker_client.images.get(REFERENCE).id, "before": before,
+           "seconds": seconds}
+    _remove_made_since(docker_client, before)
+
+
+def test_the_example_is_built_from_a_clean_state_and_verified_against_the_pipeline(
+        slim_build, docker_client):
+    log = slim_build["log"]
+    assert "downloading wheels" in log and "is cached" not in log
+    assert "onnxruntime-gpu for CUDA 12.6 (slim): onnxruntime-gpu[cuda,cudnn]==" in log
+    assert "GPU placement was not exercised" in log and "text_encoder (KIND_GPU)" in log
+    assert "(verified)" in log and "docker run --rm --gpus=all" in log
+    labels = docker_client.images.get(REFERENCE).labels
+    assert (labels["ai.triton-builder.cuda"], labels["ai.triton-builder.release"]) == (
+        "12.6", "slim")
+    assert labels["ai.triton-builder.triton-version"] == "2.51.0"
+
+
+def test_the_sbom_lists_the_cuda_wheels_with_the_hashes_of_the_lock(slim_build, docker_client):
+    document = json.loads(cli("inspect", REFERENCE, "--sbom").stdout)
+    components = {c.get("purl", ""): c for c in document["components"]}
+    locked = read_lock(docker_client.containers.run(
+        REFERENCE, ["cat", "/models/pipeline/environment.lock.txt"], remove=True,
+        entrypoint=[]).decode())
+    names = {package.name for package in locked}
+    assert set(CUDA_WHEELS) <= names, sorted(names)
+    assert "onnxruntime" not in names  # the GPU build only: both install one package
+    for package in locked:
+        if package.name in CUDA_WHEELS or package.name.startswith("nvidia-"):
+            component = components[f"pkg:pypi/{package.name}@{package.version}"]
+            assert [f"sha256:{h['content']}" for h in component["hashes"]] == list(
+                package.hashes) and package.hashes
+    versions = {package.name: package.version for package in locked}
+    assert versions["cuda-toolkit"].startswith("12.6.")
+    assert versions["nvidia-cuda-runtime-cu12"].startswith("12.6.")
+    assert versions["nvidia-cublas-cu12"].startswith("12.6.")
+    triton = next(c for c in document["components"] if c.get("bom-ref") == "triton")
+    assert {p["value"] for p in triton["properties"]} >= {"slim", "12.6", "nvidia-pytriton==0.7.0"}
+
+
+def test_the_image_is_what_the_nvidia_container_runtime_reads_with_nothing_of_ngc(
+        slim_build, docker_client):
+    config = docker_client.images.get(REFERENCE).attrs["Config"]
+    variables = dict(item.split("=", 1) for item in config["Env"])
+    assert variables["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert variables["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert variables["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0"
+    assert config["User"] == "1000:1000"
+    found = docker_client.containers.run(REFERENCE, [
+        "sh", "-c", "ls /opt/tritonserver/lib | grep libcudart; ls /usr/local/cuda 2>&1; "
+                    "python3 -c 'import onnxruntime' 2>&1 | tail -1"],
+        remove=True, entrypoint=[]).decode()
+    assert f".so.{SLIM_SERVER_CUDA}." in found  # the server's own CUDA runtime, the wheel's
+    assert "No such file or directory" in found  # no CUDA toolkit
+    assert "No module named 'onnxruntime'" in found  # the system Python has none: the env has
+
+
+@pytest.mark.parametrize(("hidden", "driver", "named"), [
+    (None, False, None),
+    (None, True, "the NVIDIA driver's libcuda.so.1 cannot be loaded"),
+    (f"{SITE}/nvidia/cudnn/lib", False, "libcudnn.so.9: cannot open shared object file"),
+    (f"{SITE}/nvidia/cublas/lib", False, "libcublasLt.so.12: cannot open shared object file"),
+])
+def test_the_backends_cuda_provider_check_run_in_the_image_names_what_is_missing(
+        slim_build, docker_client, hidden, driver, named):
+    """What a ``KIND_GPU`` ONNX instance runs before its session (Triton itself refuses
+    ``KIND_GPU`` on a machine without GPUs, so here the check runs on its own, in the image, in
+    the environment's Python): every library is there, only the driver is not; a library
+    hidden by an empty tmpfs is named."""
+    probe = ("import sys; sys.path.insert(0, '/opt/tritonserver/backends/onnxruntime'); "
+             f"import model; print('problem:', model.cuda_provider_problem(driver={driver}))")
+    output = docker_client.containers.run(
+        REFERENCE, ["-c", probe], entrypoint=[f"{ENVIRONMENT}/bin/python"], remove=True,
+        read_only=True, tmpfs={"/tmp": "", **({hidden: ""} if hidden else {})}).decode()
+    answer = output.strip().splitlines()[-1]
+    if named is None:
+        assert answer == "problem: None", output
+    else:
+        assert named in answer, output
+
+
+def test_the_deployment_manifests_request_gpus(slim_build, tmp_path):
+    manifest = tmp_path / "triton.yaml"
+    cli("deploy", "k8s", REFERENCE, "-o", str(manifest))
+    assert "nvidia.com/gpu: 1" in manifest.read_text()
+    stack = cli("deploy", "swarm", REFERENCE, "--dry-run").stdout
+    assert "NVIDIA-GPU" in stack
+
+
+def test_a_second_clean_build_gives_the_same_image_id(slim_build, docker_client, os_image,
+                                                      pip_cache, tmp_path):
+    first = slim_build["id"]
+    _remove_made_since(docker_client, slim_build["before"])
+    log, seconds = _build(tmp_path / "machine-1", pip_cache, os_image, "--no-verify",
+                          umask=0o077, seed="2")
+    print(f"\nsecond clean build (pip cache kept): {seconds:.0f} s")
+    assert "Using cache" not in log, "the second build was handed cached layers"
+    assert docker_client.images.get(REFERENCE).id == first
