@@ -112,7 +112,7 @@ def prepare_environment(
     packer = (CarriedInterpreterPacker(parts.libraries) if parts is not None and parts.bridged
               else options.packer)
     tarball = pack_environment(resolution.spec, target, packer=packer, index=resolution.index,
-                               on_log=on_log)
+                               compress=not ships_unpacked(release), on_log=on_log)
     models = attach_environment(built.model_root, tarball,
                                 stub=parts.stub if parts else None,
                                 backends=parts.backends if parts else
