@@ -438,7 +438,13 @@ def deploy_swarm_command(
         replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
         health_interval_s=health_interval, health_retries=health_retries))
     if dry_run:
-        image = _run("reading the image", lambda: deployable_image(reference))
+        from builder.engine import EngineError, docker_client
+
+        try:
+            engine = docker_client()
+        except EngineError:
+            engine = None  # no engine here: described without its labels (a CPU image)
+        image = _run("reading the image", lambda: deployable_image(reference, client=engine))
         document = stack_document(image, options)
         if stack_file is not None:
             write_stack(document, stack_file)

@@ -73,6 +73,8 @@ class PackResult:
     lock: str
     warnings: tuple[str, ...] = ()
     seconds: tuple[tuple[str, float], ...] = ()
+    downloaded_bytes: int = 0
+    """The wheels fetched for it, in bytes (what the package index served)."""
 
 
 class Packer(Protocol):
@@ -158,7 +160,8 @@ class VenvPacker:
             raise PackError(f"venv-pack could not pack {venv}: {error}") from error
         clock.lap("pack")
         return PackResult(archive=raw, lock=hash_lock(lock.read_text(), wheels),
-                          seconds=clock.laps)
+                          seconds=clock.laps,
+                          downloaded_bytes=sum(w.stat().st_size for w in wheels.glob("*.whl")))
 
 
 class CondaPacker:

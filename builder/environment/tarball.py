@@ -136,7 +136,9 @@ def pack_environment(
         clock.lap("check")
         steps = (*result.seconds, *clock.laps)
         log("environment made in " + ", ".join(f"{step} {seconds:.1f} s"
-                                                 for step, seconds in steps))
+                                                 for step, seconds in steps)
+            + (f"; {result.downloaded_bytes / 1e9:.2f} GB of wheels downloaded"
+               if result.downloaded_bytes else ""))
         staged = work / "entry"
         staged.mkdir()
         shutil.move(archive, staged / name)
@@ -149,6 +151,7 @@ def pack_environment(
             "target": target.where, "target_image_id": target.image_id,
             "spec": json.loads(spec.canonical()), "warnings": list(result.warnings),
             "archive": name, "steps": dict(steps),
+            "downloaded_bytes": result.downloaded_bytes,
         }, indent=2) + "\n")
         (staged / _COMPLETE).touch()
         _publish(staged, entry)
