@@ -346,8 +346,20 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
     reason = f"{unreachable}; {how_chosen}"
     if relaxed:
         reason += f" ({requirement} from the building machine has no such build)"
-    return CudaChoice(TORCH, f"torch=={chosen}", by_version[chosen].filename, built.cuda,
-                      built.evidence, reason)
+    return CudaChoice(TORCH, exact_pin(TORCH, chosen), by_version[chosen].filename,
+                      built.cuda, built.evidence, reason)
+
+
+def exact_pin(name: str, version: Version) -> str:
+    """``name===version`` for a public version, ``name==version`` for a local one.
+
+    ``torch==2.13.0`` admits ``2.13.0+cpu`` (a public specifier matches every local label of
+    its version, PEP 440), which pip then prefers from a ``find-links`` directory: on a machine
+    whose wheelhouse holds the CPU build, the environment chosen for CUDA 13.0 got it (found by
+    the slim GPU route's torch-operator build here). Arbitrary equality admits only the build
+    chosen.
+    """
+    return f"{name}=={version}" if version.local else f"{name}==={version}"
 
 
 def _cpu_from_pip(requirement: Requirement, python_version: str, platforms: Sequence[str],
