@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from email.parser import Parser
 from pathlib import Path
 
@@ -98,6 +98,8 @@ class CudaChoice:
     cuda: str | None
     evidence: str
     reason: str
+    metadata: str = field(default="", compare=False, repr=False)
+    """The chosen wheel's ``METADATA`` (its requirements), where it was read."""
 
     def describe(self) -> str:
         built = f"CUDA {self.cuda}" if self.cuda else "the CPU"
@@ -230,6 +232,11 @@ def resolve_cuda_packages(
             origins[pinned] = (CUDA_LIBRARIES_SOURCE,)
             log(f"{pinned}: {CUDA_LIBRARIES_SOURCE} (NVIDIA's meta-package of CUDA "
                 f"{release.cuda}'s libraries)")
+            cudnn = _torchs_cudnn(release, python_version, platforms, index, pytorch_index,
+                                  log)
+            if cudnn is not None:
+                requirements.append(cudnn)
+                origins[cudnn] = (CUDA_LIBRARIES_SOURCE,)
     if not choices and not extra_indexes and requirements == list(spec.requirements):
         return CudaResolution(spec, index, ())
     kept = {line: spec.origins.get(line, ()) for line in requirements if line not in origins}
@@ -237,6 +244,36 @@ def resolve_cuda_packages(
     if extra_indexes:
         index = replace(index, extra_index_urls=(*index.extra_index_urls, *extra_indexes))
     return CudaResolution(resolved, index, tuple(choices))
+
+
+def _torchs_cudnn(release: Release, python_version: str, platforms: Sequence[str],
+                  index: PackageIndex, pytorch_index: str | None, log: Log) -> str | None:
+    """The cuDNN that torch's build for ``release``'s CUDA requires (its wheel's metadata), for
+    an environment without torch: onnxruntime-gpu takes any cuDNN 9 of the CUDA major, and pip
+    would take the newest (9.28 for CUDA 12: 1.16 GB installed, against 0.88 GB for the 9.5 that
+    torch's CUDA 12.6 build pins); this one is the cuDNN of that CUDA's time, and the one a torch
+    image of the same CUDA carries. None (pip's choice) where no torch build is found."""
+    try:
+        choice, _ = _choose_torch(Requirement(TORCH), release, python_version, platforms,
+                                  index, pytorch_index, True, CUDA_LIBRARIES_SOURCE)
+    except SpecError as error:
+        log(f"cuDNN left to pip: no torch build for CUDA {release.cuda} to take it from "
+            f"({str(error).splitlines()[0]})")
+        return None
+    environment = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
+                   "platform_machine": "x86_64", "python_version": python_version,
+                   "python_full_version": f"{python_version}.0", "extra": ""}
+    for line in Parser().parsestr(choice.metadata).get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        pins = [s.version for s in requirement.specifier if s.operator == "=="]
+        if (re.match(r"^nvidia-cudnn-cu\d+$", canonicalize_name(requirement.name)) and pins
+                and (requirement.marker is None or requirement.marker.evaluate(environment))):
+            pinned = f"{canonicalize_name(requirement.name)}=={pins[0]}"
+            log(f"{pinned}: the cuDNN of {choice.requirement} ({choice.wheel}), torch's build "
+                f"for CUDA {release.cuda}")
+            return pinned
+    log(f"cuDNN left to pip: {choice.wheel} names no cuDNN pin")
+    return None
 
 
 def _one_onnxruntime(requirements: list[str], origins: dict[str, tuple[str, ...]],
@@ -292,7 +329,7 @@ def _from_pytorch_index(requirement: Requirement, release: Release, wheels: list
     built = wheel_cuda(metadata, python_version)
     _refuse_mismatch(requirement, release, wheel, built, where)
     return CudaChoice(TORCH, f"torch=={wheel.version}", wheel.filename, built.cuda,
-                      f"{built.evidence}, from {how}", reason)
+                      f"{built.evidence}, from {how}", reason, metadata)
 
 
 def _from_package_index(requirement: Requirement, release: Release, python_version: str,
@@ -315,10 +352,12 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
     if not wanted and relaxable:
         wanted, relaxed = [v for v in versions if not v.is_prerelease], True
     cache: dict[Version, WheelCuda] = {}
+    texts: dict[Version, str] = {}
 
     def cuda_of(version: Version) -> WheelCuda:
         if version not in cache:
             metadata, how = read_metadata(by_version[version], context=context)
+            texts[version] = metadata
             found = wheel_cuda(metadata, python_version)
             cache[version] = WheelCuda(found.cuda, f"{found.evidence}, from {how}")
         return cache[version]
@@ -347,7 +386,7 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
     if relaxed:
         reason += f" ({requirement} from the building machine has no such build)"
     return CudaChoice(TORCH, exact_pin(TORCH, chosen), by_version[chosen].filename,
-                      built.cuda, built.evidence, reason)
+                      built.cuda, built.evidence, reason, texts.get(chosen, ""))
 
 
 def exact_pin(name: str, version: Version) -> str:

@@ -12,9 +12,11 @@ itself names.
 
 Those requirements are ranges (any 12.x); the libraries are pinned to the requested CUDA
 release by NVIDIA's own meta-package, ``cuda-toolkit[cudart,cublas,...]==12.6.*`` (every
-component of CUDA 12.6's last update; torch 2.13 requires its CUDA the same way). Where torch is
-in the environment its own CUDA pins decide instead — onnxruntime-gpu's ranges admit them, so
-pip installs one copy of each library for both.
+component of CUDA 12.6's last update; torch 2.13 requires its CUDA the same way), and cuDNN,
+which no toolkit release names, to the one torch's build for that CUDA pins (read from that
+wheel's metadata by :mod:`.choice`). Where torch is in the environment its own CUDA pins decide
+instead — onnxruntime-gpu's ranges admit them, so pip installs one copy of each library for
+both.
 """
 
 from __future__ import annotations

@@ -64,6 +64,11 @@ def test_the_newest_onnxruntime_gpu_whose_cuda_runtime_admits_the_cuda_is_chosen
         resolution.spec.requirements)
     assert "numpy==1.26.4" in resolution.spec.requirements
     assert any(choice.wheel in line for line in logged)
+    (cudnn,) = [line for line in resolution.spec.requirements if line.startswith("nvidia-cudnn")]
+    torch_wheel = next(line for line in logged if line.startswith(cudnn)).split("(")[1]
+    torch_metadata = read_metadata(next(  # the torch build it names pins that very cuDNN
+        w for w in list_wheels(PYPI_SIMPLE, "torch") if w.filename == torch_wheel.split(")")[0]))
+    assert f"Requires-Dist: {cudnn}" in torch_metadata[0].replace("; platform", "")
 
 
 def test_a_cpu_onnxruntime_gives_way_to_the_gpu_build_that_installs_the_same_package():
