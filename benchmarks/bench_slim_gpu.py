@@ -58,6 +58,7 @@ from builder.engine import ensure_engine  # noqa: E402
 from builder.verify.container import ServingContainer  # noqa: E402
 from builder.verify.placement import cpu_config_mounts  # noqa: E402
 from pipelines import text_embedding  # noqa: E402
+from tests.support.image_cleanup import remove_builds_on  # noqa: E402
 from tests.support.testbed import LocalRegistry  # noqa: E402
 
 SECTION = "## Slim GPU images: size, build, start, beside the NGC route"
@@ -110,8 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-slim-") as workdir, \
             LocalRegistry(Path(tempfile.mkdtemp(prefix="bench-registry-"))) as registry:
         for name, (cuda, formats) in EXAMPLES.items():
-            results[name] = _example(client, name, cuda, formats, args.runs, Path(workdir),
-                                     registry, quiet)
+            results[name] = _example(client, base.id, name, cuda, formats, args.runs,
+                                     Path(workdir), registry, quiet)
         ngc_layers = _ngc_route_layers(client, quiet)
         install = _install_tools(client, base, Path(workdir))
     load_end = os.getloadavg()[0]
@@ -161,13 +162,13 @@ def main() -> None:
     publish(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
 
 
-def _example(client, name: str, cuda: str, formats: tuple[str, ...], runs: int, workdir: Path,
-             registry: LocalRegistry, quiet) -> dict:
+def _example(client, base_id: str, name: str, cuda: str, formats: tuple[str, ...], runs: int,
+             workdir: Path, registry: LocalRegistry, quiet) -> dict:
     reference = f"{IMAGE}-{name}:{cuda}"
     before = {image.id for image in client.images.list(all=True)}
     cold, steps, downloaded = [], [], []
     for run in range(runs):
-        _remove_made_since(client, before)
+        remove_builds_on(client, base_id, before, [reference])
         os.environ["TRITON_BUILDER_CACHE"] = str(workdir / f"{name}-cache-{run}")
         os.environ["SOURCE_DATE_EPOCH"] = str(1_764_028_800 + run)
         started = time.monotonic()
@@ -188,7 +189,7 @@ def _example(client, name: str, cuda: str, formats: tuple[str, ...], runs: int, 
     environment_gb = _environment_layer_gb(client, image)
     pushed = _pushed_gb(client, reference, registry)
     ready = [_ready_seconds(client, reference, workdir / f"{name}-configs") for _ in range(runs)]
-    _remove_made_since(client, before)
+    remove_builds_on(client, base_id, before, [reference])
     return {"cold_s": statistics.median(cold), "rebuild_s": statistics.median(rebuilds),
             "image_gb": image.attrs["Size"] / 1e9, "pushed_gb": pushed,
             "ready_s": statistics.median(ready), "environment_gb": environment_gb,
@@ -253,7 +254,7 @@ def _ngc_route_layers(client, quiet) -> dict:
                                 "-type f | head -1))/../lib/python3.11 | cut -f1"],
         entrypoint=[], remove=True)
     layers = (image.attrs["Size"] - stand_in.attrs["Size"]) / 1e9
-    _remove_made_since(client, before)
+    remove_builds_on(client, "", before, [reference])  # the stand-in is shared: no sweep
     return {"onnx": layers, "environment": environment,
             "interpreter": int(interpreter.decode().split()[0]) / 1e9}
 
@@ -310,19 +311,6 @@ def _install_tools(client, base, workdir: Path, runs: int = 3) -> dict:
     return {"pip": statistics.median(times["pip"]), "uv": statistics.median(times["uv"]),
             "runs": runs, "uv_version": version.split()[1] if version else "?",
             "wheels": f"{sum(w.stat().st_size for w in wheels.glob('*.whl')) / 1e9:.2f} GB"}
-
-
-def _remove_made_since(client, before: set[str]) -> None:
-    """Every image made since ``before``: the benchmark's images, payloads and build layers."""
-    for _ in range(10):
-        left = [image for image in client.images.list(all=True) if image.id not in before]
-        if not left:
-            return
-        for image in left:
-            try:
-                client.images.remove(image.id, force=True, noprune=False)
-            except Exception:  # noqa: BLE001 - a parent of one still there; next round
-                pass
 
 
 if __name__ == "__main__":

@@ -30,12 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-import docker.errors
 import pytest
 
 from builder.base.gpu_slim import SLIM_SERVER_CUDA
 from builder.environment.lock import read_lock
-from builder.image.serving_image import PAYLOAD_REPOSITORY
+from tests.support.image_cleanup import remove_builds_on
 from tests.support.paths import REPO_ROOT
 from tests.unit.test_cli import cli
 
@@ -72,42 +71,19 @@ def _build(workdir: Path, os_image: str, *extra: str, umask: int,
     return result.stdout + result.stderr, seconds, json.loads(made.read_text())
 
 
-def _made_since(client, before: set[str]) -> list[str]:
-    return [image.id for image in client.images.list(all=True) if image.id not in before]
-
-
-def _remove_made_since(client, before: set[str]) -> None:
-    """Every image that was not there before: the image, its payload, the build's layers."""
-    for tag in [REFERENCE, *(t for image in client.images.list(PAYLOAD_REPOSITORY)
-                             for t in image.tags)]:
-        try:
-            if client.images.get(tag).id not in before:
-                client.images.remove(tag, noprune=True)
-        except docker.errors.ImageNotFound:
-            pass
-    for _ in range(10):  # children first: repeat until no new untagged image is left
-        left = [image for image in client.images.list(all=True)
-                if image.id not in before and not image.tags]
-        if not left:
-            return
-        for image in left:
-            try:
-                client.images.remove(image.id, noprune=True)
-            except docker.errors.APIError:
-                pass  # a parent of one still there; next round
-
-
 @pytest.fixture(scope="module")
 def slim_build(docker_client, slim_base_image, os_image, tmp_path_factory):
     before = {image.id for image in docker_client.images.list(all=True)}
+    base = docker_client.images.get(slim_base_image).id
     log, seconds, environment = _build(tmp_path_factory.mktemp("machine-0"), os_image,
                                        umask=0o022, seed="1")
     steps = ", ".join(f"{step} {s:.1f} s" for step, s in environment["steps"].items())
     print(f"\nslim GPU build from a clean state: {seconds:.0f} s; its environment: {steps}; "
           f"{environment['downloaded_bytes'] / 1e9:.2f} GB of wheels from the package index")
-    yield {"log": log, "id": docker_client.images.get(REFERENCE).id, "before": before,
-           "seconds": seconds, "environment": environment}
-    _remove_made_since(docker_client, before)
+    yield {"log": log, "id": docker_client.images.get(REFERENCE).id, "seconds": seconds,
+           "environment": environment, "clean": lambda: remove_builds_on(
+               docker_client, base, before, [REFERENCE])}
+    remove_builds_on(docker_client, base, before, [REFERENCE])
 
 
 def test_the_example_is_built_from_a_clean_state_and_verified_against_the_pipeline(
@@ -198,7 +174,7 @@ def test_the_deployment_manifests_request_gpus(slim_build, tmp_path):
 def test_a_second_clean_build_gives_the_same_image_id(slim_build, docker_client, os_image,
                                                       tmp_path):
     first = slim_build["id"]
-    _remove_made_since(docker_client, slim_build["before"])
+    slim_build["clean"]()
     log, seconds, environment = _build(tmp_path / "machine-1", os_image, "--no-verify",
                                        umask=0o077, seed="2")
     print(f"\nsecond clean build (no verification): {seconds:.0f} s")
