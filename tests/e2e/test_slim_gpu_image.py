@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from builder.base.gpu_slim import SLIM_SERVER_CUDA
@@ -161,6 +162,45 @@ def test_the_backends_cuda_provider_check_run_in_the_image_names_what_is_missing
         assert answer == "problem: None", output
     else:
         assert named in answer, output
+
+
+def test_a_killed_onnx_stub_heals_in_place_and_the_health_check_says_so(slim_build,
+                                                                        docker_client, tmp_path):
+    """As every image: the supervisor reloads the ONNX operator (its stub running our backend
+    on the environment's onnxruntime-gpu) after its stub is killed, and the health check
+    follows. Run as verification runs it here: ``KIND_CPU`` configs mounted (no GPU)."""
+    from builder.client.pipeline import Client
+    from builder.verify.container import ServingContainer
+    from builder.verify.placement import cpu_config_mounts
+    from pipelines.text_embedding import pipeline
+    from tests.e2e.test_reliability import _kill, _metric
+
+    repository = tmp_path / "repository"
+    for model in ("pipeline", "text_encoder"):
+        (repository / model).mkdir(parents=True)
+        (repository / model / "config.pbtxt").write_bytes(docker_client.containers.run(
+            REFERENCE, ["cat", f"/models/{model}/config.pbtxt"], entrypoint=[], remove=True))
+    volumes = cpu_config_mounts(repository, ["text_encoder"], tmp_path / "cpu", "/models")
+    with ServingContainer(docker_client, REFERENCE, volumes=volumes, read_only=True,
+                          tmpfs={"/tmp": ""}) as endpoint:
+        container = docker_client.containers.get(endpoint.container_id)
+        assert container.exec_run(["python3", "/opt/triton-builder/health.py"]).exit_code == 0
+        _kill(container, "text_encoder")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _metric(
+                container, "triton_builder_stub_restarts_total").get("text_encoder"):
+            time.sleep(0.5)
+        assert _metric(container, "triton_builder_stub_restarts_total")["text_encoder"] >= 1
+        with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+            answer = None
+            while time.monotonic() < deadline:
+                try:
+                    answer = client("hello world")
+                    break
+                except Exception:  # noqa: BLE001 - still reloading
+                    time.sleep(0.5)
+            np.testing.assert_allclose(answer, pipeline("hello world"), atol=1e-4)
+        assert container.exec_run(["python3", "/opt/triton-builder/health.py"]).exit_code == 0
 
 
 def test_the_deployment_manifests_request_gpus(slim_build, tmp_path):
