@@ -146,7 +146,8 @@ def main() -> None:
                      + " | ".join(f"{steps.get(step, 0):.1f}" for step in
                                   ("download", "install", "pack", "canonical", "check"))
                      + f" | {measured['environment_gb']:.2f} GB |")
-    lines += ["", f"Install step on the ONNX example's wheels ({install['wheels']}), in a "
+    lines += ["", f"Install step on the ONNX example's wheels ({install['wheels']}; the newest "
+              f"cuDNN, as before the build pinned torch's), in a "
               f"container of the slim base, no network, medians of {install['runs']}: pip (the "
               f"packer's command) {install['pip']:.1f} s, uv {install['uv_version']} "
               f"{install['uv']:.1f} s.",
@@ -154,9 +155,8 @@ def main() -> None:
               f"(24.06-py3, triton-inference-server/server#7474; no published figure for 24.10 "
               f"or 25.11 was found), plus our layers: ONNX example built on the NGC route "
               f"(24.10, bridged) on the stand-in `{NGC_STAND_IN}`: "
-              f"{ngc_layers['onnx']:.2f} GB over the stand-in, of which the bridged "
-              f"environment (with its interpreter) {ngc_layers['environment']:.2f} GB; torch "
-              f"example: its environment as the slim image ships it plus that interpreter "
+              f"{ngc_layers['onnx']:.2f} GB over the stand-in; torch example: its environment "
+              f"as the slim image ships it plus the bridged interpreter that ONNX build carried "
               f"({ngc_layers['interpreter']:.2f} GB). The NGC route of the ONNX example needs no "
               f"onnxruntime-gpu (NGC's C++ backend), the slim route brings it and the CUDA "
               f"libraries."]
@@ -265,15 +265,13 @@ def _ngc_route_layers(client, quiet) -> dict:
                        interpreter_image=INTERPRETER_STAND_IN, verify=False, client=client,
                        on_log=quiet)
     image, stand_in = client.images.get(reference), client.images.get(NGC_STAND_IN)
-    environment = _environment_layer_gb(client, image)
     interpreter = client.containers.run(
         reference, ["sh", "-c", "du -sb $(dirname $(find /models -path '*/bin/python3*' "
                                 "-type f | head -1))/../lib/python3.11 | cut -f1"],
         entrypoint=[], remove=True)
     layers = (image.attrs["Size"] - stand_in.attrs["Size"]) / 1e9
     remove_builds_on(client, "", before, [reference])  # the stand-in is shared: no sweep
-    return {"onnx": layers, "environment": environment,
-            "interpreter": int(interpreter.decode().split()[0]) / 1e9}
+    return {"onnx": layers, "interpreter": int(interpreter.decode().split()[0]) / 1e9}
 
 
 def _install_tools(client, base, workdir: Path, runs: int = 3) -> dict:
