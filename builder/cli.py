@@ -244,6 +244,9 @@ def image(
     pipeline: str = typer.Argument(..., help=PIPELINE_HELP),
     tag: list[str] = typer.Option(..., "--tag", "-t", help="Image name (repeatable)."),
     cuda: str = typer.Option("cpu", help="CUDA version (e.g. 11.8), or 'cpu'."),
+    slim: bool = typer.Option(False, help="The slim GPU route for --cuda (12.x, 13.0): the "
+                              "nvidia-pytriton wheel's Triton on Debian, CUDA libraries from "
+                              "NVIDIA's wheels, no NGC image."),
     triton_version: str = typer.Option(None, help="Pick the Triton release by its version."),
     base_image: str = typer.Option(None, help="Use this base image instead."),
     env: list[Path] = typer.Option([], exists=True, dir_okay=False,
@@ -297,7 +300,7 @@ def image(
     pipe = _run("loading the pipeline", lambda: load_pipeline(pipeline))
     first, *others = tag
     built = _run("building the image", lambda: build_docker_image(
-        pipe, first, tags=others, cuda=cuda, triton_version=triton_version,
+        pipe, first, tags=others, cuda=cuda, slim=slim, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
         push=push, user=user, drain_s=drain_seconds, client=ensure_engine(),
         parallelism=parallelism, latency_budget_ms=latency_budget_ms,
@@ -438,6 +441,7 @@ def inspect(
 @app.command()
 def doctor(
     cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for."),
+    slim: bool = typer.Option(False, help="For the slim GPU route (image --slim)."),
     environment: Path = typer.Option(None, help="A packed environment (.tar.gz) whose CUDA "
                                                 "runtime to check against the driver."),
     remove_leftovers: bool = typer.Option(False, "--remove-leftovers",
@@ -453,8 +457,8 @@ def doctor(
     from builder.base.releases import resolve
     from builder.doctor import run_checks
 
-    _run("reading the options", lambda: resolve(cuda))
-    checks = run_checks(cuda, environment, remove_leftovers=remove_leftovers)
+    _run("reading the options", lambda: resolve(cuda, slim=slim))
+    checks = run_checks(cuda, environment, slim=slim, remove_leftovers=remove_leftovers)
     for check in checks:
         color = {"ok": "green", "warn": "yellow", "fail": "red"}[check.status]
         console.print(Text.assemble((f"{check.status:<4}", color),
@@ -496,7 +500,13 @@ def deploy_swarm_command(
         replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
         health_interval_s=health_interval, health_retries=health_retries))
     if dry_run:
-        image = _run("reading the image", lambda: deployable_image(reference))
+        from builder.engine import EngineError, docker_client
+
+        try:
+            engine = docker_client()
+        except EngineError:
+            engine = None  # no engine here: described without its labels (a CPU image)
+        image = _run("reading the image", lambda: deployable_image(reference, client=engine))
         document = stack_document(image, options)
         if stack_file is not None:
             write_stack(document, stack_file)

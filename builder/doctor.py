@@ -15,7 +15,17 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.base.releases import MINOR_VERSION_DRIVER, TOOLKIT_DRIVER, Release, resolve
+from builder.base.gpu_slim import SLIM_SERVER_CUDA
+from builder.base.releases import (
+    MINOR_VERSION_DRIVER,
+    RELEASES,
+    TOOLKIT_DRIVER,
+    Release,
+    lowest_driver,
+    resolve,
+    slim_cuda_versions,
+    version_key,
+)
 from builder.cache import cache_dir
 from builder.engine.ownership import BUILD_LABEL
 
@@ -42,19 +52,22 @@ class Gpu:
         return int(self.driver.split(".")[0])
 
 
-def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None, *,
-               remove_leftovers: bool = False) -> list[Check]:
-    """Every check, for a build targeting ``cuda`` (``"cpu"`` for the CPU base).
+def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None,
+               slim: bool = False, *, remove_leftovers: bool = False) -> list[Check]:
+    """Every check, for a build targeting ``cuda`` (``"cpu"`` for the CPU base; with ``slim``
+    the slim GPU route).
 
     ``environment`` is a packed environment (``.tar.gz``) whose CUDA runtime is held against
     this machine's driver and the release's minimum. ``remove_leftovers`` removes what killed
     builds left (:func:`leftovers_check`).
     """
     try:
-        release = resolve(cuda)
+        release = resolve(cuda, slim=slim)
     except ValueError as error:
         return [Check("release", "fail", str(error))]
     checks = [Check("release", "ok", release.describe())]
+    if release.slim:
+        checks.append(slim_route_check(release))
     client, engine = _engine()
     checks.append(engine)
     info = client.info() if client is not None else {}
@@ -143,10 +156,22 @@ def driver_check(release: Release, gpus: list[Gpu], problem: str | None = None) 
                      f"{problem or 'no GPU listed'}: images for {release.release} need driver "
                      f">= {release.safe_driver} on the machine that runs them")
     gpu = min(gpus, key=lambda g: g.driver_branch)
+    if gpu.driver_branch < (release.min_driver or 0) and release.slim:
+        return Check("gpu driver", "fail",
+                     f"{gpu.name} with driver {gpu.driver}; the slim GPU route needs >= "
+                     f"{release.min_driver} (its server's CUDA {SLIM_SERVER_CUDA} runtime and "
+                     f"the CUDA {release.cuda} environment, by minor version compatibility): "
+                     f"{ngc_route_for(gpu.driver_branch)}")
     if gpu.driver_branch < (release.min_driver or 0):
         return Check("gpu driver", "fail",
                      f"{gpu.name} with driver {gpu.driver}; {release.release} needs >= "
                      f"{release.min_driver} (or pick an older --cuda)")
+    if release.slim and gpu.driver_branch < (release.safe_driver or 0):
+        return Check("gpu driver", "warn",
+                     f"{gpu.name} with driver {gpu.driver}: runs the slim GPU route by minor "
+                     f"version compatibility (>= {release.min_driver}); CUDA {release.cuda} "
+                     f"itself asks for >= {release.safe_driver} (PTX for newer GPUs would not "
+                     f"JIT)")
     if release.safe_driver and gpu.driver_branch < release.safe_driver:
         return Check("gpu driver", "warn",
                      f"{gpu.name} with driver {gpu.driver}: the {release.release} release notes "
@@ -154,6 +179,27 @@ def driver_check(release: Release, gpus: list[Gpu], problem: str | None = None) 
                      f"{release.safe_driver}")
     return Check("gpu driver", "ok", f"{gpu.name} with driver {gpu.driver} (>= "
                  f"{release.safe_driver} for {release.release})")
+
+
+def slim_route_check(release: Release) -> Check:
+    """What the slim GPU route serves, and on which drivers (no NGC image involved)."""
+    return Check("slim gpu route", "ok",
+                 f"Triton {release.triton_version} from nvidia-pytriton links CUDA "
+                 f"{SLIM_SERVER_CUDA}'s runtime (driver >= {lowest_driver(SLIM_SERVER_CUDA)}); "
+                 f"the route serves CUDA {', '.join(slim_cuda_versions())}, CUDA "
+                 f"{release.cuda} on drivers >= {release.min_driver}; older CUDA versions "
+                 f"take the NGC route (--cuda without --slim)")
+
+
+def ngc_route_for(driver_branch: int) -> str:
+    """The way out for a driver older than the slim route needs: the NGC release of the newest
+    CUDA whose release runs on it, if any."""
+    fitting = [r for r in RELEASES if not r.known_issue and (r.min_driver or 0) <= driver_branch]
+    if not fitting:
+        return f"update the driver (no NGC release runs on driver {driver_branch} either)"
+    newest = max(fitting, key=lambda r: version_key(r.release))
+    return (f"update the driver, or use the NGC route for a CUDA this driver runs: --cuda "
+            f"{newest.cuda} without --slim ({newest.release} needs >= {newest.min_driver})")
 
 
 def environment_cuda_check(release: Release, gpus: list[Gpu], runtime: str | None,
@@ -272,6 +318,9 @@ def _base_image(client, release: Release) -> Check:
     if not release.gpu:
         return Check("base image", "ok", f"{release.image} will be built on first use "
                      f"(triton-builder base cpu)")
+    if release.slim:
+        return Check("base image", "ok", f"{release.image} will be built on first use from "
+                     f"the nvidia-pytriton wheel (PyPI) and the OS image")
     return Check("base image", "warn", f"{release.image} is not on this engine: the first "
                  f"build pulls it (needs access to nvcr.io)")
 

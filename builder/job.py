@@ -110,6 +110,7 @@ def build_docker_image(
     image_name: str,
     *,
     cuda: str | float | None = None,
+    slim: bool = False,
     tags: Iterable[str] = (),
     triton_version: str | None = None,
     base_image: str | None = None,
@@ -143,7 +144,10 @@ def build_docker_image(
     ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release
     (:func:`~builder.base.releases.resolve`; ``None`` or ``"cpu"`` is the CPU base);
     ``triton_version`` / ``base_image`` override it; ``base_python`` picks the CPU base
-    (3.11: Debian bookworm; 3.13: Debian trixie).
+    (3.11: Debian bookworm; 3.13: Debian trixie). ``slim=True`` builds for ``cuda`` on the slim
+    GPU base instead of NGC's release (:func:`~builder.base.releases.slim_release`: the
+    nvidia-pytriton wheel's Triton 2.51 on Debian, the CUDA libraries from NVIDIA's wheels in
+    the environment, ONNX operators on onnxruntime-gpu).
     Where the release's Python is not this builder's, the python models are *bridged*
     (:mod:`builder.bridge`): a stub for this Python from the release's branch and
     an environment that carries this interpreter (taken from ``interpreter_image``, by default
@@ -183,7 +187,7 @@ def build_docker_image(
     started = time.monotonic()
     chosen = _stage_options(options, {
         BaseOptions: dict(cuda=cuda, triton_version=triton_version, base_image=base_image,
-                          base_python=base_python),
+                          base_python=base_python, slim=slim),
         BridgeOptions: dict(enabled=bridge, interpreter_image=interpreter_image,
                             compile_stub=compile_stub, triton_sources=triton_sources),
         EnvironmentOptions: dict(env_specs=tuple(env_specs), requirements=tuple(requirements),
@@ -207,7 +211,7 @@ def build_docker_image(
     for target in targets:
         release = resolve(base_options.cuda, base_options.triton_version,
                           base_options.base_image, base_python=base_options.base_python,
-                          platform=target)
+                          platform=target, slim=base_options.slim)
         plans[target] = plan_python(release, options=bridging,
                                     conda=environment.packer == "conda")
         require_buildable(plans[target])
@@ -349,7 +353,7 @@ def build_image_from_repository(
     started = time.monotonic()
     references = tag_references(image_name, tags)
     release = resolve(base.cuda, base.triton_version, base.base_image,
-                      base_python=base.base_python)
+                      base_python=base.base_python, slim=base.slim)
     client = client or docker_client()
     with step_log(f"base image {release.image}", on_log) as log:
         base_image = ensure_base_image(client, release, on_log=log)

@@ -4,8 +4,9 @@
   installed and ``dockerd`` started; else the tests that need it are skipped, saying why.
 * ``registry`` — Debian's ``docker-registry`` on 127.0.0.1, started and stopped here.
 * ``triton_server`` — a factory of host-process ``tritonserver``\\ s (no image needed).
-* ``os_image`` / ``cpu_base_image`` — the base OS image (Debian via mmdebstrap unless
-  ``TRITON_BUILDER_OS_IMAGE`` names one) and the CPU Triton base, built once per session.
+* ``os_image`` / ``cpu_base_image`` / ``slim_base_image`` — the base OS image (Debian via
+  mmdebstrap unless ``TRITON_BUILDER_OS_IMAGE`` names one), the CPU Triton base and the slim GPU
+  base, built once per session.
 * ``text_embedding_image`` — the example text-embedding pipeline's serving image, once per
   session (the reliability and deployment tests share it).
 * ``python_source_image`` / ``glibc_2_31_release_image`` — stand-ins for what only Docker Hub and
@@ -109,6 +110,15 @@ def arm64_cpu_base_image(docker_client, arm64_emulation) -> str:
     os_image = (os.environ.get("TRITON_BUILDER_OS_IMAGE_ARM64")
                 or debian_os_image(docker_client, platform=ARM64))
     return build_cpu_base(docker_client, os_image=os_image, platform=ARM64).tags[0]
+
+
+@pytest.fixture(scope="session")
+def slim_base_image(docker_client, os_image) -> str:
+    """The slim GPU base (the wheel's Triton 2.51 on the OS image), for the builder's Python."""
+    from builder.base.gpu_slim import build_slim_base
+    from builder.base.releases import builder_python
+
+    return build_slim_base(docker_client, builder_python(), os_image=os_image).tags[0]
 
 
 @pytest.fixture(scope="session")

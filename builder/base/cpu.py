@@ -103,7 +103,7 @@ def build_cpu_base(
     """
     os_image = os_image or default_os_image(platform)
     tag = tag or cpu_base_tag(python_version, platform)
-    os_image_id = _os_image_id(client, os_image, platform)
+    os_image_id = base_os_image_id(client, os_image, platform)
     distribution = triton_distribution(machine=platform.machine)
     requirements = base_requirements_text(platform.machine)
     dockerfile = render(
@@ -140,9 +140,11 @@ def build_cpu_base(
                            platform=platform.name, on_log=on_log)
 
 
-def _os_image_id(client: docker.DockerClient, os_image: str, platform: Platform) -> str:
-    """The OS image's ID; refused where it is another platform's (the engine holds one
-    platform per tag: a multi-platform name pulled here is the engine's own)."""
+def base_os_image_id(client: docker.DockerClient, os_image: str,
+                     platform: Platform = DEFAULT_PLATFORM) -> str:
+    """The ID of ``os_image`` on this engine (a base's FROM), pulled where it is missing;
+    refused where it is another platform's (the engine holds one platform per tag: a
+    multi-platform name pulled here is the engine's own)."""
     try:
         found = client.images.get(os_image)
     except docker.errors.ImageNotFound:

@@ -14,6 +14,7 @@ import docker.errors
 from docker.models.images import Image
 
 from builder.base.cpu import build_cpu_base, cpu_base_tag
+from builder.base.gpu_slim import OS_IMAGE_LABEL, build_slim_base, slim_base_tag
 from builder.base.releases import Release
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform
 from builder.engine.reference import ImageReference
@@ -28,12 +29,15 @@ class BaseImageUnavailableError(TritonBuilderError, RuntimeError):
 
 def ensure_base_image(client: docker.DockerClient, release: Release, *,
                       on_log: Log | None = None) -> Image:
-    """The release's base image on this engine: found, built (our CPU base) or pulled.
+    """The release's base image on this engine: found, built (our CPU and slim GPU bases) or
+    pulled.
 
     The environment must be packed against this image (its Python, its glibc), so callers that
     pack one get the base here first.
     """
     log = on_log or (lambda line: None)
+    if release.slim and release.image == slim_base_tag(release.python_version):
+        return _slim_base(client, release, log)
     try:
         return _of_platform(client.images.get(release.image), release)
     except docker.errors.ImageNotFound:
@@ -131,3 +135,14 @@ def _pull_by_digest(client: docker.DockerClient, pinned: str, log: Log) -> Image
         raise BaseImageUnavailableError(
             f"the base image {pinned} cannot be pulled ({error.explanation or error}); "
             f"`docker login {repository.split('/', 1)[0]}` if it needs a login") from None
+
+def _slim_base(client: docker.DockerClient, release: Release, log: Log) -> Image:
+    """The slim GPU base, by content rather than by tag (its onnxruntime backend is the one a
+    build's checks run, so a new backend makes a new base), on the OS image the tagged one was
+    built from where there is one (its label), else the default."""
+    try:
+        os_image = (client.images.get(release.image).labels or {}).get(OS_IMAGE_LABEL)
+    except docker.errors.ImageNotFound:
+        os_image = None
+    built = build_slim_base(client, release.python_version, os_image=os_image, on_log=log)
+    return client.images.get(built.id)

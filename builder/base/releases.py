@@ -50,6 +50,7 @@ from enum import Enum
 from importlib import resources
 
 from builder.base.cpu import cpu_base_tag
+from builder.base.gpu_slim import SLIM_SERVER_CUDA, slim_base_tag
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform
 from builder.errors import TritonBuilderError
 from builder.tritonserver.wheel import TRITON_VERSION
@@ -74,6 +75,17 @@ the wheel platforms an image runs, known before its image is pulled."""
 MINOR_VERSION_DRIVER = {"11": 450, "12": 525, "13": 580}
 """Driver branch from which any CUDA runtime of that major runs ("minor version compatibility",
 CUDA Compatibility guide: 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580)."""
+
+MINOR_VERSION_COMPATIBILITY = "minor-version-compatibility"
+"""``driver_source`` of the slim GPU route: its minimum is the lowest driver of
+:data:`MINOR_VERSION_DRIVER` that runs both the server's CUDA runtime and the environment's."""
+
+SLIM_SUITE = "bookworm"
+"""The Debian of the slim GPU base (``python:X.Y-slim-bookworm`` by default)."""
+SLIM_RELEASE = "slim"
+""":attr:`Release.release` of the slim GPU route: no NGC release, our base."""
+WHEEL_BRANCH = "r24.10"
+"""The python_backend branch of the wheel's Triton 2.51 (the CPU and slim GPU bases)."""
 
 RELEASES_FILE = "releases.csv"
 """The release table, one named record a release (``builder/base/releases.csv``; its columns:
@@ -142,7 +154,8 @@ class StubSource(str, Enum):
 
 @dataclass(frozen=True)
 class Release:
-    """One base image to build on: an NGC release, or our CPU base (``gpu=False``)."""
+    """One base image to build on: an NGC release, our CPU base (``gpu=False``), or our slim GPU
+    base (``slim=True``: the wheel's Triton 2.51 on Debian, the CUDA of the environment)."""
 
     release: str
     """``YY.MM`` of the NGC container, or ``"cpu"``."""
@@ -161,11 +174,20 @@ class Release:
     platform: Platform = DEFAULT_PLATFORM
     """The platform of the image built on it: the CPU base's is tagged per platform, an NGC
     release's is the variant of its manifest list for that platform."""
+    slim: bool = False
+    """The slim GPU route (:func:`slim_release`): ``cuda`` is the environment's, the server is
+    the wheel's Triton 2.51 (CUDA runtime :data:`SLIM_SERVER_CUDA`)."""
+
+    @property
+    def ngc(self) -> bool:
+        """Whether the base is an ``nvcr.io/nvidia/tritonserver`` release."""
+        return self.gpu and not self.slim
 
     @property
     def branch(self) -> str:
-        """The python_backend branch of this release's Triton (``r24.10``); CPU: Triton 2.51's."""
-        return f"r{self.release}" if self.gpu else "r24.10"
+        """The python_backend branch of this release's Triton (``r24.10``); the CPU and slim
+        bases: Triton 2.51's (:data:`WHEEL_BRANCH`)."""
+        return f"r{self.release}" if self.ngc else WHEEL_BRANCH
 
     @property
     def pytriton_wheel(self) -> str | None:
@@ -221,9 +243,23 @@ class Release:
         return max(values) if values else None
 
     @property
+    def driver_cuda(self) -> str | None:
+        """The newest CUDA major every driver from :attr:`min_driver` runs (``"12.0"`` for
+        525): what a driver must support for this image (``NVIDIA_REQUIRE_CUDA``)."""
+        if self.min_driver is None:
+            return None
+        majors = [major for major, driver in MINOR_VERSION_DRIVER.items()
+                  if driver <= self.min_driver]
+        return f"{max(majors, key=int)}.0" if majors else None
+
+    @property
     def min_compute_capability(self) -> str | None:
+        """NGC: from 25.01 7.5, before 6.0 (release notes); slim: CUDA 13 dropped every GPU
+        older than 7.5 (CUDA 13.0 release notes), CUDA 12 builds run from 6.0 as NGC's did."""
         if not self.gpu:
             return None
+        if self.slim:
+            return "7.5" if version_key(str(self.cuda))[0] >= 13 else "6.0"
         return "7.5" if self.release >= "25.01" else "6.0"
 
     def cuda_runtime_problem(self, runtime: str) -> str | None:
@@ -250,6 +286,10 @@ class Release:
         if not self.gpu:
             return (f"CPU base {self.image} (Triton {self.triton_version}, "
                     f"Python {self.python_version})")
+        if self.slim:
+            return (f"slim GPU base {self.image} (Triton {self.triton_version} from "
+                    f"nvidia-pytriton, CUDA {self.cuda} environment, Python "
+                    f"{self.python_version}, Debian {SLIM_SUITE}, driver >= {self.min_driver})")
         return (f"{self.image} (Triton {self.triton_version}, CUDA {self.cuda}, Python "
                 f"{self.python_version}, Ubuntu {self.ubuntu}, driver >= {self.safe_driver})")
 
@@ -291,6 +331,44 @@ def supported_cuda_versions() -> list[str]:
     return sorted({r.cuda for r in RELEASES if r.cuda}, key=version_key)
 
 
+def lowest_driver(cuda: str) -> int:
+    """The lowest driver branch any CUDA ``cuda`` runtime runs on: its major's minor version
+    compatibility driver (:data:`MINOR_VERSION_DRIVER`)."""
+    major = cuda.split(".")[0]
+    return MINOR_VERSION_DRIVER.get(major) or TOOLKIT_DRIVER[cuda]
+
+
+def slim_cuda_versions() -> list[str]:
+    """The CUDA versions the slim GPU route serves.
+
+    Its server links the wheel's CUDA :data:`SLIM_SERVER_CUDA` runtime, which needs driver
+    >= :func:`lowest_driver` of it (525): the route serves a CUDA version when every driver that
+    runs that CUDA's runtime runs the server's too — CUDA 12.x (525) and 13.0 (580); a machine
+    set up for CUDA 11.x (drivers from 450) may not run the server at all.
+    """
+    server = lowest_driver(SLIM_SERVER_CUDA)
+    return [cuda for cuda in supported_cuda_versions() if lowest_driver(cuda) >= server]
+
+
+def slim_release(cuda: str, python_version: str) -> Release:
+    """The slim GPU route for CUDA ``cuda`` (a ``major.minor`` of :func:`slim_cuda_versions`)
+    and the builder's Python: the wheel's Triton and the stub for that Python, so native."""
+    if cuda not in slim_cuda_versions():
+        raise UnsupportedCudaError(
+            f"the slim GPU route cannot serve CUDA {cuda}: its server links CUDA "
+            f"{SLIM_SERVER_CUDA}'s runtime, which needs driver >= "
+            f"{lowest_driver(SLIM_SERVER_CUDA)}, while CUDA {cuda} runs on drivers from "
+            f"{lowest_driver(cuda)}; the slim route serves CUDA "
+            f"{', '.join(slim_cuda_versions())}. For CUDA {cuda} use the NGC route: "
+            f"cuda='{cuda}' without slim (--cuda {cuda} without --slim)")
+    driver = max(lowest_driver(cuda), lowest_driver(SLIM_SERVER_CUDA))
+    return Release(release=SLIM_RELEASE, triton_version=TRITON_VERSION, cuda=cuda,
+                   python_version=python_version, ubuntu=None, min_driver=driver,
+                   driver_source=MINOR_VERSION_COMPATIBILITY,
+                   image=slim_base_tag(python_version), gpu=True,
+                   glibc=DEBIAN_SUITES[SLIM_SUITE][1], slim=True)
+
+
 def builder_python() -> str:
     """The Python minor of this builder: the one ``pipe.pickle`` loads in."""
     return "{}.{}".format(*sys.version_info[:2])
@@ -310,6 +388,7 @@ def resolve(
     python_version: str | None = None,
     base_python: str | None = None,
     platform: Platform = DEFAULT_PLATFORM,
+    slim: bool = False,
 ) -> Release:
     """The release to build on, for ``platform``.
 
@@ -322,9 +401,31 @@ def resolve(
     ``base_image`` keeps the release's facts (Python above all) but builds on another image,
     e.g. a mirror of the NGC image or a custom build. ``cuda=None`` or ``'cpu'`` is our CPU base,
     ``base_python`` picks which (3.11: Debian bookworm, the default; 3.13: Debian trixie).
+    ``slim=True`` is the slim GPU route instead of NGC's (:func:`slim_release`): our Debian base
+    with the wheel's Triton, for ``python_version``, serving the CUDA versions of
+    :func:`slim_cuda_versions`.
     """
     python_version = python_version or builder_python()
     cuda_minor = _cuda_minor(cuda)
+    if slim:
+        if cuda_minor is None:
+            raise UnsupportedCudaError(
+                "slim=True is a GPU route: pass cuda= (one of "
+                f"{', '.join(slim_cuda_versions())}), or leave slim off for the CPU base")
+        if triton_version and _normal_triton(triton_version) != _normal_triton(TRITON_VERSION):
+            raise UnsupportedCudaError(
+                f"the slim GPU route serves Triton {TRITON_VERSION} (nvidia-pytriton's); Triton "
+                f"{triton_version} exists only as an NGC image: leave slim off")
+        if base_python:
+            raise UnsupportedCudaError(
+                f"base_python={base_python!r} chooses among the CPU bases; the slim GPU base "
+                f"runs the builder's own Python ({python_version})")
+        if platform != DEFAULT_PLATFORM:
+            raise UnsupportedCudaError(
+                f"the slim GPU route has no {platform} base yet: build {platform} on an NGC "
+                f"release (leave slim off), or slim for {DEFAULT_PLATFORM} alone")
+        release = slim_release(cuda_minor, python_version)
+        return replace(release, image=base_image) if base_image else release
     if cuda_minor is None:
         release = cpu_release(base_python or CPU_PYTHON, platform)
         if triton_version and _normal_triton(triton_version) not in (
@@ -407,11 +508,14 @@ class BaseOptions:
     """The arguments of :func:`builder.base.releases.resolve`, held together once per build.
 
     ``cuda`` picks the ``nvcr.io/nvidia/tritonserver`` release (``None`` or ``"cpu"``: the CPU
-    base); ``triton_version`` or ``base_image`` override it; ``base_python`` picks the CPU base's
-    Debian (3.11: bookworm, 3.13: trixie) or states a custom ``base_image``'s Python.
+    base; with ``slim`` our slim GPU base); ``triton_version`` or ``base_image`` override it;
+    ``base_python`` picks the CPU base's Debian (3.11: bookworm, 3.13: trixie) or states a custom
+    ``base_image``'s Python.
     """
 
     cuda: str | float | None = None
     triton_version: str | None = None
     base_image: str | None = None
     base_python: str | None = None
+    slim: bool = False
+    """The slim GPU route for ``cuda`` (:func:`slim_release`) instead of the NGC release."""

@@ -38,6 +38,8 @@ ENV_PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 LOCK_FILE = "environment.lock.txt"
 STUB_FILE = "triton_python_backend_stub"
+ENVIRONMENT_DIRECTORY = "environment"
+"""An unpacked environment's name in the first python model's directory (the others link it)."""
 _PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
 
@@ -69,7 +71,7 @@ def attach_environment(
         return []
     holder = min(configs)
     if unpacked:
-        filename = "environment"
+        filename = ENVIRONMENT_DIRECTORY
         _unpack(tarball.path, repository / holder / filename)
     else:
         filename = "environment" + (".tar.gz" if tarball.path.name.endswith(".tar.gz")

@@ -24,11 +24,9 @@ from builder.environment.errors import PackError, TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.lock import hash_lock
 from builder.environment.packers import (
-    ARCHIVE_NAME,
     RAW_ARCHIVE_NAME,
     Log,
     PackResult,
-    canonical_archive,
     fetch_wheels,
     pip_wheel,
 )
@@ -90,8 +88,7 @@ class CarriedInterpreterPacker:
         with tarfile.open(raw, "w") as packed:
             for path in sorted(prefix.rglob("*")):
                 packed.add(path, arcname=str(path.relative_to(prefix)), recursive=False)
-        archive = canonical_archive(raw, workdir / ARCHIVE_NAME)
         header = (f"# interpreter: Python {target.full_python_version} from {target.where}\n"
                   + "".join(f"# with {library.name} (the bridged stub's)\n"
                             for library in self.libraries))
-        return PackResult(archive=archive, lock=header + hash_lock(lock.read_text(), wheels))
+        return PackResult(archive=raw, lock=header + hash_lock(lock.read_text(), wheels))

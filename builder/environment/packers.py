@@ -27,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +45,19 @@ from builder.environment.target import EnvironmentTarget
 from builder.progress import Log
 
 ARCHIVE_NAME = "environment.tar.gz"
-RAW_ARCHIVE_NAME = "environment.tar"
-"""What a packer writes before :func:`canonical_archive` makes ``ARCHIVE_NAME`` of it."""
+PLAIN_ARCHIVE_NAME = "environment.tar"
+"""The canonical archive's name where it is not compressed (an environment that ships
+unpacked: :func:`canonical_archive`)."""
+RAW_ARCHIVE_NAME = "environment.raw.tar"
+"""What a packer writes before :func:`canonical_archive` makes the archive of it."""
 PIP_FOR_TARGET = "pip"
 """Run from its wheel by the target's Python: base images often lack pip and python3-venv."""
 
 
 def canonical_archive(raw: Path, archive: Path) -> Path:
-    """``archive``, the canonical ``.tar.gz`` of the packer's plain tar ``raw`` (then removed):
-    the same environment gives the same bytes (:mod:`builder.environment.canonical_archive`)."""
+    """``archive``, the canonical ``.tar.gz`` (or plain ``.tar``) of the packer's plain tar
+    ``raw`` (then removed): the same environment gives the same bytes
+    (:mod:`builder.environment.canonical_archive`)."""
     write_canonical_archive(raw, archive, mtime=build_epoch())
     raw.unlink()
     return archive
@@ -60,11 +65,16 @@ def canonical_archive(raw: Path, archive: Path) -> Path:
 
 @dataclass(frozen=True)
 class PackResult:
-    """A packed environment: the archive, its lock, and any warnings the packer gave."""
+    """A packed environment: the packer's plain tar (made canonical by
+    :func:`builder.environment.tarball.pack_environment`), its lock, any warnings the packer
+    gave, and the seconds each of its steps took (``download``, ``install``, ``pack``)."""
 
     archive: Path
     lock: str
     warnings: tuple[str, ...] = ()
+    seconds: tuple[tuple[str, float], ...] = ()
+    downloaded_bytes: int = 0
+    """The wheels fetched for it, in bytes (what the package index served)."""
 
 
 class Packer(Protocol):
@@ -117,7 +127,9 @@ class VenvPacker:
     def pack(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path, *,
              index: PackageIndex, on_log: Log) -> PackResult:
         workdir = workdir.resolve()
+        clock = StepClock()
         requirements, constraints, wheels = fetch_wheels(spec, target, workdir, index, on_log)
+        clock.lap("download")
         venv, lock = workdir / "venv", workdir / "lock.txt"
         pip = pip_wheel(wheels) / "pip"
         python = str(venv / "bin" / "python")
@@ -134,6 +146,7 @@ class VenvPacker:
                        binds=[workdir], env={"HOME": "/tmp", "PIP_CONFIG_FILE": os.devnull})
         except TargetError as error:
             raise PackError(str(error)) from error
+        clock.lap("install")
         for site_packages in venv.glob("lib/python*/site-packages"):
             make_scripts_portable(site_packages, venv)
         drop_venv_command(venv)
@@ -145,8 +158,10 @@ class VenvPacker:
             venv_pack.pack(prefix=str(venv), output=str(raw), format="tar", force=True)
         except venv_pack.VenvPackException as error:
             raise PackError(f"venv-pack could not pack {venv}: {error}") from error
-        return PackResult(archive=canonical_archive(raw, workdir / ARCHIVE_NAME),
-                          lock=hash_lock(lock.read_text(), wheels))
+        clock.lap("pack")
+        return PackResult(archive=raw, lock=hash_lock(lock.read_text(), wheels),
+                          seconds=clock.laps,
+                          downloaded_bytes=sum(w.stat().st_size for w in wheels.glob("*.whl")))
 
 
 class CondaPacker:
@@ -198,8 +213,7 @@ class CondaPacker:
         notes = tuple(f"conda-pack: {warning.message}" for warning in caught)
         for note in notes:
             on_log(note)
-        return PackResult(archive=canonical_archive(raw, workdir.resolve() / ARCHIVE_NAME),
-                          lock=conda_lock(prefix), warnings=notes)
+        return PackResult(archive=raw, lock=conda_lock(prefix), warnings=notes)
 
     def _create(self, spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path,
                 index: PackageIndex, on_log: Log) -> Path:
@@ -229,6 +243,20 @@ class CondaPacker:
             raise PackError(f"{Path(tool).name} could not create the environment (exit "
                             f"{result.returncode}):\n{(result.stdout + result.stderr)[-6000:]}")
         return prefix
+
+
+class StepClock:
+    """Seconds per named step, measured one after another (what a pack's time went into)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self.laps: tuple[tuple[str, float], ...] = ()
+
+    def lap(self, step: str) -> float:
+        now = time.monotonic()
+        seconds, self._last = now - self._last, now
+        self.laps = (*self.laps, (step, seconds))
+        return seconds
 
 
 def fetch_wheels(spec: EnvironmentSpec, target: EnvironmentTarget, workdir: Path,

@@ -22,8 +22,9 @@ from packaging.requirements import Requirement
 from builder.base.cpu import cpu_backend_requirements
 from builder.base.releases import Release, version_key
 from builder.bridge import BridgeOptions, PythonPlan, prepare_bridge
-from builder.environment.attach import attach_environment
+from builder.environment.attach import ENVIRONMENT_DIRECTORY, attach_environment
 from builder.environment.carried import CarriedInterpreterPacker
+from builder.environment.cuda_libraries import check_cuda_libraries
 from builder.environment.errors import TargetError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import (
@@ -40,6 +41,10 @@ from builder.environment.torch_for_cuda import (
     PYTHON_MODEL_SOURCE,
     PYTORCH_INDEX,
     resolve_cuda_packages,
+)
+from builder.environment.torch_for_cuda.onnxruntime_gpu import (
+    ONNX_OPERATOR_SOURCE,
+    ONNXRUNTIME_GPU,
 )
 from builder.environment.unpacking import ships_unpacked
 from builder.pipeline.serialization import VERSIONS_FILE
@@ -112,11 +117,15 @@ def prepare_environment(
     packer = (CarriedInterpreterPacker(parts.libraries) if parts is not None and parts.bridged
               else options.packer)
     tarball = pack_environment(resolution.spec, target, packer=packer, index=resolution.index,
-                               on_log=on_log)
+                               compress=not ships_unpacked(release), on_log=on_log)
     models = attach_environment(built.model_root, tarball,
                                 stub=parts.stub if parts else None,
-                                backends=parts.backends if parts else ("python",),
+                                backends=parts.backends if parts else
+                                environment_backends(release),
                                 unpacked=ships_unpacked(release))
+    if release.slim and models and any(m.gpu and m.format == "onnx" and not m.in_process
+                                       for m in built.models):
+        check_cuda_libraries(target, built.model_root / models[0] / ENVIRONMENT_DIRECTORY)
     return PreparedEnvironment(tarball=tarball, target=target, models=models)
 
 
@@ -131,7 +140,23 @@ def environment_spec(built: BuildResult, release: Release, python_version: str,
         requirements_spec(_in_process_requirements(built.models, python_version,
                                                    release.platform.machine),
                           "ONNX model operators run in the pipeline model"),
+        requirements_spec(_onnx_backend_requirements(built.models, release),
+                          ONNX_OPERATOR_SOURCE),
         _dlpack_requirements(release, [m.name for m in built.models if m.gpu]))
+
+
+def environment_backends(release: Release) -> tuple[str, ...]:
+    """The backends whose models run on the environment: the python backend's everywhere, and
+    on the slim GPU base our Python-based onnxruntime backend's too (its image has no Python
+    packages of its own: onnxruntime-gpu and numpy are the environment's)."""
+    return ("python", "onnxruntime") if release.slim else ("python",)
+
+
+def _onnx_backend_requirements(models: Sequence[BuiltModel], release: Release) -> list[str]:
+    """onnxruntime-gpu where the slim GPU base serves ONNX model operators (its version is
+    chosen for the CUDA by :mod:`builder.environment.torch_for_cuda.onnxruntime_gpu`)."""
+    served = [m for m in models if m.format == "onnx" and not m.in_process]
+    return [ONNXRUNTIME_GPU] if release.slim and served else []
 
 
 def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:
@@ -141,7 +166,7 @@ def _dlpack_requirements(release: Release, gpu_models: list[str]) -> Environment
     of a ``KIND_GPU`` model reach the pipeline model on the GPU, readable only through dlpack:
     the pipeline model reads them with torch (:mod:`builder.runtime.pipeline_model`).
     """
-    needed = (release.gpu and version_key(release.release) < BLS_PREFERRED_MEMORY
+    needed = (release.ngc and version_key(release.release) < BLS_PREFERRED_MEMORY
               and gpu_models)
     return requirements_spec(
         ["torch"] if needed else [],

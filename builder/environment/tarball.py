@@ -28,7 +28,14 @@ from builder.cache import cache_dir, content_hash
 from builder.environment.archive_check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
 from builder.environment.index import PackageIndex
-from builder.environment.packers import ARCHIVE_NAME, Packer, choose_packer
+from builder.environment.packers import (
+    ARCHIVE_NAME,
+    PLAIN_ARCHIVE_NAME,
+    Packer,
+    StepClock,
+    canonical_archive,
+    choose_packer,
+)
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 from builder.progress import Log
@@ -36,7 +43,8 @@ from builder.progress import Log
 RECIPE = "triton-builder environment 3"
 """Bumped when the way environments are made changes, so old cache entries stop matching
 (2: the lock names every distribution, setuptools too, with its wheel's sha256; 3: canonical
-archives, the same bytes for the same files)."""
+archives, the same bytes for the same files). An uncompressed archive is keyed apart
+(:func:`environment_key`'s ``compress``), not by a new recipe: its members are the same."""
 
 LOCK_NAME = "environment.lock.txt"
 METADATA_NAME = "environment.json"
@@ -58,6 +66,9 @@ class EnvironmentTarball:
     """True when it came from the cache, made by an earlier build."""
     seconds: float = 0.0
     """Time this call took to produce it (cache lookups included)."""
+    steps: tuple[tuple[str, float], ...] = ()
+    """Where that time went when it was made: ``download``, ``install``, ``pack`` (the
+    packer's), ``canonical`` (the canonical archive), ``check``; empty when it was reused."""
 
     @classmethod
     def from_archive(cls, archive: str | os.PathLike, target: EnvironmentTarget, *,
@@ -72,12 +83,12 @@ class EnvironmentTarball:
 
 
 def environment_key(spec: EnvironmentSpec, target: EnvironmentTarget, packer: Packer,
-                    index: PackageIndex) -> str:
+                    index: PackageIndex, compress: bool = True) -> str:
     """The cache key: sha256 of everything the tarball depends on (not the CA bundle), the
-    build's epoch too (the archive's mtimes)."""
+    build's epoch too (the archive's mtimes), and whether it is compressed."""
     return content_hash(RECIPE, packer.name, packer.fingerprint(), spec.canonical(),
                         target.fingerprint(), index.fingerprint(), numpy_constraint(target) or "",
-                        str(build_epoch()))
+                        str(build_epoch()), *([] if compress else ["uncompressed"]))
 
 
 def pack_environment(
@@ -87,13 +98,16 @@ def pack_environment(
     packer: str | Packer | None = None,
     index: PackageIndex | None = None,
     cache: str | os.PathLike | None = None,
+    compress: bool = True,
     on_log: Log | None = None,
 ) -> EnvironmentTarball:
     """Return the checked environment tarball for ``spec`` on ``target``, cached by content.
 
     ``packer`` is ``"venv"``, ``"conda"`` or a :class:`~builder.environment.packers.Packer`
     (default:
-    chosen by the spec); ``cache`` defaults to ``$TRITON_BUILDER_CACHE/environments``. Raises
+    chosen by the spec); ``cache`` defaults to ``$TRITON_BUILDER_CACHE/environments``;
+    ``compress=False`` makes a plain ``environment.tar`` (for an environment that ships
+    unpacked: gzip would only be undone). Raises
     :class:`~builder.environment.errors.EnvironmentBuildError` before anything is cached.
     """
     started = time.monotonic()
@@ -103,22 +117,32 @@ def pack_environment(
     if chosen.name == "venv":
         target.require_matching_stub()
     check_spec(spec, target)
-    key = environment_key(spec, target, chosen, index)
+    key = environment_key(spec, target, chosen, index, compress)
+    name = ARCHIVE_NAME if compress else PLAIN_ARCHIVE_NAME
     root = Path(cache) if cache is not None else cache_dir("environments")
     root.mkdir(parents=True, exist_ok=True)
     entry = root / key[:32]
     if (entry / _COMPLETE).exists():
-        log(f"environment {key[:12]} is cached: {entry / ARCHIVE_NAME}")
+        log(f"environment {key[:12]} is cached: {entry / name}")
         return _load(entry, reused=True, started=started)
     with tempfile.TemporaryDirectory(prefix=f"{key[:12]}.partial-", dir=root) as workdir:
         work = Path(workdir)
         result = chosen.pack(spec, target, work, index=index, on_log=log)
-        log(f"checking {result.archive.name} against {target.where}")
-        report = check_archive(result.archive, target, label=chosen.describe(spec))
+        clock = StepClock()
+        archive = canonical_archive(result.archive, work / name)
+        clock.lap("canonical")
+        log(f"checking {archive.name} against {target.where}")
+        report = check_archive(archive, target, label=chosen.describe(spec))
+        clock.lap("check")
+        steps = (*result.seconds, *clock.laps)
+        log("environment made in " + ", ".join(f"{step} {seconds:.1f} s"
+                                                 for step, seconds in steps)
+            + (f"; {result.downloaded_bytes / 1e9:.2f} GB of wheels downloaded"
+               if result.downloaded_bytes else ""))
         staged = work / "entry"
         staged.mkdir()
-        shutil.move(result.archive, staged / ARCHIVE_NAME)
-        (staged / ARCHIVE_NAME).chmod(0o644)
+        shutil.move(archive, staged / name)
+        (staged / name).chmod(0o644)
         (staged / LOCK_NAME).write_text(_lock_header(chosen.name, report.python_version,
                                                      target) + result.lock)
         (staged / METADATA_NAME).write_text(json.dumps({
@@ -126,10 +150,12 @@ def pack_environment(
             "numpy_version": report.numpy_version, "layout": report.layout,
             "target": target.where, "target_image_id": target.image_id,
             "spec": json.loads(spec.canonical()), "warnings": list(result.warnings),
+            "archive": name, "steps": dict(steps),
+            "downloaded_bytes": result.downloaded_bytes,
         }, indent=2) + "\n")
         (staged / _COMPLETE).touch()
         _publish(staged, entry)
-    log(f"environment {key[:12]} packed: {entry / ARCHIVE_NAME}")
+    log(f"environment {key[:12]} packed: {entry / name}")
     return _load(entry, reused=False, started=started)
 
 
@@ -146,7 +172,7 @@ def _publish(staged: Path, entry: Path) -> None:
 
 def _load(entry: Path, *, reused: bool, started: float) -> EnvironmentTarball:
     metadata = json.loads((entry / METADATA_NAME).read_text())
-    archive = entry / ARCHIVE_NAME
+    archive = entry / metadata.get("archive", ARCHIVE_NAME)
     if not archive.is_file():
         raise ArchiveCheckError(f"cache entry {entry} lost its archive: delete the directory "
                                 f"and build again")
@@ -154,6 +180,7 @@ def _load(entry: Path, *, reused: bool, started: float) -> EnvironmentTarball:
         path=archive, lock=entry / LOCK_NAME, key=metadata["key"], packer=metadata["packer"],
         python_version=metadata["python_version"], numpy_version=metadata["numpy_version"],
         reused=reused, seconds=time.monotonic() - started,
+        steps=() if reused else tuple(metadata.get("steps", {}).items()),
     )
 
 

@@ -179,7 +179,7 @@ def _triton(release: Release) -> Component:
     properties = [Property(name=PROPERTY + "release", value=release.release),
                   Property(name=PROPERTY + "cuda", value=release.cuda or "cpu"),
                   Property(name=PROPERTY + "python", value=release.python_version)]
-    if not release.gpu:
+    if not release.ngc:
         properties.append(Property(name=PROPERTY + "from", value=PYTRITON_REQUIREMENT))
     return Component(name="tritonserver", group="nvidia", version=release.triton_version,
                      type=ComponentType.APPLICATION, bom_ref="triton",
@@ -218,8 +218,9 @@ def _stub(release: Release, stub: ShippedStub | None, runtime: PythonRuntime | N
     else:
         paths = stub.paths
     description = route.description if route else "a stub the model repository carries"
-    if route is not None and route.kind is StubSource.RELEASE and not release.gpu:
-        description += f" (the CPU base's, from {PYTRITON_REQUIREMENT})"
+    if route is not None and route.kind is StubSource.RELEASE and not release.ngc:
+        base = "slim GPU" if release.slim else "CPU"
+        description += f" (the {base} base's, from {PYTRITON_REQUIREMENT})"
     compiled = route is not None and route.kind is StubSource.COMPILE
     version = route.branch if compiled and route.branch else release.triton_version
     properties = [Property(name=PROPERTY + "stub-route",

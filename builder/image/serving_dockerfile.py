@@ -172,6 +172,8 @@ class ServingOptions:
 
 
 def child_template(release: Release) -> str:
+    if release.slim:
+        return "serving-gpu-slim.Dockerfile.j2"
     return "serving-gpu.Dockerfile.j2" if release.gpu else "serving-cpu.Dockerfile.j2"
 
 
@@ -223,6 +225,8 @@ def render_serving_dockerfile(
         python_version=release.python_version,
         ubuntu=release.ubuntu or "-",
         min_driver=release.safe_driver or "-",
+        driver_floor=release.min_driver or "-",
+        driver_floor_cuda=release.driver_cuda or "-",
         compute_capability=release.min_compute_capability or "-",
         user=options.user,
         create_user=options.creates_user,

@@ -185,10 +185,11 @@ def build_serving_image(
     ready_timeout_s = verify_timeout(archive_bytes(archives))
 
     layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
-    payload_hash = content_hash(
+    payload_hash = content_hash(  # the date too: it is every file's mtime in the layers
         render_serving_dockerfile(release, options=serving, stage="payload", **layers,
                                   start_period=start_period),
-        templates_source(release), base.id, plan.digest("environment", "weights"))
+        templates_source(release), base.id, plan.digest("environment", "weights"),
+        created_timestamp())
     payload_dockerfile = render_serving_dockerfile(
         release, options=serving, stage="payload", **layers, start_period=start_period,
         labels={PAYLOAD_HASH: payload_hash, STAGE: "payload"})

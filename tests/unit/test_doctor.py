@@ -160,3 +160,28 @@ def test_doctor_finds_and_removes_what_a_killed_build_left(docker_client, os_ima
             remove_container(docker_client, container.id)
         with contextlib.suppress(docker.errors.ImageNotFound):
             docker_client.images.remove(image)
+
+@pytest.mark.parametrize(("smi", "status", "words"), [
+    ("NVIDIA A100-SXM4-40GB, 520.61.05\n", "fail",
+     "the slim GPU route needs >= 525 (its server's CUDA 12.6 runtime"),
+    ("NVIDIA A100-SXM4-40GB, 520.61.05\n", "fail",
+     "use the NGC route for a CUDA this driver runs: --cuda 11.8 without --slim (22.12 needs "
+     ">= 520)"),
+    ("Tesla T4, 535.183.01\n", "warn", "by minor version compatibility (>= 525)"),
+    (H100_550, "warn", "CUDA 12.6 itself asks for >= 560"),
+    ("NVIDIA L4, 560.35.03\n", "ok", "driver 560.35.03"),
+])
+def test_the_driver_against_the_slim_routes_minimum(smi, status, words):
+    check = driver_check(resolve("12.6", slim=True), parse_nvidia_smi(smi))
+    assert check.status == status and words in check.detail, check
+
+
+def test_a_driver_no_release_runs_gets_told_to_update():
+    check = driver_check(resolve("12.6", slim=True), parse_nvidia_smi("Tesla K80, 440.118.02"))
+    assert check.status == "fail" and "update the driver (no NGC release runs" in check.detail
+
+
+def test_doctor_refuses_a_cuda_the_slim_route_cannot_serve_naming_the_ngc_route():
+    (check,) = run_checks("11.8", slim=True)
+    assert (check.name, check.status) == ("release", "fail")
+    assert "--cuda 11.8 without --slim" in check.detail

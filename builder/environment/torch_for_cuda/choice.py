@@ -16,7 +16,10 @@ base), chosen from the wheels' own metadata:
    resolves (find-links, mirrors), accepted only if its metadata requires no CUDA runtime.
 
 ``torchvision``/``torchaudio`` pins are loosened so pip picks the builds matching the chosen
-torch; ``nvidia-*-cuXX`` requirements of another CUDA major are refused. Every choice says what
+torch; ``nvidia-*-cuXX`` requirements of another CUDA major are refused. On a GPU release an
+``onnxruntime-gpu`` requirement (the slim GPU route's ONNX operators) becomes the newest build for
+the release's CUDA, with the CUDA libraries it loads (:mod:`.onnxruntime_gpu`), and replaces
+any ``onnxruntime``. Every choice says what
 was chosen and why (:attr:`CudaChoice.reason`).
 """
 
@@ -28,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from email.parser import Parser
 from pathlib import Path
 
@@ -41,8 +44,16 @@ from builder.base.releases import Release, version_key
 from builder.environment.errors import IndexUnreachableError, SpecError
 from builder.environment.index import PackageIndex
 from builder.environment.spec import EnvironmentSpec
+from builder.environment.torch_for_cuda.onnxruntime_gpu import (
+    CUDA_LIBRARIES_SOURCE,
+    ONNXRUNTIME,
+    ONNXRUNTIME_GPU,
+    choose_onnxruntime_gpu,
+    cuda_toolkit_requirement,
+)
 from builder.environment.torch_for_cuda.wheel_metadata import (
     WheelFile,
+    compatible_wheels,
     list_wheels,
     local_metadata,
     read_metadata,
@@ -87,6 +98,8 @@ class CudaChoice:
     cuda: str | None
     evidence: str
     reason: str
+    metadata: str = field(default="", compare=False, repr=False)
+    """The chosen wheel's ``METADATA`` (its requirements), where it was read."""
 
     def describe(self) -> str:
         built = f"CUDA {self.cuda}" if self.cuda else "the CPU"
@@ -173,6 +186,17 @@ def resolve_cuda_packages(
                 f"{line!r} ({spec.where(line)}) is built for CUDA {found.group(1)}, but "
                 f"{release.describe()} is CUDA {release.cuda}: require the "
                 f"-cu{release.cuda.split('.')[0]} package instead")
+        if name == ONNXRUNTIME_GPU and release.gpu:
+            chosen, wheel, cuda, evidence = choose_onnxruntime_gpu(
+                requirement, release, python_version, platforms, index, spec.where(line))
+            choice = CudaChoice(ONNXRUNTIME_GPU, chosen, wheel, cuda, evidence,
+                                f"the newest onnxruntime-gpu whose CUDA runtime requirement "
+                                f"admits CUDA {release.cuda}")
+            choices.append(choice)
+            _replace(requirements, origins, line, chosen,
+                     f"{spec.where(line)}; chosen for {_target_words(release)}")
+            log(f"onnxruntime-gpu for {_target_words(release)}: {choice.describe()}")
+            continue
         if name in TORCH_COMPANIONS and requirement.specifier:
             loose = _without_specifier(requirement)
             _replace(requirements, origins, line, loose,
@@ -200,6 +224,19 @@ def resolve_cuda_packages(
         _replace(requirements, origins, line, choice.requirement,
                  f"{spec.where(line)}; chosen for {_target_words(release)}")
         log(f"torch for {_target_words(release)}: {choice.describe()}")
+    if any(choice.package == ONNXRUNTIME_GPU for choice in choices):
+        _one_onnxruntime(requirements, origins, log)
+        if not any(choice.package == TORCH for choice in choices):
+            pinned = cuda_toolkit_requirement(release)
+            requirements.append(pinned)
+            origins[pinned] = (CUDA_LIBRARIES_SOURCE,)
+            log(f"{pinned}: {CUDA_LIBRARIES_SOURCE} (NVIDIA's meta-package of CUDA "
+                f"{release.cuda}'s libraries)")
+            cudnn = _torchs_cudnn(release, python_version, platforms, index, pytorch_index,
+                                  log)
+            if cudnn is not None:
+                requirements.append(cudnn)
+                origins[cudnn] = (CUDA_LIBRARIES_SOURCE,)
     if not choices and not extra_indexes and requirements == list(spec.requirements):
         return CudaResolution(spec, index, ())
     kept = {line: spec.origins.get(line, ()) for line in requirements if line not in origins}
@@ -207,6 +244,47 @@ def resolve_cuda_packages(
     if extra_indexes:
         index = replace(index, extra_index_urls=(*index.extra_index_urls, *extra_indexes))
     return CudaResolution(resolved, index, tuple(choices))
+
+
+def _torchs_cudnn(release: Release, python_version: str, platforms: Sequence[str],
+                  index: PackageIndex, pytorch_index: str | None, log: Log) -> str | None:
+    """The cuDNN that torch's build for ``release``'s CUDA requires (its wheel's metadata), for
+    an environment without torch: onnxruntime-gpu takes any cuDNN 9 of the CUDA major, and pip
+    would take the newest (9.28 for CUDA 12: 1.16 GB installed, against 0.88 GB for the 9.5 that
+    torch's CUDA 12.6 build pins); this one is the cuDNN of that CUDA's time, and the one a torch
+    image of the same CUDA carries. None (pip's choice) where no torch build is found."""
+    try:
+        choice, _ = _choose_torch(Requirement(TORCH), release, python_version, platforms,
+                                  index, pytorch_index, True, CUDA_LIBRARIES_SOURCE)
+    except SpecError as error:
+        log(f"cuDNN left to pip: no torch build for CUDA {release.cuda} to take it from "
+            f"({str(error).splitlines()[0]})")
+        return None
+    environment = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
+                   "platform_machine": "x86_64", "python_version": python_version,
+                   "python_full_version": f"{python_version}.0", "extra": ""}
+    for line in Parser().parsestr(choice.metadata).get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        pins = [s.version for s in requirement.specifier if s.operator == "=="]
+        if (re.match(r"^nvidia-cudnn-cu\d+$", canonicalize_name(requirement.name)) and pins
+                and (requirement.marker is None or requirement.marker.evaluate(environment))):
+            pinned = f"{canonicalize_name(requirement.name)}=={pins[0]}"
+            log(f"{pinned}: the cuDNN of {choice.requirement} ({choice.wheel}), torch's build "
+                f"for CUDA {release.cuda}")
+            return pinned
+    log(f"cuDNN left to pip: {choice.wheel} names no cuDNN pin")
+    return None
+
+
+def _one_onnxruntime(requirements: list[str], origins: dict[str, tuple[str, ...]],
+                     log: Log) -> None:
+    """Drop ``onnxruntime`` where ``onnxruntime-gpu`` is chosen: both install the same
+    ``onnxruntime`` package, and the GPU build runs on the CPU too."""
+    for line in list(requirements):
+        if canonicalize_name(Requirement(line).name) == ONNXRUNTIME:
+            requirements.remove(line)
+            origins.pop(line, None)
+            log(f"{line} dropped: onnxruntime-gpu provides the same package, CPU included")
 
 
 def _choose_torch(requirement: Requirement, release: Release, python_version: str,
@@ -218,7 +296,7 @@ def _choose_torch(requirement: Requirement, release: Release, python_version: st
         flavour = f"cu{label.replace('.', '')}" if label else "cpu"
         url = f"{pytorch_index.rstrip('/')}/{flavour}"
         try:
-            wheels = _compatible(list_wheels(url, TORCH, context=context), python_version,
+            wheels = compatible_wheels(list_wheels(url, TORCH, context=context), python_version,
                                  platforms)
         except IndexUnreachableError as error:
             unreachable = f"{url} could not be reached ({error})"
@@ -251,7 +329,7 @@ def _from_pytorch_index(requirement: Requirement, release: Release, wheels: list
     built = wheel_cuda(metadata, python_version)
     _refuse_mismatch(requirement, release, wheel, built, where)
     return CudaChoice(TORCH, f"torch=={wheel.version}", wheel.filename, built.cuda,
-                      f"{built.evidence}, from {how}", reason)
+                      f"{built.evidence}, from {how}", reason, metadata)
 
 
 def _from_package_index(requirement: Requirement, release: Release, python_version: str,
@@ -259,7 +337,7 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
                         where: str, unreachable: str, context) -> CudaChoice:
     simple = index.index_url or PYPI_SIMPLE
     try:
-        wheels = _compatible(list_wheels(simple, TORCH, context=context), python_version,
+        wheels = compatible_wheels(list_wheels(simple, TORCH, context=context), python_version,
                              platforms)
     except IndexUnreachableError as error:
         raise SpecError(f"{requirement} ({where}): {unreachable}, and {simple} could not be "
@@ -274,10 +352,12 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
     if not wanted and relaxable:
         wanted, relaxed = [v for v in versions if not v.is_prerelease], True
     cache: dict[Version, WheelCuda] = {}
+    texts: dict[Version, str] = {}
 
     def cuda_of(version: Version) -> WheelCuda:
         if version not in cache:
             metadata, how = read_metadata(by_version[version], context=context)
+            texts[version] = metadata
             found = wheel_cuda(metadata, python_version)
             cache[version] = WheelCuda(found.cuda, f"{found.evidence}, from {how}")
         return cache[version]
@@ -305,8 +385,20 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
     reason = f"{unreachable}; {how_chosen}"
     if relaxed:
         reason += f" ({requirement} from the building machine has no such build)"
-    return CudaChoice(TORCH, f"torch=={chosen}", by_version[chosen].filename, built.cuda,
-                      built.evidence, reason)
+    return CudaChoice(TORCH, exact_pin(TORCH, chosen), by_version[chosen].filename,
+                      built.cuda, built.evidence, reason, texts.get(chosen, ""))
+
+
+def exact_pin(name: str, version: Version) -> str:
+    """``name===version`` for a public version, ``name==version`` for a local one.
+
+    ``torch==2.13.0`` admits ``2.13.0+cpu`` (a public specifier matches every local label of
+    its version, PEP 440), which pip then prefers from a ``find-links`` directory: on a machine
+    whose wheelhouse holds the CPU build, the environment chosen for CUDA 13.0 got it (found by
+    the slim GPU route's torch-operator build here). Arbitrary equality admits only the build
+    chosen.
+    """
+    return f"{name}=={version}" if version.local else f"{name}==={version}"
 
 
 def _cpu_from_pip(requirement: Requirement, python_version: str, platforms: Sequence[str],
@@ -374,15 +466,6 @@ def _newest_fitting(versions: list[Version], own: tuple[int, int],
         return None
     cuda = cuda_of(best).cuda
     return best if cuda is not None and version_key(cuda)[0] == own[0] else None
-
-
-def _compatible(wheels: list[WheelFile], python_version: str,
-                platforms: Sequence[str]) -> list[WheelFile]:
-    interpreter = "cp" + python_version.replace(".", "")
-    allowed = set(platforms)
-    return [w for w in wheels if any(t.interpreter == interpreter and t.platform in allowed
-                                     and t.abi in (interpreter, "abi3", "none")
-                                     for t in w.tags)]
 
 
 def _platform_rank(wheel: WheelFile, platforms: Sequence[str]) -> int:

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -76,6 +77,16 @@ def list_wheels(index_url: str, project: str, *, context: ssl.SSLContext | None 
                                 metadata_url=absolute.split("#")[0] + ".metadata" if metadata
                                 else None))
     return wheels
+
+
+def compatible_wheels(wheels: list[WheelFile], python_version: str,
+                      platforms: Sequence[str]) -> list[WheelFile]:
+    """The wheels a CPython ``python_version`` on one of ``platforms`` installs."""
+    interpreter = "cp" + python_version.replace(".", "")
+    allowed = set(platforms)
+    return [w for w in wheels if any(t.interpreter == interpreter and t.platform in allowed
+                                     and t.abi in (interpreter, "abi3", "none")
+                                     for t in w.tags)]
 
 
 def read_metadata(wheel: WheelFile, *, context: ssl.SSLContext | None = None,

@@ -97,3 +97,45 @@ def test_a_triton_version_not_built_on_that_cuda_is_refused():
         resolve("11.8", triton_version="2.51")
     with pytest.raises(UnsupportedCudaError, match="CPU base is Triton 2.51.0"):
         resolve(None, triton_version="2.45")
+
+
+# The slim GPU route: our Debian base with the nvidia-pytriton wheel's Triton 2.51 (CUDA 12.6
+# runtime), the environment's CUDA from NVIDIA's wheels.
+
+@pytest.mark.parametrize(("cuda", "driver", "driver_cuda"), [
+    ("12.0", 525, "12.0"), ("12.6", 525, "12.0"), ("12.9", 525, "12.0"), ("13.0", 580, "13.0")])
+def test_the_slim_route_serves_cuda_12_and_13_natively_on_the_wheels_triton(cuda, driver,
+                                                                             driver_cuda):
+    from builder.base.releases import builder_python
+    from builder.environment.unpacking import ships_unpacked
+
+    release = resolve(cuda, slim=True)
+    assert release.slim and release.gpu and not release.ngc
+    assert (release.cuda, release.triton_version, release.python_version) == (
+        cuda, TRITON_VERSION, builder_python())
+    assert release.image == f"triton-builder/tritonserver-gpu-slim:2.51.0-py{builder_python()}"
+    assert (release.min_driver, release.driver_cuda) == (driver, driver_cuda)
+    assert release.safe_driver >= release.min_driver
+    assert release.branch == "r24.10" and release.restricts_apis and ships_unpacked(release)
+    assert release.stub_source(builder_python()).value == "release"
+
+
+@pytest.mark.parametrize("cuda", ["11.4", "11.8"])
+def test_the_slim_route_refuses_a_cuda_whose_drivers_may_not_run_its_server(cuda):
+    """CUDA 11 machines run drivers from 450; the server's CUDA 12.6 runtime needs 525."""
+    with pytest.raises(UnsupportedCudaError) as refused:
+        resolve(cuda, slim=True)
+    message = str(refused.value)
+    assert f"cannot serve CUDA {cuda}" in message and "needs driver >= 525" in message
+    assert f"use the NGC route: cuda='{cuda}' without slim" in message
+    assert resolve(cuda).ngc  # the NGC route it names does serve it
+
+
+def test_the_slim_route_is_refused_without_a_cuda_or_with_another_triton():
+    with pytest.raises(UnsupportedCudaError, match="slim=True is a GPU route: pass cuda="):
+        resolve(None, slim=True)
+    with pytest.raises(UnsupportedCudaError, match="serves Triton 2.51.0"):
+        resolve("12.6", triton_version="2.53", slim=True)
+    with pytest.raises(UnsupportedCudaError, match="runs the builder's own Python"):
+        resolve("12.6", base_python="3.13", slim=True)
+    assert resolve("12.6", triton_version="2.51", slim=True).slim

@@ -72,3 +72,17 @@ def test_a_hard_link_is_stored_as_the_file_it_names(tmp_path):
     with tarfile.open(packed) as archive:
         link = archive.getmember("aaa.py")
         assert link.isreg() and archive.extractfile(link).read() == b"x = 1\n"
+
+
+def test_an_archive_named_tar_is_the_same_members_without_gzip(tmp_path):
+    """What an environment that ships unpacked is packed as: nothing to decompress, the same
+    canonical members in the same order as its ``.tar.gz`` twin, again byte-identical."""
+    first = _raw(_prefix(tmp_path / "a", 0o022, 1_600_000_000), tmp_path / "a.tar", False)
+    second = _raw(_prefix(tmp_path / "b", 0o077, 1_700_000_000), tmp_path / "b.tar", True)
+    plain = write_canonical_archive(first, tmp_path / "one.tar", mtime=946684800)
+    again = write_canonical_archive(second, tmp_path / "two.tar", mtime=946684800)
+    assert plain.read_bytes() == again.read_bytes() and plain.read_bytes()[:2] != b"\x1f\x8b"
+    zipped = write_canonical_archive(first, tmp_path / "one.tar.gz", mtime=946684800)
+    with tarfile.open(plain, "r:") as bare, tarfile.open(zipped, "r:gz") as compressed:
+        assert [m.get_info() for m in bare.getmembers()] == [
+            m.get_info() for m in compressed.getmembers()]

@@ -146,3 +146,40 @@ def test_as_a_plain_python_model_the_onnx_file_is_model_onnx():
     assert backend.onnx_file({"default_model_filename": "model.py"}) == "model.onnx"
     assert backend.onnx_file({}) == "model.onnx"
     assert backend.onnx_file({"default_model_filename": "net.onnx"}) == "net.onnx"
+
+
+def _linear_args(repository, kind: str, device: int = 0) -> dict:
+    config = {"max_batch_size": 8, "input": [{"name": "INPUT"}], "output": [{"name": "OUTPUT"}]}
+    return {"model_config": json.dumps(config), "model_repository": str(repository / "linear"),
+            "model_version": "1", "model_instance_kind": kind, "model_name": "linear",
+            "model_instance_device_id": str(device)}
+
+
+def test_a_gpu_instance_asks_for_the_cuda_provider_on_its_own_device():
+    assert backend.providers("GPU", 2) == [("CUDAExecutionProvider", {"device_id": 2}),
+                                           "CPUExecutionProvider"]
+    assert backend.providers("CPU", 2) == ["CPUExecutionProvider"]
+
+
+def test_a_kind_gpu_instance_on_a_cpu_onnxruntime_fails_to_load_instead_of_running_on_the_cpu(
+        repository):
+    """This venv's onnxruntime is the CPU build (no CUDA provider): before, the backend made a
+    CPU session for the KIND_GPU instance without a word."""
+    assert "CUDAExecutionProvider" not in ort.get_available_providers()
+    model = backend.TritonPythonModel()
+    with pytest.raises(backend.CudaProviderError) as refused:
+        model.initialize(_linear_args(repository, "GPU"))
+    assert "model 'linear' is KIND_GPU, but ONNX Runtime's CUDA provider cannot start" in str(
+        refused.value)
+    assert "is not a GPU build (it has no CUDAExecutionProvider): the environment needs " \
+           "onnxruntime-gpu" in str(refused.value)
+    model.initialize(_linear_args(repository, "CPU"))  # the same model loads on a CPU instance
+
+
+def test_a_gpu_instances_session_that_got_only_the_cpu_provider_is_refused(session):
+    """A real session on the CPU provider, as ONNX Runtime leaves one whose CUDA provider failed."""
+    with pytest.raises(backend.CudaProviderError, match=(
+            r"model 'linear' is KIND_GPU, but its ONNX Runtime session got only "
+            r"CPUExecutionProvider, not CUDAExecutionProvider: onnxruntime .* is not a GPU "
+            r"build")):
+        backend.require_cuda_provider(session._session, "linear")

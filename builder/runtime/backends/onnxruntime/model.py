@@ -7,6 +7,13 @@ one model repository serves unchanged in both.
 
 Like the C++ backend, it batches: the requests of one ``execute`` call whose non-batch shapes
 agree are concatenated along the batch axis and run as one ``InferenceSession.run``.
+
+On a ``KIND_GPU`` instance (the slim GPU images, with onnxruntime-gpu and NVIDIA's CUDA wheels
+in the environment) the session runs on the instance's GPU with ONNX Runtime's CUDA execution
+provider. ONNX Runtime falls back to the CPU, with a log line only, when that provider cannot
+start: its library finds NVIDIA's wheels only once they are loaded (``preload_dlls``), and the
+driver's ``libcuda.so.1`` only in a container run with GPUs. Such a model must not load as if it
+were on the GPU: here it fails to load, naming the library that is missing.
 """
 
 from __future__ import annotations
@@ -92,13 +99,64 @@ def session_options(parameters: dict, instances: int = 1) -> object:
     return options
 
 
-def providers(instance_kind: str) -> list[str]:
-    """CUDA first on a GPU instance when this onnxruntime build has it, CPU always."""
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CUDA_PROVIDER_LIBRARY = "libonnxruntime_providers_cuda.so"
+CUDA_DRIVER_LIBRARY = "libcuda.so.1"
+
+
+class CudaProviderError(RuntimeError):
+    """A GPU instance whose session cannot run on the GPU."""
+
+
+def providers(instance_kind: str, device_id: int = 0) -> list:
+    """On a GPU instance the CUDA provider on the instance's device, then the CPU; else the CPU."""
+    if instance_kind == "GPU":
+        return [(CUDA_PROVIDER, {"device_id": device_id}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def cuda_provider_problem(driver: bool = True) -> str | None:
+    """Why ONNX Runtime's CUDA provider cannot start here, naming the library; None if it can.
+
+    NVIDIA's wheels are loaded first (``onnxruntime.preload_dlls``, 1.21 and later), as a GPU
+    session needs them; then the provider's library itself, whose loader error names the first
+    library it lacks; then (``driver``) the NVIDIA driver's ``libcuda.so.1``, which only a
+    container run with GPUs has. Without ``driver`` it answers whether the environment holds
+    every library, which a machine without a GPU can tell too.
+    """
+    import ctypes
+
     import onnxruntime as ort
 
-    available = ort.get_available_providers()
-    wanted = ["CUDAExecutionProvider"] if instance_kind == "GPU" else []
-    return [p for p in wanted if p in available] + ["CPUExecutionProvider"]
+    if CUDA_PROVIDER not in ort.get_available_providers():
+        return (f"onnxruntime {ort.__version__} is not a GPU build (it has no {CUDA_PROVIDER}): "
+                f"the environment needs onnxruntime-gpu")
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    library = os.path.join(os.path.dirname(ort.__file__), "capi", CUDA_PROVIDER_LIBRARY)
+    try:
+        ctypes.CDLL(library)
+    except OSError as error:
+        return f"{CUDA_PROVIDER_LIBRARY} cannot be loaded: {error}"
+    if driver:
+        try:
+            ctypes.CDLL(CUDA_DRIVER_LIBRARY)
+        except OSError as error:
+            return (f"the NVIDIA driver's {CUDA_DRIVER_LIBRARY} cannot be loaded ({error}): run "
+                    f"the container with GPUs (docker run --gpus=all, the NVIDIA container "
+                    f"runtime)")
+    return None
+
+
+def require_cuda_provider(session, model: str) -> None:
+    """Refuse a GPU instance's session that did not get the CUDA provider, saying why."""
+    if CUDA_PROVIDER in session.get_providers():
+        return
+    problem = cuda_provider_problem() or ("ONNX Runtime could not start it on this device "
+                                          "(its log above says why)")
+    raise CudaProviderError(
+        f"model {model!r} is KIND_GPU, but its ONNX Runtime session got only "
+        f"{', '.join(session.get_providers())}, not {CUDA_PROVIDER}: {problem}")
 
 
 def onnx_file(config: dict) -> str:
@@ -120,12 +178,21 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         path = os.path.join(args["model_repository"], args["model_version"], onnx_file(config))
+        kind = args.get("model_instance_kind", "CPU")
+        if kind == "GPU":
+            problem = cuda_provider_problem()
+            if problem:
+                raise CudaProviderError(f"model {args.get('model_name', path)!r} is KIND_GPU, "
+                                        f"but ONNX Runtime's CUDA provider cannot start: "
+                                        f"{problem}")
         self._session = ort.InferenceSession(
             path,
             sess_options=session_options(config.get("parameters", {}), sum(
                 int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1),
-            providers=providers(args.get("model_instance_kind", "CPU")),
+            providers=providers(kind, int(args.get("model_instance_device_id", 0) or 0)),
         )
+        if kind == "GPU":
+            require_cuda_provider(self._session, args.get("model_name", path))
         self._batching = config.get("max_batch_size", 0) > 0
         self._inputs = [tensor["name"] for tensor in config["input"]]
         self._outputs = [tensor["name"] for tensor in config["output"]]

@@ -9,10 +9,13 @@ the default resolution uses it; ``pytorch_index=None`` forces the package-index 
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -187,5 +190,34 @@ def test_two_torch_requirements_that_resolve_alike_become_one():
                        requirements_spec(["torch"], "dlpack"))
     resolution = resolve_cuda_packages(spec, release, python_version="3.10",
                                        platforms=_platforms("2.35"), pytorch_index=None)
-    assert resolution.spec.requirements == ("torch==2.6.0",)
-    assert len(resolution.spec.origins["torch==2.6.0"]) == 2
+    assert resolution.spec.requirements == ("torch===2.6.0",)
+    assert len(resolution.spec.origins["torch===2.6.0"]) == 2
+
+
+def test_a_torch_chosen_for_a_cuda_is_pinned_so_that_no_local_cpu_build_of_it_is_installed(
+        tmp_path):
+    """pip itself resolves the pin (``--dry-run --report``: metadata only) with this machine's
+    find-links, whose wheelhouse holds ``torch-2.13.0+cpu``: ``torch==2.13.0`` took that CPU
+    build into an environment chosen for CUDA 13.0; the pin the choice writes takes PyPI's."""
+    local = [w for d in os.environ.get("PIP_FIND_LINKS", "").split()
+             for w in Path(d).glob("torch-2.13.0+cpu-*.whl")]
+    if not local:
+        pytest.skip("no local torch-2.13.0+cpu wheel in PIP_FIND_LINKS to be taken instead")
+    resolution = resolve_cuda_packages(
+        requirements_spec(["torch==2.13.0"], PYTHON_MODEL_SOURCE), resolve("13.0", slim=True),
+        python_version="3.11", platforms=_platforms("2.36"), pytorch_index=None)
+    (choice,) = resolution.choices
+    assert choice.requirement == "torch===2.13.0" and choice.cuda == "13.0"
+
+    def installed(requirement: str) -> str:
+        report = tmp_path / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
+                        "--ignore-installed", "--only-binary=:all:", "--implementation", "cp",
+                        "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
+                        "--target", str(tmp_path / "t"), "--report", str(report), "-q",
+                        requirement], check=True, capture_output=True)
+        (item,) = json.loads(report.read_text())["install"]
+        return item["download_info"]["url"].rsplit("/", 1)[-1]
+
+    assert "%2Bcpu" in installed("torch==2.13.0")  # what the environment got before
+    assert installed(choice.requirement).startswith("torch-2.13.0-cp311")
