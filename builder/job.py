@@ -16,11 +16,9 @@ it made — is removed again (:class:`builder.engine.Leftovers`).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -70,7 +68,7 @@ from builder.image import (
     build_serving_image,
     emulated_allowance,
 )
-from builder.interrupts import deferred_interrupts, interrupts_stop_once
+from builder.interrupts import deferred_interrupts, interrupts_stop_once, scratch_directory
 from builder.pipeline import Pipeline
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, push_index, tag_image
@@ -231,8 +229,8 @@ def build_docker_image(
     multi = len(targets) > 1
     builds: dict[Platform, ImageBuild] = {}
     leftovers = Leftovers()
-    with tempfile.TemporaryDirectory(prefix="triton-builder-") as workdir:
-        try:
+    try:
+        with scratch_directory("triton-builder-") as workdir:
             for target in targets:
                 plan = plans[target]
                 where = f" for {target}" if multi else ""
@@ -240,7 +238,7 @@ def build_docker_image(
                     plan = _on_platform(client, plan)
                     base = ensure_base_image(client, plan.release, on_log=on_log)
                 release, plan = fit_base_python(plan, client, base.id)
-                models = Path(workdir) / (target.architecture if multi else "") / "models"
+                models = workdir / (target.architecture if multi else "") / "models"
                 with timed_step(f"model repository (export, configs, pipe.pickle){where}",
                                 on_log):
                     built = build_pipeline_model(pipe, models, format_priority, parallelism,
@@ -273,15 +271,18 @@ def build_docker_image(
                                                   else None)),
                         verifying=checking, checks=checks, emulated=support[target].emulated,
                         native=support[target].native, leftovers=leftovers, on_log=on_log)
-        except BaseException:
-            leftovers.remove(client)
-            raise
+        native = [t for t in targets if support[t].native]
+        with deferred_interrupts():
+            result = (_tag(client, builds[targets[0]], references) if not multi
+                      else _tag_platforms(client, builds, references, native))
+    except BaseException:
+        leftovers.remove(client)
+        raise
     if not multi:
-        return _tag_push(builds[targets[0]], references, client=client, push=push,
-                         started=started, leftovers=leftovers, on_log=on_log)
-    return _tag_push_platforms(builds, references, client=client, push=push,
-                               native=[t for t in targets if support[t].native],
-                               started=started, leftovers=leftovers, on_log=on_log)
+        return _push(result, references, client=client, push=push, started=started,
+                     on_log=on_log)
+    return _push_platforms(result, builds, references, client=client, push=push,
+                           started=started, on_log=on_log)
 
 
 def _user(user: str | None, release: Release, own_stub: bool, on_log: Log | None) -> str | None:
@@ -362,11 +363,12 @@ def build_image_from_repository(
         built = _build_verified(repository_dir, references[0], release, base_image,
                                 client=client, options=image, verifying=verify, checks=checks,
                                 leftovers=leftovers, on_log=on_log)
+        with deferred_interrupts():
+            _tag(client, built, references)
     except BaseException:
         leftovers.remove(client)
         raise
-    return _tag_push(built, references, client=client, push=push, started=started,
-                     leftovers=leftovers, on_log=on_log)
+    return _push(built, references, client=client, push=push, started=started, on_log=on_log)
 
 
 def _build_verified(
@@ -416,18 +418,17 @@ def _build_verified(
                           platform=platform if platform and not native else None))
 
 
-def _tag_push(image: ImageBuild, references: list[str], *, client: docker.DockerClient,
-              push: bool, started: float, leftovers: Leftovers,
-              on_log: Log | None) -> ImageBuild:
-    """Tag a verified image with every reference (what the build made goes where tagging
-    fails), push them with their digests confirmed."""
-    try:
-        with deferred_interrupts():
-            tag_image(client, image.id, references)
-    except BaseException:
-        leftovers.remove(client)
-        raise
+def _tag(client: docker.DockerClient, image: ImageBuild, references: list[str]) -> ImageBuild:
+    """Tag a verified image with every reference (the caller holds interrupts back, so the tags
+    all land or the build's leftovers go)."""
+    tag_image(client, image.id, references)
     image.tags = references
+    return image
+
+
+def _push(image: ImageBuild, references: list[str], *, client: docker.DockerClient,
+          push: bool, started: float, on_log: Log | None) -> ImageBuild:
+    """Push a tagged image under every reference with their digests confirmed."""
     if push:
         with step_log(f"pushing {', '.join(references)}", on_log) as log:
             for reference in references:
@@ -437,31 +438,30 @@ def _tag_push(image: ImageBuild, references: list[str], *, client: docker.Docker
     return image
 
 
-def _tag_push_platforms(builds: dict[Platform, ImageBuild], references: list[str], *,
-                        client: docker.DockerClient, push: bool, native: list[Platform],
-                        started: float, leftovers: Leftovers,
-                        on_log: Log | None) -> ImageBuild:
+def _tag_platforms(client: docker.DockerClient, builds: dict[Platform, ImageBuild],
+                   references: list[str], native: list[Platform]) -> ImageBuild:
     """Every platform's image tagged ``TAG-<architecture>`` (the engine holds one platform per
-    tag), the engine's own platform's also under ``references`` themselves; with ``push``, each
-    platform's tags pushed and confirmed, then under each reference one image index of them.
+    tag), the engine's own platform's also under ``references`` themselves.
 
-    Returns the engine's own platform's build (else the first) with ``pushed`` the indexes and
-    ``platform_images`` every platform's build (each with its own tags and pushes)."""
-    tagged = {target: platform_references(references, target) for target in builds}
+    Returns the engine's own platform's build (else the first) with ``platform_images`` every
+    platform's build (each with its own tags)."""
     for target, image in builds.items():
-        image.tags = tagged[target] + (references if target in native[:1] else [])
-    try:
-        with deferred_interrupts():
-            for image in builds.values():
-                tag_image(client, image.id, image.tags)
-    except BaseException:
-        leftovers.remove(client)
-        raise
-    result = replace(builds[native[0]] if native else next(iter(builds.values())), pushed={},
-                     platform_images={target.name: image for target, image in builds.items()})
+        image.tags = (platform_references(references, target)
+                      + (references if target in native[:1] else []))
+        tag_image(client, image.id, image.tags)
+    return replace(builds[native[0]] if native else next(iter(builds.values())), pushed={},
+                   platform_images={target.name: image for target, image in builds.items()})
+
+
+def _push_platforms(result: ImageBuild, builds: dict[Platform, ImageBuild],
+                    references: list[str], *, client: docker.DockerClient, push: bool,
+                    started: float, on_log: Log | None) -> ImageBuild:
+    """With ``push``, each platform's tags pushed and confirmed, then under each reference one
+    image index of them (``result.pushed``)."""
     if push:
         with step_log(f"pushing {', '.join(references)} for "
                       f"{', '.join(t.name for t in builds)}", on_log) as log:
+            tagged = {target: platform_references(references, target) for target in builds}
             for target, image in builds.items():
                 for reference in tagged[target]:
                     image.pushed[reference] = push_image(client, reference, on_log=log)

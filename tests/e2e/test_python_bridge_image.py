@@ -26,6 +26,7 @@ from builder.image.sbom import SBOM_PATH
 from tests.e2e.test_custom_operator import TEXTS, user_pipeline
 from tests.e2e.test_stub_build import SOURCES, needs_sources
 from tests.support.example_inputs import EXAMPLES
+from tests.support.stub_digest import placed_stub_sha256
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +106,8 @@ def test_a_stub_compiled_against_the_interpreter_image_serves_through_the_bridge
             reference, ["python3", "-c", "import hashlib; print(hashlib.sha256(open("
                         "'/models/pipeline/triton_python_backend_stub', 'rb').read())"
                         ".hexdigest())"], remove=True)
-        assert served.decode().strip() == hashlib.sha256(compiled.read_bytes()).hexdigest()
+        assert served.decode().strip() == placed_stub_sha256(compiled), \
+            "the served stub is the compiled one with its RPATH into the environment"
         version = client.containers.run(
             reference, ["/models/pipeline/environment/bin/python3.11", "-c",
                         "import sys; print(sys.version.split()[0])"],

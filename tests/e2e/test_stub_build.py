@@ -23,6 +23,7 @@ from builder.bridge.stub_build import (
 )
 from tests.support.example_inputs import EXAMPLES
 from tests.support.paths import TRITON_SOURCES
+from tests.support.stub_digest import placed_stub_sha256
 
 SOURCES = TRITON_SOURCES
 needs_sources = pytest.mark.skipif(
@@ -65,9 +66,8 @@ def test_a_pipeline_serves_with_a_stub_compiled_from_r24_10(docker_client, cpu_b
                         ".hexdigest())"], remove=True)
         compiled = compile_stub(docker_client, branch="r24.10", python_version="3.11",
                                 build_image_name=cpu_base_image, sources=SOURCES)
-        import hashlib
-
-        assert output.decode().strip() == hashlib.sha256(compiled.read_bytes()).hexdigest()
+        assert output.decode().strip() == placed_stub_sha256(compiled), \
+            "the served stub is the compiled one with its RPATH into the environment"
     finally:
         docker_client.images.remove(reference, force=True)
 

@@ -5,6 +5,7 @@ signal the parent ignored stays ignored."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -16,6 +17,7 @@ from builder.interrupts import (
     Terminated,
     deferred_interrupts,
     interrupts_stop_once,
+    scratch_directory,
     take_interrupts,
 )
 
@@ -130,3 +132,20 @@ def test_after_the_first_interrupt_a_callers_own_handler_is_still_theirs():
             _send(signal.SIGTERM)
         _send(signal.SIGINT)
     assert seen == [signal.SIGINT]
+
+
+def test_an_interrupt_while_a_scratch_directory_is_removed_waits_for_the_removal(monkeypatch):
+    """The interrupt lands inside the removal (as one does while a build's model repository,
+    thousands of files, is removed): the directory still goes whole, then the build stops."""
+    removing = shutil.rmtree
+
+    def interrupted_removal(path, *args, **kwargs):
+        _send(signal.SIGINT)
+        removing(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted_removal)
+    with interrupts_stop_once(), pytest.raises(KeyboardInterrupt):
+        with scratch_directory("triton-builder-test-") as scratch:
+            (scratch / "models" / "pipeline").mkdir(parents=True)
+            (scratch / "models" / "pipeline" / "config.pbtxt").write_text("name: 'pipeline'")
+    assert not scratch.exists()
