@@ -49,6 +49,12 @@ class LoadReport:
     def answered_per_s(self) -> float:
         return len(self.of("ok")) / self.seconds
 
+    @property
+    def last_answer_s(self) -> float:
+        """When the last answer came, in seconds after the run began: past ``seconds`` by the
+        time it took to work off what was queued."""
+        return max((o.sent + o.latency for o in self.of("ok")), default=float("nan"))
+
     def latency_ms(self, quantile: float, status: str = "ok") -> float:
         values = sorted(o.latency for o in self.of(status))
         if not values:
