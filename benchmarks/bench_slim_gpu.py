@@ -121,8 +121,8 @@ def main() -> None:
     lines = [SECTION, "",
              f"`{COMMAND} --runs {args.runs}` — {machine()}, no GPU; slim base "
              f"`{base.tags[0]}` ({base_gb:.2f} GB) on `{os_image}`. Load average (1 min): "
-             f"{load_start:.1f} at the start, {load_end:.1f} at the end (other engineers' jobs "
-             f"share the machine). Medians of {args.runs}; every build verified against the "
+             f"{load_start:.1f} at the start, {load_end:.1f} at the end (the benchmark's own "
+             f"builds). Medians of {args.runs}; every build verified against the "
              f"in-process pipeline (on the CPU: no GPU here).", "",
              "| example | CUDA | image | pushed (compressed) | goal | NGC route | slim / NGC | "
              "cold build | rebuild after a code change | `docker run` → ready |",
