@@ -105,8 +105,8 @@ def main() -> None:
 
     lines = [SECTION, "",
              f"`{COMMAND} --runs {args.runs}{' --bases' if args.bases else ''}` — {machine()}; "
-             f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores "
-             f"shared with other jobs: busy). The text-embedding example built cold for both "
+             f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after. The "
+             f"text-embedding example built cold for both "
              f"platforms in one build (fresh cache, bases kept), each verified: arm64 under "
              f"qemu-user 7.2 (Debian 12's qemu-user-static). Medians of {args.runs} runs.", "",
              "| | linux/amd64 (native) | linux/arm64 (emulated) |", "|---|---|---|"]

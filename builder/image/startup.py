@@ -75,10 +75,10 @@ def repository_archive_bytes(repository: str | os.PathLike) -> int:
 EMULATION_SLOWDOWN = 10
 """How many times the allowances grow for an image run under emulation (another platform's
 than the engine's: qemu-user translates every instruction). Measured here on the example
-(BENCHMARKS.md, "Platforms"; 2 busy cores): the arm64 image's verification — start to ready,
-every example over gRPC and HTTP — took 12.4 s under qemu-user 7.2 against 2.9 s for the amd64
-image (medians of 2), about 4.3 times; ten times leaves room for a busier machine and a bigger
-pipeline, and costs nothing where the container is ready sooner."""
+(BENCHMARKS.md, "Platforms"; 2 quiet cores): the arm64 image's verification — start to ready,
+every example over gRPC and HTTP — took 10.2 s under qemu-user 7.2 against 2.6 s for the amd64
+image (medians of 2), about 4 times (4.3 times on a busy machine); ten times leaves room for a
+busier machine and a bigger pipeline, and costs nothing where the container is ready sooner."""
 
 
 def emulated_allowance(seconds: float) -> float:

@@ -13,6 +13,7 @@ from builder.base.releases import (
     resolve,
     supported_cuda_versions,
 )
+from builder.engine.platforms import AMD64, ARM64
 from builder.tritonserver.wheel import TRITON_VERSION
 
 
@@ -139,3 +140,12 @@ def test_the_slim_route_is_refused_without_a_cuda_or_with_another_triton():
     with pytest.raises(UnsupportedCudaError, match="runs the builder's own Python"):
         resolve("12.6", base_python="3.13", slim=True)
     assert resolve("12.6", triton_version="2.51", slim=True).slim
+
+
+def test_the_slim_route_is_refused_for_arm64_naming_the_ways_out():
+    """The slim base is built from the x86_64 wheel only: an arm64 slim build would have
+    nothing to run on, so it is refused before anything, with the NGC route and amd64 named."""
+    with pytest.raises(UnsupportedCudaError, match="no linux/arm64 base yet") as refused:
+        resolve("12.6", slim=True, platform=ARM64)
+    assert "leave slim off" in str(refused.value) and "linux/amd64 alone" in str(refused.value)
+    assert resolve("12.6", slim=True, platform=AMD64).slim
