@@ -56,6 +56,7 @@ from builder.environment.torch_for_cuda.wheel_metadata import (
     compatible_wheels,
     list_wheels,
     local_metadata,
+    marker_environment,
     read_metadata,
     ssl_context,
 )
@@ -119,10 +120,7 @@ class CudaResolution:
 def wheel_cuda(metadata: str, python_version: str, machine: str = "x86_64") -> WheelCuda:
     """The CUDA runtime a wheel requires on Linux, read from its ``METADATA`` text."""
     message = Parser().parsestr(metadata)
-    environment = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
-                   "platform_machine": machine, "python_version": python_version,
-                   "python_full_version": f"{python_version}.0", "implementation_name": "cpython",
-                   "platform_python_implementation": "CPython", "extra": ""}
+    environment = marker_environment(python_version, machine)
     for line in message.get_all("Requires-Dist") or []:
         requirement = Requirement(line)
         if requirement.marker is not None and not requirement.marker.evaluate(environment):
@@ -260,9 +258,7 @@ def _torchs_cudnn(release: Release, python_version: str, platforms: Sequence[str
         log(f"cuDNN left to pip: no torch build for CUDA {release.cuda} to take it from "
             f"({str(error).splitlines()[0]})")
         return None
-    environment = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
-                   "platform_machine": "x86_64", "python_version": python_version,
-                   "python_full_version": f"{python_version}.0", "extra": ""}
+    environment = marker_environment(python_version, release.platform.machine)
     for line in Parser().parsestr(choice.metadata).get_all("Requires-Dist") or []:
         requirement = Requirement(line)
         pins = [s.version for s in requirement.specifier if s.operator == "=="]

@@ -36,6 +36,7 @@ from builder.environment.torch_for_cuda.wheel_metadata import (
     WheelFile,
     compatible_wheels,
     list_wheels,
+    marker_environment,
     read_metadata,
     ssl_context,
 )
@@ -65,13 +66,8 @@ def declared_cuda(metadata: str, python_version: str, machine: str = "x86_64",
         requirement = Requirement(line)
         if not _RUNTIME.match(canonicalize_name(requirement.name)):
             continue
-        environment = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
-                       "platform_machine": machine, "python_version": python_version,
-                       "python_full_version": f"{python_version}.0",
-                       "implementation_name": "cpython",
-                       "platform_python_implementation": "CPython"}
         if requirement.marker is not None and not any(
-                requirement.marker.evaluate({**environment, "extra": extra})
+                requirement.marker.evaluate(marker_environment(python_version, machine, extra))
                 for extra in ("", *extras)):
             continue
         floors = [s.version for s in requirement.specifier
@@ -105,7 +101,7 @@ def choose_onnxruntime_gpu(requirement: Requirement, release: Release, python_ve
     simple = index.index_url or "https://pypi.org/simple"
     try:
         wheels = compatible_wheels(list_wheels(simple, ONNXRUNTIME_GPU, context=context),
-                             python_version, platforms)
+                                   python_version, platforms)
     except IndexUnreachableError as error:
         raise SpecError(f"{requirement} ({where}): {simple} could not be reached ({error}): no "
                         f"onnxruntime-gpu can be chosen for CUDA {release.cuda}") from error
@@ -138,4 +134,3 @@ def cuda_toolkit_requirement(release: Release) -> str:
     """NVIDIA's meta-package pinning each CUDA library ONNX Runtime loads to ``release``'s CUDA
     (its newest update: ``cuda-toolkit[...]==12.6.*``)."""
     return f"{CUDA_TOOLKIT}[{','.join(CUDA_TOOLKIT_EXTRAS)}]=={release.cuda}.*"
-

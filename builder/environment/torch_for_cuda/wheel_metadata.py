@@ -89,6 +89,15 @@ def compatible_wheels(wheels: list[WheelFile], python_version: str,
                                      for t in w.tags)]
 
 
+def marker_environment(python_version: str, machine: str, extra: str = "") -> dict[str, str]:
+    """What the markers of a wheel's ``Requires-Dist`` lines are evaluated against: CPython
+    ``python_version`` on Linux ``machine`` — the image's, not this host's."""
+    return {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
+            "platform_machine": machine, "python_version": python_version,
+            "python_full_version": f"{python_version}.0", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "extra": extra}
+
+
 def read_metadata(wheel: WheelFile, *, context: ssl.SSLContext | None = None,
                   timeout: float = TIMEOUT) -> tuple[str, str]:
     """The wheel's ``METADATA`` text, and how it was read (``index metadata``/``range``)."""
