@@ -32,7 +32,12 @@ from packaging.requirements import Requirement
 from builder.cache import cache_dir, content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
-from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
+from builder.engine.platforms import (
+    DEFAULT_PLATFORM,
+    Platform,
+    image_platform_name,
+    per_platform_tag,
+)
 from builder.errors import TritonBuilderError
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
@@ -49,6 +54,8 @@ WHEEL_PLATFORMS = ("manylinux_2_28_{machine}", "manylinux_2_27_{machine}",
 OS_IMAGE_VARIABLE = "TRITON_BUILDER_OS_IMAGE"
 """The OS image of the default platform's base; ``…_ARM64`` (the architecture) another's."""
 PLATFORM_LABEL = "ai.triton-builder.platform"
+OS_IMAGE_LABEL = "ai.triton-builder.os-image"
+"""The OS image a base of ours was built on (the slim GPU base is rebuilt on the same one)."""
 
 _CHECK_PYTHON = (
     "import sys; v = '%d.%d' % sys.version_info[:2]; "
@@ -125,19 +132,28 @@ def build_cpu_base(
         (context / "Dockerfile").write_text(dockerfile)
         shutil.copytree(packages, context / "python", symlinks=True)
         distribution.install_layout(context / "tritonserver", python_version)
-        labels = {
-            CONTENT_HASH_LABEL: digest,
-            "ai.triton-builder.triton-version": TRITON_VERSION,
-            "ai.triton-builder.python-version": python_version,
-            "ai.triton-builder.os-image": os_image,
-            "org.opencontainers.image.title": "tritonserver-cpu",
-            "org.opencontainers.image.version": TRITON_VERSION,
-            "org.opencontainers.image.base.name": os_image,
-            "org.opencontainers.image.base.digest": os_image_id,
-            **({PLATFORM_LABEL: platform.name} if platform != DEFAULT_PLATFORM else {}),
-        }
+        labels = base_labels("tritonserver-cpu", digest, python_version, os_image, os_image_id,
+                             {PLATFORM_LABEL: platform.name} if platform != DEFAULT_PLATFORM
+                             else {})
         return build_image(client, context, [tag], labels=labels, nocache=rebuild,
                            platform=platform.name, on_log=on_log)
+
+
+def base_labels(title: str, digest: str, python_version: str, os_image: str, os_image_id: str,
+                more: dict[str, str]) -> dict[str, str]:
+    """The labels of each base of ours (CPU, slim GPU): the content hash it is found by, the
+    Triton and Python it runs, the OS image it is built on; ``more`` a base's own."""
+    return {
+        CONTENT_HASH_LABEL: digest,
+        "ai.triton-builder.triton-version": TRITON_VERSION,
+        "ai.triton-builder.python-version": python_version,
+        OS_IMAGE_LABEL: os_image,
+        "org.opencontainers.image.title": title,
+        "org.opencontainers.image.version": TRITON_VERSION,
+        "org.opencontainers.image.base.name": os_image,
+        "org.opencontainers.image.base.digest": os_image_id,
+        **more,
+    }
 
 
 def base_os_image_id(client: docker.DockerClient, os_image: str,
@@ -150,10 +166,9 @@ def base_os_image_id(client: docker.DockerClient, os_image: str,
     except docker.errors.ImageNotFound:
         found = None
     if found is not None:
-        architecture = found.attrs.get("Architecture")
-        if architecture != platform.architecture:
+        if not platform.matches(found.attrs):
             raise BaseImageError(
-                f"the base OS image {os_image} is {found.attrs.get('Os')}/{architecture}, not "
+                f"the base OS image {os_image} is {image_platform_name(found.attrs)}, not "
                 f"{platform}: make one with `triton-builder base os --platform {platform}` and "
                 f"pass it (--os-image, or {os_image_variable(platform)})")
         return found.id

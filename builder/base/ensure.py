@@ -13,10 +13,10 @@ import docker
 import docker.errors
 from docker.models.images import Image
 
-from builder.base.cpu import build_cpu_base, cpu_base_tag
-from builder.base.gpu_slim import OS_IMAGE_LABEL, build_slim_base, slim_base_tag
+from builder.base.cpu import OS_IMAGE_LABEL, build_cpu_base, cpu_base_tag
+from builder.base.gpu_slim import build_slim_base, slim_base_tag
 from builder.base.releases import Release
-from builder.engine.platforms import DEFAULT_PLATFORM, Platform
+from builder.engine.platforms import DEFAULT_PLATFORM, Platform, image_platform_name
 from builder.engine.reference import ImageReference
 from builder.engine.registry import RegistryError, platform_variant_digest, registry_insecure
 from builder.errors import TritonBuilderError
@@ -74,10 +74,9 @@ def ensure_base_image(client: docker.DockerClient, release: Release, *,
 def _of_platform(image: Image, release: Release) -> Image:
     """``image``, refused where it is not the release's platform: a base of another
     architecture would build an image that fails with ``exec format error`` where it runs."""
-    architecture = image.attrs.get("Architecture")
-    if architecture != release.platform.architecture:
+    if not release.platform.matches(image.attrs):
         raise BaseImageUnavailableError(
-            f"the base image {release.image} is {image.attrs.get('Os')}/{architecture}, but this "
+            f"the base image {release.image} is {image_platform_name(image.attrs)}, but this "
             f"image is built for {release.platform}: pass a base of that platform (base_image=)")
     return image
 
@@ -102,7 +101,7 @@ def platform_image(client: docker.DockerClient, image: str, platform: Platform) 
     if "@" in image:
         return image
     try:
-        if client.images.get(image).attrs.get("Architecture") == platform.architecture:
+        if platform.matches(client.images.get(image).attrs):
             return image
     except docker.errors.ImageNotFound:
         pass
@@ -135,6 +134,7 @@ def _pull_by_digest(client: docker.DockerClient, pinned: str, log: Log) -> Image
         raise BaseImageUnavailableError(
             f"the base image {pinned} cannot be pulled ({error.explanation or error}); "
             f"`docker login {repository.split('/', 1)[0]}` if it needs a login") from None
+
 
 def _slim_base(client: docker.DockerClient, release: Release, log: Log) -> Image:
     """The slim GPU base, by content rather than by tag (its onnxruntime backend is the one a

@@ -24,15 +24,14 @@ from pathlib import Path
 
 import docker
 
-from builder.base.cpu import base_os_image_id
+from builder.base.cpu import OS_IMAGE_VARIABLE, base_labels, base_os_image_id
 from builder.cache import content_hash
 from builder.engine.dockerfile import render, template_source
-from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
+from builder.engine.image_build import BuiltImage, build_image, find_built
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
 TEMPLATE = "tritonserver-gpu-slim.Dockerfile.j2"
-OS_IMAGE_LABEL = "ai.triton-builder.os-image"
 SLIM_SERVER_CUDA = "12.6"
 """The CUDA runtime the wheel's server links: ``nvidia_pytriton.libs/libcudart-*.so.12.6.77`` of
 ``nvidia-pytriton`` 0.7.0 (REFERENCE.md, "The Triton in the nvidia-pytriton wheel is a GPU
@@ -52,7 +51,7 @@ def slim_base_tag(python_version: str) -> str:
 def slim_os_image(python_version: str) -> str:
     """``$TRITON_BUILDER_OS_IMAGE`` where set (machines without Docker Hub), else the official
     Python image of that Python on Debian bookworm."""
-    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or f"python:{python_version}-slim-bookworm"
+    return os.environ.get(OS_IMAGE_VARIABLE) or f"python:{python_version}-slim-bookworm"
 
 
 def build_slim_base(
@@ -84,16 +83,7 @@ def build_slim_base(
         context = Path(workdir)
         (context / "Dockerfile").write_text(dockerfile)
         distribution.install_layout(context / "tritonserver", python_version)
-        labels = {
-            CONTENT_HASH_LABEL: digest,
-            "ai.triton-builder.triton-version": TRITON_VERSION,
-            "ai.triton-builder.python-version": python_version,
-            "ai.triton-builder.server-cuda": SLIM_SERVER_CUDA,
-            OS_IMAGE_LABEL: os_image,
-            "org.opencontainers.image.title": "tritonserver-gpu-slim",
-            "org.opencontainers.image.version": TRITON_VERSION,
-            "org.opencontainers.image.base.name": os_image,
-            "org.opencontainers.image.base.digest": os_image_id,
-        }
+        labels = base_labels("tritonserver-gpu-slim", digest, python_version, os_image,
+                             os_image_id, {"ai.triton-builder.server-cuda": SLIM_SERVER_CUDA})
         return build_image(client, context, [tag], labels=labels, nocache=rebuild,
                            on_log=on_log)

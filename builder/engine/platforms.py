@@ -18,8 +18,9 @@ the wrong machine, an index entry no engine picks), so every name comes from :da
 from __future__ import annotations
 
 import platform as host
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
@@ -50,6 +51,11 @@ class Platform:
         """What a per-platform tag adds to a tag (``1`` → ``1-arm64``)."""
         return self.architecture
 
+    def matches(self, image_attrs: Mapping[str, Any]) -> bool:
+        """Whether an engine's image (its ``docker inspect`` attributes) is of this platform: a
+        base of another architecture builds an image that fails with ``exec format error``."""
+        return image_attrs.get("Architecture") == self.architecture
+
     def index_entry(self) -> dict[str, str]:
         """The ``platform`` object of an OCI image index entry."""
         return {"architecture": self.architecture, "os": self.os,
@@ -67,6 +73,11 @@ ALIASES = {"linux/arm64/v8": ARM64, "linux/x86_64": AMD64, "linux/aarch64": ARM6
 """Other spellings the engine and ``uname`` use for the same platforms."""
 DEFAULT_PLATFORM = AMD64
 """The platform of a build that names none, and the one whose tags carry no suffix."""
+
+
+def image_platform_name(image_attrs: Mapping[str, Any]) -> str:
+    """``linux/arm64``: the platform an engine's image says it is of (for messages)."""
+    return f"{image_attrs.get('Os')}/{image_attrs.get('Architecture')}"
 
 
 def parse_platform(text: str | Platform) -> Platform:
