@@ -692,15 +692,12 @@ def _platform_images(client, reference: str, labels: dict[str, str]) -> dict[str
     from builder.engine.platforms import parse_platform, platform_references
     from builder.image.labels import PLATFORM, PLATFORMS
 
-    tag = reference
+    names = labels[PLATFORMS].split(",")
     own = labels.get(PLATFORM)
+    suffix = f"-{parse_platform(own).tag_suffix}" if own in names else None
+    tag = reference[:-len(suffix)] if suffix and reference.endswith(suffix) else reference
     shown: dict[str, Any] = {}
-    for name in labels[PLATFORMS].split(","):
-        target = parse_platform(name)
-        suffix = f"-{target.tag_suffix}"
-        if reference.endswith(suffix) and own == name:
-            tag = reference[:-len(suffix)]
-    for name in labels[PLATFORMS].split(","):
+    for name in names:
         (local,) = platform_references([tag], parse_platform(name))
         try:
             attributes = client.api.inspect_image(local)

@@ -48,6 +48,7 @@ from builder.engine import (
     docker_client,
     parse_platform,
     parse_platforms,
+    platform_option,
     platform_references,
     require_platforms,
     tag_references,
@@ -205,6 +206,7 @@ def build_docker_image(
             "verification needs at least one call: give the pipeline an example "
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
+    operators = [node.op for node in pipe.nodes]
     plans = {}
     for target in targets:
         release = resolve(base_options.cuda, base_options.triton_version,
@@ -218,8 +220,7 @@ def build_docker_image(
             require_platform_wheels(plans[target].release, plans[target].python_version,
                                     env_specs=environment.env_specs,
                                     requirements=environment.requirements,
-                                    operators=[node.op for node in pipe.nodes],
-                                    index=environment.index)
+                                    operators=operators, index=environment.index)
     client = client or docker_client()
     support = require_platforms(client, targets)
     log = on_log or stderr_line
@@ -245,8 +246,8 @@ def build_docker_image(
                                                  target=release, **pipeline_options)
                 with timed_step(f"python environment{where}", on_log):
                     prepared = prepare_environment(
-                        client, built, plan, operators=[node.op for node in pipe.nodes],
-                        options=environment, bridge=bridging, on_log=on_log)
+                        client, built, plan, operators=operators, options=environment,
+                        bridge=bridging, on_log=on_log)
                 user = _user(image_options.user, release, plan.own_stub, on_log)
                 checks = [_pipeline_check(
                     built.pipeline_model, calls, expected, verifying.tolerance,
@@ -397,7 +398,7 @@ def _build_verified(
                                 base=base, options=options, python_models=python_models,
                                 python_runtime=python_runtime, client=client,
                                 leftovers=leftovers, on_log=on_log)
-    platform = release.platform.name if release.platform != DEFAULT_PLATFORM else None
+    platform = platform_option(release.platform)
     verification = None
     if image.built and verifying.enabled:
         with step_log(f"verifying {image_name}", on_log) as log:

@@ -38,7 +38,7 @@ from builder.cache import DownloadError, cache_dir, cached_download, content_has
 from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
-from builder.engine.platforms import DEFAULT_PLATFORM, platform_of_machine
+from builder.engine.platforms import platform_of_machine, platform_option
 from builder.interrupts import deferred_interrupts
 from builder.progress import Log
 
@@ -136,9 +136,7 @@ def compile_stub(
         platform = platform_of_machine(images[0].attrs.get("Architecture", "amd64"))
         try:
             built = build_image(client, context, [], network_mode="host", on_log=log,
-                                made=made,
-                                platform=(platform.name if platform and platform != DEFAULT_PLATFORM
-                                          else None))
+                                made=made, platform=platform_option(platform))
             _copy_out(client, built.id, entry, backend)
         finally:
             _remove_stage(client, [built.id] if built is not None else made[-1:])

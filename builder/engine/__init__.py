@@ -14,6 +14,7 @@ from builder.engine.platforms import (
     UnknownPlatformError,
     parse_platform,
     parse_platforms,
+    platform_option,
     platform_references,
 )
 from builder.engine.reference import tag_references
@@ -29,6 +30,7 @@ __all__ = [
     "ensure_engine",
     "parse_platform",
     "parse_platforms",
+    "platform_option",
     "platform_references",
     "require_platforms",
     "tag_references",

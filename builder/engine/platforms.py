@@ -80,6 +80,13 @@ def image_platform_name(image_attrs: Mapping[str, Any]) -> str:
     return f"{image_attrs.get('Os')}/{image_attrs.get('Architecture')}"
 
 
+def platform_option(target: Platform | None) -> str | None:
+    """What a build or a run of ``target``'s image passes the engine as ``--platform``: its
+    name, but nothing for :data:`DEFAULT_PLATFORM`, whose builds and runs stay the engine's
+    plain ones."""
+    return target.name if target is not None and target != DEFAULT_PLATFORM else None
+
+
 def parse_platform(text: str | Platform) -> Platform:
     """The :class:`Platform` named ``text`` (``linux/arm64``); :class:`UnknownPlatformError`
     naming it and the supported ones otherwise."""

@@ -42,7 +42,7 @@ from builder.engine.image_build import (
 )
 from builder.engine.image_config import restamp_image
 from builder.engine.leftovers import Leftovers
-from builder.engine.platforms import DEFAULT_PLATFORM
+from builder.engine.platforms import platform_option
 from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
@@ -220,7 +220,7 @@ def build_serving_image(
         return ServingImage(id=cached.id, release=release, content_hash=digest,
                             labels=dict(client.images.get(cached.id).labels), built=False,
                             ready_timeout_s=ready_timeout_s)
-    platform = None if release.platform == DEFAULT_PLATFORM else release.platform.name
+    platform = platform_option(release.platform)
     with step_log(f"payload layers of {image_name}", on_log) as log:
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log,
                                     platform)

@@ -9,9 +9,11 @@ from builder.engine.platforms import (
     ARM64,
     DEFAULT_PLATFORM,
     UnknownPlatformError,
+    image_platform_name,
     parse_platform,
     parse_platforms,
     platform_of_machine,
+    platform_option,
     platform_references,
 )
 
@@ -48,3 +50,11 @@ def test_each_tool_gets_its_own_name():
 def test_per_platform_references_keep_the_registry_and_repository():
     assert platform_references(["localhost:5000/team/embed:1", "embed"], ARM64) == [
         "localhost:5000/team/embed:1-arm64", "embed:latest-arm64"]
+
+
+def test_only_another_platform_is_named_to_the_engine_and_an_image_says_its_own():
+    assert platform_option(ARM64) == "linux/arm64"
+    assert platform_option(AMD64) is None and platform_option(None) is None
+    arm64_image = {"Os": "linux", "Architecture": "arm64"}
+    assert ARM64.matches(arm64_image) and not AMD64.matches(arm64_image)
+    assert image_platform_name(arm64_image) == "linux/arm64"
