@@ -59,7 +59,7 @@ from builder.engine import ensure_engine  # noqa: E402
 from builder.verify.container import ServingContainer  # noqa: E402
 from builder.verify.placement import cpu_config_mounts  # noqa: E402
 from pipelines import text_embedding  # noqa: E402
-from tests.support.image_cleanup import remove_builds_on  # noqa: E402
+from tests.support.engine_images import image_ids, remove_images_made  # noqa: E402
 from tests.support.testbed import LocalRegistry  # noqa: E402
 
 SECTION = "## Slim GPU images: size, build, start, beside the NGC route"
@@ -112,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-slim-") as workdir, \
             LocalRegistry(Path(tempfile.mkdtemp(prefix="bench-registry-"))) as registry:
         for name, (cuda, formats) in EXAMPLES.items():
-            results[name] = _example(client, base.id, name, cuda, formats, args.runs,
+            results[name] = _example(client, name, cuda, formats, args.runs,
                                      Path(workdir), registry, quiet)
         ngc_layers = _ngc_route_layers(client, quiet)
         install = _install_tools(client, base, Path(workdir))
@@ -163,13 +163,13 @@ def main() -> None:
     publish(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
 
 
-def _example(client, base_id: str, name: str, cuda: str, formats: tuple[str, ...], runs: int,
+def _example(client, name: str, cuda: str, formats: tuple[str, ...], runs: int,
              workdir: Path, registry: LocalRegistry, quiet) -> dict:
     reference = f"{IMAGE}-{name}:{cuda}"
-    before = {image.id for image in client.images.list(all=True)}
+    before = image_ids(client)
     cold, steps, downloaded = [], [], []
     for run in range(runs):
-        remove_builds_on(client, base_id, before, [reference])
+        remove_images_made(client, before, (reference,))
         os.environ["TRITON_BUILDER_CACHE"] = str(workdir / f"{name}-cache-{run}")
         os.environ["SOURCE_DATE_EPOCH"] = str(1_764_028_800 + run)
         started = time.monotonic()
@@ -190,7 +190,7 @@ def _example(client, base_id: str, name: str, cuda: str, formats: tuple[str, ...
     environment_gb = _environment_layer_gb(client, image)
     pushed = _pushed_gb(client, reference, registry)
     ready = [_ready_seconds(client, reference, workdir / f"{name}-configs") for _ in range(runs)]
-    remove_builds_on(client, base_id, before, [reference])
+    remove_images_made(client, before, (reference,))
     return {"cold_s": statistics.median(cold), "rebuild_s": statistics.median(rebuilds),
             "image_gb": image.attrs["Size"] / 1e9, "pushed_gb": pushed,
             "ready_s": statistics.median(ready), "environment_gb": environment_gb,
@@ -258,7 +258,7 @@ def _ready_seconds(client, reference: str, configs: Path) -> float:
 def _ngc_route_layers(client, quiet) -> dict:
     """Our layers of the ONNX example on the NGC route (24.10 bridged), on the stand-in."""
     reference = f"{IMAGE}-ngc-route:12.6"
-    before = {image.id for image in client.images.list(all=True)}
+    before = image_ids(client)
     os.environ.pop("SOURCE_DATE_EPOCH", None)
     os.environ["TRITON_BUILDER_CACHE"] = tempfile.mkdtemp(prefix="bench-ngc-route-")
     build_docker_image(pipeline(1e-12), reference, cuda="12.6", base_image=NGC_STAND_IN,
@@ -270,7 +270,7 @@ def _ngc_route_layers(client, quiet) -> dict:
                                 "-type f | head -1))/../lib/python3.11 | cut -f1"],
         entrypoint=[], remove=True)
     layers = (image.attrs["Size"] - stand_in.attrs["Size"]) / 1e9
-    remove_builds_on(client, "", before, [reference])  # the stand-in is shared: no sweep
+    remove_images_made(client, before, (reference,))  # the stand-in, older, stays
     return {"onnx": layers, "interpreter": int(interpreter.decode().split()[0]) / 1e9}
 
 

@@ -35,7 +35,7 @@ import pytest
 
 from builder.base.gpu_slim import SLIM_SERVER_CUDA
 from builder.environment.lock import read_lock
-from tests.support.image_cleanup import remove_builds_on
+from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
 from tests.unit.test_cli import cli
 
@@ -74,17 +74,16 @@ def _build(workdir: Path, os_image: str, *extra: str, umask: int,
 
 @pytest.fixture(scope="module")
 def slim_build(docker_client, slim_base_image, os_image, tmp_path_factory):
-    before = {image.id for image in docker_client.images.list(all=True)}
-    base = docker_client.images.get(slim_base_image).id
+    before = image_ids(docker_client)
     log, seconds, environment = _build(tmp_path_factory.mktemp("machine-0"), os_image,
                                        umask=0o022, seed="1")
     steps = ", ".join(f"{step} {s:.1f} s" for step, s in environment["steps"].items())
     print(f"\nslim GPU build from a clean state: {seconds:.0f} s; its environment: {steps}; "
           f"{environment['downloaded_bytes'] / 1e9:.2f} GB of wheels from the package index")
     yield {"log": log, "id": docker_client.images.get(REFERENCE).id, "seconds": seconds,
-           "environment": environment, "clean": lambda: remove_builds_on(
-               docker_client, base, before, [REFERENCE])}
-    remove_builds_on(docker_client, base, before, [REFERENCE])
+           "environment": environment, "clean": lambda: remove_images_made(
+               docker_client, before, (REFERENCE,))}
+    remove_images_made(docker_client, before, (REFERENCE,))
 
 
 def test_the_example_is_built_from_a_clean_state_and_verified_against_the_pipeline(
