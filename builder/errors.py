@@ -40,5 +40,10 @@ class ExportError(PipelineError):
     """No format in ``format_priority`` could export a model operator."""
 
 
+class RowDependenceError(PipelineError):
+    """An operator that runs on batches answers a row differently beside other rows: served,
+    a dynamic batch holds other requests' rows, so its answers would depend on them."""
+
+
 class BuildError(PipelineError):
     """``build_pipeline_model`` could not write the repository (invalid options, I/O, ...)."""

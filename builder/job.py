@@ -71,6 +71,7 @@ from builder.image import (
 )
 from builder.interrupts import deferred_interrupts, interrupts_stop_once, scratch_directory
 from builder.pipeline import Pipeline
+from builder.pipeline.row_independence import check_row_independence
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, push_index, tag_image
 from builder.repository import build_pipeline_model
@@ -81,7 +82,10 @@ from builder.verify import (
     Verification,
     VerifyOptions,
     check_same,
+    concurrent_check,
+    distinct_calls,
     docker_run_command,
+    short_call,
     verify_image,
 )
 
@@ -206,6 +210,8 @@ def build_docker_image(
             "verification needs at least one call: give the pipeline an example "
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
+    check_row_independence(pipe, pipeline_options.get("tolerance", 1e-4))
+    concurrent = distinct_calls(pipe, calls, expected)
     operators = [node.op for node in pipe.nodes]
     plans = {}
     for target in targets:
@@ -249,10 +255,12 @@ def build_docker_image(
                         client, built, plan, operators=operators, options=environment,
                         bridge=bridging, on_log=on_log)
                 user = _user(image_options.user, release, plan.own_stub, on_log)
-                checks = [_pipeline_check(
-                    built.pipeline_model, calls, expected, verifying.tolerance,
-                    timeout=(emulated_allowance(DEFAULT_TIMEOUT) if support[target].emulated
-                             else DEFAULT_TIMEOUT))]
+                timeout = (emulated_allowance(DEFAULT_TIMEOUT) if support[target].emulated
+                           else DEFAULT_TIMEOUT)
+                checks = [_pipeline_check(built.pipeline_model, calls, expected,
+                                          verifying.tolerance, timeout=timeout),
+                          concurrent_check(built.pipeline_model, concurrent,
+                                           verifying.tolerance, timeout)]
                 name = (platform_references([image_name], target)[0] if multi
                         else image_name)
                 checking = verifying if target not in unverified else replace(
@@ -512,11 +520,6 @@ def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any
             with Client(f"{scheme}://{address}/{model}", timeout=timeout) as client:
                 for call, reference in zip(calls, expected):
                     check_same(client(*call), reference, tolerance,
-                               where=f"{model}{_short(call)} over {scheme}")
+                               where=f"{model}{short_call(call)} over {scheme}")
 
     return check
-
-
-def _short(call: tuple[Any, ...]) -> str:
-    text = repr(call)
-    return text if len(text) <= 60 else text[:57] + "...)"

@@ -108,25 +108,32 @@ def check_row(name: str, input_name: str, shape: tuple[int, ...], dims: Sequence
 
 
 def check_module(name: str, module: Any, examples: Sequence[Any], input_names: Sequence[str],
-                 adds_batch_axis: bool) -> None:
+                 adds_batch_axis: bool, output_paths: Sequence[tuple[Any, ...]],
+                 output_names: Sequence[str] | None = None) -> None:
     """Run ``module`` on the examples as a batch, and on them twice as one batch: each output
-    must be a tensor that keeps the batch axis, as a served model's outputs do."""
+    (at ``output_paths`` in its result) must be a tensor that keeps the batch axis, as a
+    served model's outputs do."""
     import torch
+
+    from builder.pipeline.module_outputs import pick
 
     single = module_examples(examples, adds_batch_axis)
     for inputs in (single, tuple(torch.cat([e, e]) for e in single)):
-        outputs = run_module(name, module, inputs, input_names, adds_batch_axis)
+        result = run_module(name, module, inputs, input_names, adds_batch_axis)
+        outputs = pick(result, output_paths)
         batch = int(inputs[0].shape[0])
         for index, output in enumerate(outputs):
+            which = repr(output_names[index]) if output_names else str(index)
             if not isinstance(output, torch.Tensor):
                 raise PipelineError(
-                    f"model operator {name!r}: the module must return a tensor or a tuple of "
-                    f"tensors, got {type(output).__name__} for output {index}"
+                    f"model operator {name!r}: the module must return tensors (a tensor, a tuple "
+                    f"of them, or a mapping such as a Hugging Face ModelOutput), got "
+                    f"{type(output).__name__} for output {which}"
                 )
             if output.dim() == 0 or output.shape[0] != batch:
                 raise PipelineError(
                     f"model operator {name!r}: on a batch of {batch} (inputs "
-                    f"{_shapes(input_names, inputs)}) the module returns output {index} of "
+                    f"{_shapes(input_names, inputs)}) the module returns output {which} of "
                     f"shape {shape_text(tuple(output.shape))}: a served model runs the rows of "
                     f"a dynamic batch as one batch, so each output needs the leading batch "
                     f"axis of its inputs"
@@ -134,14 +141,14 @@ def check_module(name: str, module: Any, examples: Sequence[Any], input_names: S
 
 
 def run_module(name: str, module: Any, inputs: Sequence[Any], input_names: Sequence[str],
-               adds_batch_axis: bool) -> tuple[Any, ...]:
-    """``module(*inputs)`` without gradients, its outputs as a tuple; a failure names the
+               adds_batch_axis: bool) -> Any:
+    """``module(*inputs)`` without gradients, as the module returns it; a failure names the
     operator, the shapes it was given and why it was given them."""
     import torch
 
     try:
         with torch.no_grad():
-            outputs = module(*inputs)
+            return module(*inputs)
     except Exception as error:  # noqa: BLE001 - any failure here is the module refusing them
         cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
         given = _shapes(input_names, inputs)
@@ -157,7 +164,6 @@ def run_module(name: str, module: Any, inputs: Sequence[Any], input_names: Seque
             f"model operator {name!r}: the module fails on {why} ({type(error).__name__}: "
             f"{cause})"
         ) from error
-    return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
 
 
 def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:

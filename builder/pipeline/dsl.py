@@ -32,7 +32,7 @@ from typing import Any
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.dag import Node, Plan, check_column, compile_plan
 from builder.pipeline.executor import CallResult, execute
-from builder.pipeline.operators import ModelOp, find_model_ops
+from builder.pipeline.operators import ModelOp, fields_by_column, find_model_ops
 from builder.pipeline.signature import (
     PipelineSignature,
     TensorSpec,
@@ -234,8 +234,11 @@ class PipeBuilder:
 
     def map(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
             name: str | None = None) -> PipeBuilder:
-        """``outputs = op(*inputs)`` for every row."""
-        return self._add(Node("map", _columns(inputs), _columns(outputs), op, name=name))
+        """``outputs = op(*inputs)`` for every row. A model operator whose module returns named
+        fields (a Hugging Face ``ModelOutput``) gives the ones ``outputs`` name."""
+        outputs = _columns(outputs)
+        return self._add(Node("map", _columns(inputs), outputs, fields_by_column(op, outputs),
+                              name=name))
 
     def flat_map(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
                  name: str | None = None) -> PipeBuilder:

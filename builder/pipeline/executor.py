@@ -55,12 +55,14 @@ class CallResult:
 
 
 def execute(plan: Plan, calls: Sequence[Sequence[Any]],
-            times: list[list[float]] | None = None) -> list[CallResult]:
+            times: list[list[float]] | None = None,
+            arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
     """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
 
     Outputs from the root stream are single values; from other streams, lists of rows.
     ``times`` (one ``[seconds, rows]`` per node of the plan) accumulates how long each node ran
-    and on how many rows: the served pipeline reports them as metrics.
+    and on how many rows: the served pipeline reports them as metrics. ``arguments`` collects
+    each node's argument rows by node index (the build's row-independence check replays them).
     """
     failed: dict[int, OperatorError] = {}
     streams: dict[int, list[Row]] = {
@@ -72,6 +74,9 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
         rows = streams.get(plan.node_stream[index], [])
         if failed:
             rows = [r for r in rows if r.call not in failed]
+        if arguments is not None:
+            arguments.setdefault(index, []).extend(_arguments(
+                rows, node.filter_columns if node.kind == "filter" else node.inputs))
         if times is None:
             produced = _run_node(node, rows, failed)
         else:

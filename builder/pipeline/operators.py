@@ -47,7 +47,9 @@ from builder.pipeline.batch_axis import (
     module_axes,
     module_examples,
     row_of,
+    run_module,
 )
+from builder.pipeline.module_outputs import choose_outputs, pick, selecting_module
 from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
@@ -158,7 +160,12 @@ class ModelOp:
                 f"model operator {self.name!r}: {len(self.input_names)} input names for "
                 f"{len(self.example_inputs)} example inputs"
             )
-        self.output_names = tuple(output_names) if output_names else None
+        self.output_names, self.output_paths = choose_outputs(
+            self.name, run_module(self.name, self.module, self.module_examples,
+                                  self.input_names, self.adds_batch_axis), output_names)
+        """The module's outputs the operator returns, in order: names (``None``: positional,
+        named ``output_i`` when exported) and where each is in the module's result
+        (:mod:`builder.pipeline.module_outputs`: a Hugging Face ``ModelOutput``'s fields)."""
         self.dynamic_axes = {k: tuple(v) for k, v in (dynamic_axes or {}).items()}
         unknown = set(self.dynamic_axes) - set(self.input_names) - set(self.output_names or ())
         if unknown:
@@ -179,12 +186,24 @@ class ModelOp:
         self.post = post
         self.op_config = validate_op_config(op_config or {}, self.name)
         check_module(self.name, self.module, self.example_inputs, self.input_names,
-                     self.adds_batch_axis)
+                     self.adds_batch_axis, self.output_paths, self.output_names)
         self.served: BlsTarget | None = None
         self._runner: ModelRunner | None = None
 
     def __repr__(self) -> str:
         return f"ModelOp({self.name!r})"
+
+    @property
+    def batches(self) -> bool:
+        """Whether the served model stacks the rows of many requests into one batch: not with
+        ``op_config={"max_batch_size": 0}``, the opt-out for a module whose rows depend on each
+        other (:mod:`builder.pipeline.row_independence`)."""
+        return self.op_config.get("max_batch_size") != 0
+
+    def exportable(self) -> Any:
+        """The module as every export format takes it: positional inputs, the operator's
+        outputs as a tuple (:func:`~builder.pipeline.module_outputs.selecting_module`)."""
+        return selecting_module(self.module, self.output_paths)
 
     def module_axes(self, tensor: str) -> tuple[int, ...]:
         """The module's varying axes of input or output ``tensor``, batch axis excluded."""
@@ -265,6 +284,40 @@ class ModelOp:
         return state
 
 
+class ModelFields:
+    """Some outputs of a model operator, chosen by name: what ``.map(inputs, "pooler_output",
+    bert)`` calls when the module returns more fields (a Hugging Face ``ModelOutput``) than the
+    map names. The model is exported with every field; each map takes the ones it names."""
+
+    def __init__(self, model: ModelOp, names: Sequence[str]) -> None:
+        self.model = model
+        self.names = tuple(names)
+        self.positions = tuple(model.output_names.index(n) for n in self.names)
+
+    def __repr__(self) -> str:
+        return f"{self.model!r}[{', '.join(self.names)}]"
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call_batch([args])[0]
+
+    def call_batch(self, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+        chosen = []
+        for result in self.model.call_batch(rows):
+            values = result if isinstance(result, tuple) else (result,)
+            picked = tuple(values[p] for p in self.positions)
+            chosen.append(picked[0] if len(picked) == 1 else picked)
+        return chosen
+
+
+def fields_by_column(op: Any, columns: Sequence[str]) -> Any:
+    """``op``, or the fields of a model operator that ``columns`` name when they are some of
+    its outputs' names in another order or number (without ``post``, which returns its own)."""
+    if (isinstance(op, ModelOp) and op.post is None and op.output_names
+            and tuple(columns) != op.output_names and set(columns) <= set(op.output_names)):
+        return ModelFields(op, columns)
+    return op
+
+
 def restore_model_op(cls: type, state: dict[str, Any]) -> ModelOp:
     """Rebuild a served :class:`ModelOp` from :meth:`ModelOp.serving_state` (unpickling)."""
     op = cls.__new__(cls)
@@ -283,8 +336,8 @@ class LocalRunner:
         results = []
         with torch.no_grad():
             for row in rows:
-                outputs = op.module(*(torch.from_numpy(np.array(a)) for a in row))
-                outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+                outputs = pick(op.module(*(torch.from_numpy(np.array(a)) for a in row)),
+                               op.output_paths)
                 results.append(tuple(_to_numpy(o) for o in outputs))
         return results
 
@@ -292,10 +345,12 @@ class LocalRunner:
 class Vectorized:
     """A function written for a batch, as an operator: see :func:`vectorized`."""
 
-    def __init__(self, function: Callable[..., Any]) -> None:
+    def __init__(self, function: Callable[..., Any], batch: bool = True) -> None:
         if not callable(function):
             raise PipelineError(f"vectorized needs a function, got {type(function).__name__}")
         self.function = function
+        self.batch = batch
+        """``False``: one call per row, for a function whose rows depend on each other."""
         self.__qualname__ = operator_name(function)  # how errors and labels name it
         self.__doc__ = getattr(function, "__doc__", None)
 
@@ -308,7 +363,9 @@ class Vectorized:
     def call_batch(self, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
         """One call of the function per group of rows whose arguments agree in shape and dtype."""
         results: list[Any] = [None] * len(rows)
-        for members, arrays in _stacked_groups(rows):
+        groups = _stacked_groups(rows) if self.batch else [
+            ([index], [np.asarray(a)[None] for a in row]) for index, row in enumerate(rows)]
+        for members, arrays in groups:
             outputs = self.function(*arrays)
             several = isinstance(outputs, tuple)
             columns = [np.asarray(o) for o in (outputs if several else (outputs,))]
@@ -325,16 +382,23 @@ class Vectorized:
         return results
 
 
-def vectorized(function: Callable[..., Any]) -> Vectorized:
-    """Use ``function``, written for a batch, as a pipeline operator (a decorator).
+def vectorized(function: Callable[..., Any] | None = None, *,
+               batch: bool = True) -> Any:
+    """Use ``function``, written for a batch, as a pipeline operator (a decorator:
+    ``@vectorized``, or ``@vectorized(batch=False)``).
 
     ``function`` takes one NumPy array per input column, each with a leading batch axis, and
     returns one array (or a tuple, one per output column) with the same leading axis. The
     executor hands it every row of a dynamic batch at once, grouped by the shapes and dtypes of
     the arguments (rows that differ go in separate calls); in process, one call is a batch of
-    one. Row ``i`` of the result must depend on row ``i`` of the arguments only.
+    one. Row ``i`` of the result must depend on row ``i`` of the arguments only: the build
+    checks it and refuses a function whose rows depend on each other
+    (:mod:`builder.pipeline.row_independence`); ``batch=False`` calls such a function on one
+    row at a time, served too.
     """
-    return Vectorized(function)
+    if function is None:
+        return lambda wrapped: Vectorized(wrapped, batch)
+    return Vectorized(function, batch)
 
 
 def _stacked_groups(rows: Sequence[tuple[Any, ...]]) -> list[tuple[list[int], list[np.ndarray]]]:
@@ -367,9 +431,11 @@ def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
         )
 
     for key in ("instance_count", "max_batch_size", "max_queue_size"):
+        lowest = 0 if key == "max_batch_size" else 1  # 0: no batching, one row per model call
         if key in config and (not isinstance(config[key], int) or isinstance(config[key], bool)
-                              or config[key] < 1):
-            fail(key, "a positive int")
+                              or config[key] < lowest):
+            fail(key, "an int >= 0 (0: no batching, one row at a time)"
+                 if lowest == 0 else "a positive int")
     if "latency_budget_ms" in config and (
             not isinstance(config["latency_budget_ms"], (int, float))
             or isinstance(config["latency_budget_ms"], bool) or config["latency_budget_ms"] <= 0):
@@ -403,6 +469,8 @@ def operator_name(op: Any) -> str:
     """A readable name for error messages: the model name, function or class name."""
     if isinstance(op, ModelOp):
         return op.name
+    if isinstance(op, ModelFields):
+        return op.model.name
     if isinstance(op, functools.partial):
         return operator_name(op.func)
     name = getattr(op, "__qualname__", None)  # functions, methods, classes; not instances

@@ -4,8 +4,9 @@ Formats are tried in ``format_priority`` order; a format that fails to export, o
 disagrees with torch on the example inputs, falls through to the next, and every attempt is
 kept with its reason so the build can report it:
 
-* ``onnx`` — ``torch.onnx.export`` (TorchScript-based exporter) with a dynamic batch axis;
-  served by the onnxruntime backend (``platform: "onnxruntime_onnx"``).
+* ``onnx`` — ``torch.onnx.export`` with a dynamic batch axis: the TorchScript-based exporter,
+  else the ``torch.export``-based one (what current transformers models need); served by the
+  onnxruntime backend (``platform: "onnxruntime_onnx"``).
 * ``torchscript`` — ``torch.jit.trace``; served by the PyTorch backend (``pytorch_libtorch``),
   whose tensor names follow its ``<name>__<index>`` convention.
 * ``python`` — the module itself, pickled by value, run with torch inside the python backend by
@@ -20,8 +21,11 @@ torch: floats within ``tolerance`` (absolute and relative), integers and boolean
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import logging
+import re
 import shutil
 import tempfile
 import warnings
@@ -40,7 +44,10 @@ from builder.repository.model_config import TensorConfig
 FORMATS = ("onnx", "torchscript", "python", "tensorrt")
 TORCH_MODEL_RUNTIME = Path(__file__).parents[1] / "runtime" / "torch_model.py"
 ONNX_OPSET = 17
+DYNAMO_OPSET = 18
+"""The lowest opset the torch.export-based exporter writes without a version conversion."""
 
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 log = logging.getLogger(__name__)
 
 
@@ -71,10 +78,12 @@ class FormatFailed(TritonBuilderError, RuntimeError):
 
 @dataclass
 class Reference:
-    """Inputs and torch's outputs: the examples, and the examples stacked twice."""
+    """Inputs and torch's outputs: the examples, and the examples stacked twice; and the module
+    every format exports (:meth:`ModelOp.exportable`: the operator's outputs as a tuple)."""
 
     cases: list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]]
     output_names: tuple[str, ...]
+    module: Any = None
 
 
 def check_formats(formats: Sequence[str], owner: str) -> list[str]:
@@ -133,17 +142,18 @@ def reference_outputs(op: ModelOp) -> Reference:
     """Run torch on the examples (and on them stacked twice) to get what exports must match."""
     import torch
 
+    module = op.exportable()
     single = tuple(e.detach().cpu().numpy() for e in op.module_examples)
     double = tuple(np.concatenate([a, a]) for a in single)
     cases = []
     with torch.no_grad():
         for inputs in (single, double):
-            outputs = op.module(*(torch.from_numpy(a.copy()) for a in inputs))
-            outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+            outputs = module(*(torch.from_numpy(a.copy()) for a in inputs))
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
             if not all(isinstance(o, torch.Tensor) for o in outputs):
                 raise ExportError(
-                    f"model operator {op.name!r}: the module must return a tensor or a tuple "
-                    f"of tensors, got {type(outputs[0]).__name__}"
+                    f"model operator {op.name!r}: the module must return tensors, got "
+                    f"{', '.join(type(o).__name__ for o in outputs)}"
                 )
             cases.append((inputs, tuple(o.detach().cpu().numpy() for o in outputs)))
     count = len(cases[0][1])
@@ -152,7 +162,7 @@ def reference_outputs(op: ModelOp) -> Reference:
         raise ExportError(
             f"model operator {op.name!r}: {len(names)} output names for {count} outputs"
         )
-    return Reference(cases, names)
+    return Reference(cases, names, module)
 
 
 def compare(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], names: Sequence[str],
@@ -181,7 +191,6 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
                 filename: str = "model.onnx") -> ExportedModel:
     import onnx
     import onnxruntime as ort
-    import torch
 
     path = directory / filename
     names = list(op.input_names) + list(reference.output_names)
@@ -189,13 +198,7 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
         name: {0: "batch", **{axis: f"{name}_{axis}" for axis in op.module_axes(name)}}
         for name in names
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            op.module, op.module_examples, str(path),
-            input_names=list(op.input_names), output_names=list(reference.output_names),
-            dynamic_axes=dynamic_axes, opset_version=ONNX_OPSET, dynamo=False,
-        )
+    _export_onnx_graph(op, reference, path, dynamic_axes)
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
     inputs, outputs = onnx_io(model)
@@ -211,6 +214,44 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
         compare(expected, got, reference.output_names, tolerance)
         _check_dims(outputs, got)
     return ExportedModel("onnx", inputs, outputs, platform="onnxruntime_onnx")
+
+
+def _export_onnx_graph(op: ModelOp, reference: Reference, path: Path,
+                       dynamic_axes: dict[str, dict[int, str]]) -> None:
+    """Torch's TorchScript-based ONNX exporter, else its ``torch.export``-based one.
+
+    Why both: the first still exports most modules and is what every image so far was built
+    with; the second (``dynamo=True``, which needs ``onnxscript``) exports what tracing cannot,
+    such as current transformers models. Both failing, each one's reason is reported.
+    """
+    import torch
+
+    names = dict(input_names=list(op.input_names), output_names=list(reference.output_names))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(reference.module, op.module_examples, str(path), **names,
+                              dynamic_axes=dynamic_axes, opset_version=ONNX_OPSET, dynamo=False)
+        return
+    except Exception as error:  # noqa: BLE001 - the other exporter is tried, then both reported
+        first = _first_line(f"{type(error).__name__}: {error}")
+        log.info("model operator %r: TorchScript-based ONNX export failed (%s); trying the "
+                 "torch.export-based exporter", op.name, first)
+    # torch.export specializes axes of size 1: the examples stacked twice show a batch of 2.
+    examples = tuple(torch.cat([e, e]) for e in op.module_examples)
+    dims = {name: {axis: torch.export.Dim(label, min=1)
+                   for axis, label in dynamic_axes[name].items()} for name in op.input_names}
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # progress
+            warnings.simplefilter("ignore")
+            torch.onnx.export(reference.module, examples, str(path), **names,
+                              dynamic_shapes=tuple(dims[n] for n in op.input_names),
+                              opset_version=max(ONNX_OPSET, DYNAMO_OPSET), dynamo=True,
+                              external_data=False, verbose=False)
+    except Exception as error:  # noqa: BLE001 - a failed format, with both reasons
+        second = _first_line(f"{type(error).__name__}: {error}")
+        raise FormatFailed(f"TorchScript-based exporter: {first}; torch.export-based exporter: "
+                           f"{second}") from None
 
 
 def onnx_io(model: Any) -> tuple[list[TensorConfig], list[TensorConfig]]:
@@ -245,7 +286,7 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(op.module, op.module_examples, check_trace=False)
+        traced = torch.jit.trace(reference.module, op.module_examples, check_trace=False)
         path = directory / "model.pt"
         traced.save(str(path))
         loaded = torch.jit.load(str(path))
@@ -265,7 +306,7 @@ def export_python(op: ModelOp, directory: Path, reference: Reference,
                   tolerance: float) -> ExportedModel:
     from builder.pipeline.serialization import round_trip
 
-    payload, module = round_trip(op.module)
+    payload, module = round_trip(reference.module)
     (directory / "module.pickle").write_bytes(payload)
     shutil.copyfile(TORCH_MODEL_RUNTIME, directory / "model.py")
     outputs = _run_torch(module, reference, tolerance)
@@ -388,7 +429,9 @@ def _check_dims(declared: list[TensorConfig], arrays: Sequence[np.ndarray]) -> N
 
 
 def _first_line(text: str, limit: int = 300) -> str:
-    """Exporters put whole graphs in their messages; the first line says what went wrong."""
+    """Exporters put whole graphs in their messages (and terminal colours); the first line
+    says what went wrong."""
+    text = _COLOURS.sub("", text)
     line = text.strip().splitlines()[0] if text.strip() else text
     return line if len(line) <= limit else line[: limit - 3] + "..."
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from builder.errors import BuildError, PipelineError
 from builder.pipeline.dsl import PipeBuilder, Pipeline
 from builder.pipeline.operators import BlsTarget, ModelOp, validate_op_config
+from builder.pipeline.row_independence import check_row_independence
 from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
 from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
@@ -158,6 +159,7 @@ def build_pipeline_model(
     )}, name)["dynamic_batching"]
 
     signature = pipe.signature()
+    check_row_independence(pipe, tolerance)
     model_ops = pipe.model_ops()
     plans = {op.name: _model_plan(op, defaults, format_priority) for op in model_ops}
     placements = {name: placement(config, target, name) for name, (_, config) in plans.items()}
@@ -191,14 +193,16 @@ def build_pipeline_model(
         for op in model_ops:
             formats, config = plans[op.name]
             version_dir = staging / op.name / "1"
-            exported = export_model(op, version_dir, formats, tolerance, config["max_batch_size"])
+            exported = export_model(op, version_dir, formats, tolerance,
+                                    max(1, config["max_batch_size"]))
+            inputs, outputs = _with_batch_dims(exported, config["max_batch_size"])
             policy = queue_policy(config.get("latency_budget_ms", latency_budget_ms),
                                   1.0 if "latency_budget_ms" in config else OPERATOR_SHARE,
                                   config.get("max_queue_size"))
             model_config = build_config(ModelConfigSpec(
                 name=op.name,
-                inputs=exported.inputs,
-                outputs=exported.outputs,
+                inputs=inputs,
+                outputs=outputs,
                 max_batch_size=config["max_batch_size"],
                 backend=exported.backend,
                 platform=exported.platform,
@@ -214,10 +218,9 @@ def build_pipeline_model(
             write_config(model_config, staging / op.name)
             targets[op.name] = BlsTarget(
                 op.name, exported.format,
-                tuple(t.name for t in exported.inputs), tuple(t.name for t in exported.outputs),
+                tuple(t.name for t in inputs), tuple(t.name for t in outputs),
                 config["max_batch_size"],
-                reshaped=tuple(t.name for t in (*exported.inputs, *exported.outputs)
-                               if not t.dims),
+                reshaped=tuple(t.name for t in (*inputs, *outputs) if not t.dims),
             )
             built.append(BuiltModel(op.name, exported.format, exported.attempts,
                                     gpu=placements[op.name][0]))
@@ -235,6 +238,17 @@ def build_pipeline_model(
     result = BuildResult(root, name, signature, built)
     log.info("%s", result.report())
     return result
+
+
+def _with_batch_dims(exported: Any, max_batch_size: int) -> tuple[list[TensorConfig],
+                                                                   list[TensorConfig]]:
+    """The model's tensors as its config declares them: without the batch axis, which Triton
+    adds, for a batching model; with it (``-1``) for one that takes one row per request
+    (``max_batch_size`` 0, the opt-out of :mod:`builder.pipeline.row_independence`)."""
+    if max_batch_size > 0:
+        return exported.inputs, exported.outputs
+    return ([replace(t, dims=(-1, *t.dims)) for t in exported.inputs],
+            [replace(t, dims=(-1, *t.dims)) for t in exported.outputs])
 
 
 def _instances(count: int, policy: QueuePolicy | None) -> int:

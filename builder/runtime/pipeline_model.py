@@ -275,6 +275,8 @@ class BatchingRunner:
 
     def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
         target = op.served
+        if target.max_batch_size == 0:  # a model that must see one row at a time
+            return [tuple(self.call(target, dict(zip(target.input_names, row)))) for row in rows]
         if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
             (row,) = rows
             _check_row_size(row[0].shape[0], target.max_batch_size, op.name)

@@ -315,7 +315,8 @@ class GpuStandIn:
             device = device_of(args, kwargs)
             if device is not None and device.type == "cuda":
                 stand_in.moves.append(("module", str(device)))
-                module.standin_device = str(device)
+                for part in module.modules():  # as .to() moves every submodule
+                    part.standin_device = str(device)
                 return module
             return real_module_to(module, *args, **kwargs)
 

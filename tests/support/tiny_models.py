@@ -41,10 +41,11 @@ class Noisy(nn.Module):
 
 
 class Unscriptable(nn.Module):
-    """Returns a dict: no Triton model has such an output, so ``ModelOp`` refuses it."""
+    """Returns a text beside its tensor: no Triton model has such an output, so ``ModelOp``
+    refuses it (a dict of tensors is fine: its fields are the outputs)."""
 
     def forward(self, x: torch.Tensor):
-        return {"y": x * 2}
+        return {"y": x * 2, "note": "doubled"}
 
 
 class Doubler(nn.Module):

@@ -97,7 +97,8 @@ def test_tensorrt_is_skipped_with_a_reason_where_it_is_missing(tmp_path):
 
 
 def test_modules_must_return_tensors():
-    with pytest.raises(PipelineError, match="'unscriptable': the module must return a tensor"):
+    with pytest.raises(PipelineError, match="'unscriptable': the module must return tensors .* "
+                                            "got str for output 'note'"):
         ModelOp(Unscriptable(), torch.zeros(3), name="unscriptable")
 
 

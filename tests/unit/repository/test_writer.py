@@ -132,7 +132,8 @@ def test_op_config_and_defaults_shape_the_model_configs(tmp_path):
     doubler_result = next(m for m in result.models if m.name == "doubler")
     assert [(a.format, a.ok) for a in doubler_result.attempts] == [("onnx", False),
                                                                    ("python", True)]
-    assert "onnx failed: UnsupportedOperatorError" in result.report()
+    assert "onnx failed: TorchScript-based exporter: UnsupportedOperatorError" in result.report()
+    assert "torch.export-based exporter: " in result.report()
 
 
 def test_a_latency_budget_becomes_queue_policies_that_reject(tmp_path):
