@@ -106,13 +106,20 @@ class ModelOp:
     inputs with a leading batch axis, ``example_inputs`` show them so, and ``post`` receives the
     outputs with that axis (see :mod:`builder.pipeline.batch_axis`). The examples drive export
     and its numerical check and fix the dtypes and dims of the model's inputs; ``dynamic_axes``
-    names the axes of ``example_inputs`` that vary (``{"tokens": [0]}`` for one row's first);
-    the batch axis always varies. A module that cannot take the examples so, on a batch of one
-    and of two rows, is refused here, naming the shapes and the fix.
+    maps a ``forward()`` argument (or output) name to the axes of ``example_inputs`` that vary,
+    counted in one row as the pipeline passes it (``{"input_ids": [0]}``: a tokenizer's
+    per-text length; with ``pre`` the module's axes, so 1); the batch axis always varies. A
+    module that cannot take the examples so, on a batch of one and of two rows, is refused
+    here, naming the shapes and the fix. A module may return a tensor, a tuple of them, or
+    named fields (a Hugging Face ``ModelOutput``, a dict, a named tuple:
+    :mod:`builder.pipeline.module_outputs`); ``output_names`` names a tuple's tensors, or
+    chooses fields, which are otherwise all the operator's outputs, by name.
     ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
     (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
-    ``max_batch_size``, ``format_priority``, ``latency_budget_ms`` (the longest its queue holds
+    ``max_batch_size`` (``0``: one row per model call, for a module whose rows depend on each
+    other, :mod:`builder.pipeline.row_independence`), ``format_priority``,
+    ``latency_budget_ms`` (the longest its queue holds
     a request before refusing it ``UNAVAILABLE``; default: its share of the pipeline's budget)
     and ``max_queue_size``.
 
