@@ -72,7 +72,7 @@ def _local_cpu_torch() -> str | None:
 def tests(session: nox.Session) -> None:
     """The whole suite, slow end-to-end tests included (real dockerd, tritonserver, registry)."""
     _install(session)
-    session.run("pytest", *(session.posargs or ["-q"]))
+    session.run("pytest", *(session.posargs or ["-q", "--durations=25"]))  # where time goes
 
 
 UNIT_DESELECT = "not (slow or e2e or docker or registry or tritonserver or gpu)"
