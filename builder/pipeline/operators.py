@@ -50,6 +50,7 @@ from builder.pipeline.batch_axis import (
     run_module,
 )
 from builder.pipeline.module_outputs import choose_outputs, pick, selecting_module
+from builder.pipeline.padding import batch_key, check_pad_values, cut_rows, pad_rows
 from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
@@ -113,7 +114,9 @@ class ModelOp:
     here, naming the shapes and the fix. A module may return a tensor, a tuple of them, or
     named fields (a Hugging Face ``ModelOutput``, a dict, a named tuple:
     :mod:`builder.pipeline.module_outputs`); ``output_names`` names a tuple's tensors, or
-    chooses fields, which are otherwise all the operator's outputs, by name.
+    chooses fields, which are otherwise all the operator's outputs, by name. ``pad_values``
+    (``{"input_ids": 0, "attention_mask": 0}``) lets rows whose varying axes differ share one
+    served model call, padded to the batch's longest (:mod:`builder.pipeline.padding`).
     ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
     (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
@@ -138,6 +141,7 @@ class ModelOp:
         input_names: Sequence[str] | None = None,
         output_names: Sequence[str] | None = None,
         dynamic_axes: Mapping[str, Sequence[int]] | None = None,
+        pad_values: Mapping[str, Any] | None = None,
     ) -> None:
         import torch
 
@@ -180,6 +184,11 @@ class ModelOp:
                 f"model operator {self.name!r}: dynamic_axes names unknown tensors "
                 f"{sorted(unknown)}; inputs are {list(self.input_names)}"
             )
+        self.pad_values = check_pad_values(
+            self.name, pad_values or {}, self.input_names,
+            {name: self.module_axes(name) for name in self.input_names})
+        """Per input whose axes vary, what the served batch pads it with: rows of different
+        lengths then share one model call (:mod:`builder.pipeline.padding`)."""
         self.input_dtypes = tuple(
             str(e.detach().cpu().numpy().dtype) for e in self.example_inputs
         )
@@ -215,6 +224,26 @@ class ModelOp:
     def module_axes(self, tensor: str) -> tuple[int, ...]:
         """The module's varying axes of input or output ``tensor``, batch axis excluded."""
         return module_axes(self.dynamic_axes, tensor, self.adds_batch_axis)
+
+    # -- padding (the served batch's, :mod:`builder.pipeline.padding`) ------------------------
+    def pad_key(self, row: Sequence[np.ndarray]) -> tuple:
+        """What rows padded into one model call share: dtypes, and the fixed sizes."""
+        return batch_key(row, self._padded_axes()[0])
+
+    def pad(self, rows: Sequence[Sequence[np.ndarray]]) -> tuple[list[np.ndarray], list]:
+        """The rows' module inputs as one batch, padded to its longest row."""
+        return pad_rows(rows, self._padded_axes()[0],
+                        [self.pad_values.get(name, 0) for name in self.input_names])
+
+    def cut(self, outputs: Sequence[np.ndarray], sizes: Sequence[int],
+            lengths: list) -> list[tuple[np.ndarray, ...]]:
+        """A padded batch's outputs, per row, cut back to each row's own lengths."""
+        return cut_rows(outputs, sizes, lengths, self._padded_axes()[1])
+
+    def _padded_axes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        outputs = self.output_names or [f"output_{i}" for i in range(len(self.output_paths))]
+        return ([self.module_axes(n) for n in self.input_names],
+                [self.module_axes(n) for n in outputs])
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:

@@ -80,11 +80,13 @@ def check_model(op: ModelOp, arguments: Sequence[tuple] = (),
                    for i in range(batch[0].shape[0])]
     rows = _distinct_rows(module_rows, _same_shapes)
 
-    def run(inputs: Sequence[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
-        stacked = [torch.from_numpy(np.concatenate(column)) for column in zip(*inputs)]
+    def forward(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
         with torch.no_grad():
-            outputs = pick(op.module(*stacked), op.output_paths)
+            outputs = pick(op.module(*(torch.from_numpy(a) for a in arrays)), op.output_paths)
         return tuple(o.detach().cpu().numpy() for o in outputs)
+
+    def run(inputs: Sequence[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+        return forward([np.concatenate(column) for column in zip(*inputs)])
 
     together, rows = _run_together(run, rows, len(module_rows))
     if together is None or _difference(run(rows[:1]), run(rows[:1]), tolerance):
@@ -106,6 +108,40 @@ def check_model(op: ModelOp, arguments: Sequence[tuple] = (),
             f"of its batch: {_which(rows_moved, len(rows))}. Served, a dynamic batch holds the "
             f"rows of concurrent requests, so each answer would depend on other users' "
             f"requests: {MODEL_FIX}")
+    if op.pad_values:
+        _check_padding(op, rows[0], forward, run, tolerance)
+
+
+def _check_padding(op: ModelOp, row: tuple[np.ndarray, ...], forward: Any, run: Any,
+                   tolerance: float) -> None:
+    """Rows shorter than ``row`` along the varying axes, padded with it into one batch, must
+    each answer as alone (:mod:`builder.pipeline.padding`)."""
+    inputs, _ = op._padded_axes()
+    shorter = []
+    for cut in range(1, ROWS):
+        short = tuple(array[tuple(slice(0, max(1, size - cut)) if a in varying else slice(None)
+                                  for a, size in enumerate(array.shape))]
+                      for array, varying in zip(row, inputs))
+        if not any(same_value(short, known) for known in (row, *shorter)):
+            shorter.append(short)
+    if not shorter:
+        return
+    batch = [row, *shorter]
+    merged, lengths = op.pad(batch)
+    padded = op.cut(forward(merged), [1] * len(batch), lengths)
+    names = op.output_names or [f"output_{i}" for i in range(len(padded[0]))]
+    for position, (answer, alone) in enumerate(zip(padded, (run([r]) for r in batch))):
+        for name, got, want in zip(names, answer, alone):
+            difference = _difference(got, want, tolerance)
+            if difference:
+                lengths_text = ", ".join(str(list(r[0].shape[1:])) for r in batch)
+                raise RowDependenceError(
+                    f"model operator {op.name!r}: padded to the batch's longest, a row answers "
+                    f"otherwise than alone: output {name!r} of row {position} "
+                    f"({difference}) in a batch of rows of shapes {lengths_text}. Give "
+                    f"pad_values the module ignores (0 where attention_mask hides the "
+                    f"padding), or drop pad_values: rows of each length then get their own "
+                    f"model call")
 
 
 def _check_call_batch(op: Any, label: str, arguments: Sequence[tuple],

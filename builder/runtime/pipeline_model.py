@@ -277,6 +277,8 @@ class BatchingRunner:
         target = op.served
         if target.max_batch_size == 0:  # a model that must see one row at a time
             return [tuple(self.call(target, dict(zip(target.input_names, row)))) for row in rows]
+        if getattr(op, "pad_values", None) and len(rows) > 1:
+            return self._padded(op, rows)
         if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
             (row,) = rows
             _check_row_size(row[0].shape[0], target.max_batch_size, op.name)
@@ -296,6 +298,26 @@ class BatchingRunner:
                 }
                 outputs = self.call(target, merged)
                 for index, row_outputs in zip(chunk, _split_rows(outputs, rows, chunk)):
+                    results[index] = row_outputs
+        return results
+
+
+    def _padded(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
+        """Rows whose fixed axes agree in one call, padded to the longest along the varying
+        ones, and each row's outputs cut back to its own lengths (the operator pads: its code
+        travels in ``pipe.pickle``)."""
+        target = op.served
+        results: list[Any] = [None] * len(rows)
+        groups: dict[tuple, list[int]] = {}
+        for index, row in enumerate(rows):
+            groups.setdefault(op.pad_key(row), []).append(index)
+        for members in groups.values():
+            sizes = [rows[i][0].shape[0] for i in members]
+            for chunk in _chunks(members, sizes, target.max_batch_size, op.name):
+                merged, lengths = op.pad([rows[i] for i in chunk])
+                answered = self.call(target, dict(zip(target.input_names, merged)))
+                cut = op.cut(answered, [rows[i][0].shape[0] for i in chunk], lengths)
+                for index, row_outputs in zip(chunk, cut):
                     results[index] = row_outputs
         return results
 
