@@ -121,3 +121,20 @@ def test_the_python_format_serves_a_model_output_by_field(tmp_path, monkeypatch)
     served = {t.name(): t.as_numpy() for t in response.output_tensors}
     np.testing.assert_allclose(served["pooler_output"][0], pipeline(IDS, MASK), atol=1e-5)
 
+
+
+def test_outputs_are_declared_as_tight_as_the_examples_where_no_input_axis_varies(tmp_path):
+    """Tracing names the token axis of ``last_hidden_state``: it was declared ``[-1, 32]``."""
+    fixed = ModelOp(bert(), example_inputs=(IDS, MASK), name="fixed",
+                    output_names=["last_hidden_state"])
+    varying = ModelOp(bert(), example_inputs=(IDS, MASK), name="varying",
+                      output_names=["last_hidden_state"],
+                      dynamic_axes={"input_ids": [0], "attention_mask": [0],
+                                    "last_hidden_state": [0]})
+    pipeline = (pipe.input("ids", "mask")
+                .map(("ids", "mask"), "a", fixed).map(("ids", "mask"), "b", varying)
+                .output("a", "b").with_example(IDS, MASK))
+    build_pipeline_model(pipeline, tmp_path / "models")
+    dims = {name: [list(t.dims) for t in read_config(tmp_path / "models" / name).output]
+            for name in ("fixed", "varying")}
+    assert dims == {"fixed": [[8, 32]], "varying": [[-1, 32]]}
