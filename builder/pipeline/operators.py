@@ -313,10 +313,12 @@ class ModelOp:
         self._runner = runner
 
     def serving_state(self, served: BlsTarget) -> dict[str, Any]:
-        """What ``pipe.pickle`` keeps of this operator: everything but the module and examples."""
+        """What ``pipe.pickle`` keeps of this operator: everything but the module and examples;
+        the examples as the module takes them, for the served model's warm-up run."""
         state = dict(self.__dict__)
         state.update(module=None, example_inputs=None, module_examples=None, served=served,
-                     _runner=None)
+                     _runner=None, warmup_inputs=tuple(
+                         e.detach().cpu().numpy() for e in self.module_examples))
         return state
 
 

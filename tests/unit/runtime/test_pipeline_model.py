@@ -508,6 +508,25 @@ def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
     assert read_config(root / "affine").platform == "onnxruntime_onnx"
 
 
+def test_each_in_process_session_runs_once_on_the_example_before_the_first_request(
+        built_in_process, initialized, monkeypatch):
+    """The first request after ready paid for ONNX Runtime's first run."""
+    _, root = built_in_process
+    runs = []
+    real = pipeline_model.open_sessions
+
+    def spied(*args, **kwargs):
+        sessions = real(*args, **kwargs)
+        for name in sessions:
+            sessions[name] = CountingSession(sessions[name])
+            runs.append(sessions[name].runs)
+        return sessions
+
+    monkeypatch.setattr(pipeline_model, "open_sessions", spied)
+    initialized(root / "pipeline")
+    assert runs == [[1]]  # one run of one row: the example
+
+
 def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
         built_in_process, initialized, monkeypatch):
     pipeline, root = built_in_process
