@@ -76,6 +76,31 @@ def check_examples(name: str, examples: Sequence[Any], adds_batch_axis: bool) ->
             )
 
 
+def check_axes(name: str, dynamic_axes: Mapping[str, Sequence[int]],
+               shapes: Mapping[str, tuple[int, ...]],
+               adds_batch_axis: bool) -> dict[str, tuple[int, ...]]:
+    """``dynamic_axes`` as tuples, each naming an input or output (``shapes``: theirs, as the
+    axes are counted) and axes it has; the error says how axes are counted."""
+    unknown = sorted(set(dynamic_axes) - set(shapes))
+    if unknown:
+        raise PipelineError(
+            f"model operator {name!r}: dynamic_axes names unknown tensors {unknown}; the "
+            f"inputs and outputs are {list(shapes)} (keys are forward()'s argument names and "
+            f"the outputs' names)")
+    for tensor, axes in dynamic_axes.items():
+        shape = shapes[tensor]
+        for axis in axes:
+            if not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis < len(shape):
+                counted = ("counted from 0 in one row as the pipeline passes it (the batch "
+                           "axis the builder adds is not counted)" if adds_batch_axis else
+                           "counted from 0 in the module's inputs and outputs, batch axis first")
+                raise PipelineError(
+                    f"model operator {name!r}: dynamic_axes[{tensor!r}] names axis {axis!r}, "
+                    f"but {tensor!r} has {len(shape)} ax{'i' if len(shape) == 1 else 'e'}s "
+                    f"(shape {shape_text(shape)}): axes are {counted}")
+    return {tensor: tuple(axes) for tensor, axes in dynamic_axes.items()}
+
+
 def check_row(name: str, input_name: str, shape: tuple[int, ...], dims: Sequence[int],
               adds_batch_axis: bool) -> None:
     """Refuse a row whose input ``shape`` does not fit the example's ``dims`` (-1 varies).

@@ -41,6 +41,7 @@ import numpy as np
 
 from builder.errors import PipelineError
 from builder.pipeline.batch_axis import (
+    check_axes,
     check_examples,
     check_module,
     check_row,
@@ -171,19 +172,14 @@ class ModelOp:
                 f"model operator {self.name!r}: {len(self.input_names)} input names for "
                 f"{len(self.example_inputs)} example inputs"
             )
-        self.output_names, self.output_paths = choose_outputs(
-            self.name, run_module(self.name, self.module, self.module_examples,
-                                  self.input_names, self.adds_batch_axis), output_names)
+        result = run_module(self.name, self.module, self.module_examples, self.input_names,
+                            self.adds_batch_axis)
+        self.output_names, self.output_paths = choose_outputs(self.name, result, output_names)
         """The module's outputs the operator returns, in order: names (``None``: positional,
         named ``output_i`` when exported) and where each is in the module's result
         (:mod:`builder.pipeline.module_outputs`: a Hugging Face ``ModelOutput``'s fields)."""
-        self.dynamic_axes = {k: tuple(v) for k, v in (dynamic_axes or {}).items()}
-        unknown = set(self.dynamic_axes) - set(self.input_names) - set(self.output_names or ())
-        if unknown:
-            raise PipelineError(
-                f"model operator {self.name!r}: dynamic_axes names unknown tensors "
-                f"{sorted(unknown)}; inputs are {list(self.input_names)}"
-            )
+        self.dynamic_axes = check_axes(self.name, dynamic_axes or {}, self._row_shapes(result),
+                                       self.adds_batch_axis)
         self.pad_values = check_pad_values(
             self.name, pad_values or {}, self.input_names,
             {name: self.module_axes(name) for name in self.input_names})
@@ -208,6 +204,16 @@ class ModelOp:
 
     def __repr__(self) -> str:
         return f"ModelOp({self.name!r})"
+
+    def _row_shapes(self, result: Any) -> dict[str, tuple[int, ...]]:
+        """Each input's and output's shape as ``dynamic_axes`` counts its axes: one row's
+        without ``pre`` (the batch axis the builder adds left out)."""
+        outputs = self.output_names or [f"output_{i}" for i in range(len(self.output_paths))]
+        skip = 1 if self.adds_batch_axis else 0
+        shapes = dict(zip(self.input_names, (tuple(e.shape) for e in self.example_inputs)))
+        shapes.update((name, tuple(getattr(value, "shape", ()))[skip:])
+                      for name, value in zip(outputs, pick(result, self.output_paths)))
+        return shapes
 
     @property
     def batches(self) -> bool:

@@ -8,6 +8,8 @@ concurrent clients.
   of 96 concurrent requests wrongly, and CLIP failed every one (``output does not fit its
   type``). With the opt-outs (``op_config={"max_batch_size": 0}``, ``@vectorized(batch=False)``)
   they build and every concurrent answer equals in process.
+* ViT (hidden states ``[17, 32]``) and transformers' ResNet classifier serve beside them,
+  batched, as in process.
 * A raw ``BertModel`` (its ``ModelOutput``'s ``last_hidden_state`` by name) and one with
   ``return_dict=False``, behind a real ``BertTokenizerFast`` with one token length per text,
   build, serve and answer as in process. Before, the first was refused and the second failed
@@ -151,15 +153,33 @@ def test_row_mixing_pipelines_are_refused_before_any_image_is_built(name, client
     assert not client.images.list(name=reference.split(":")[0])
 
 
+def vision_models() -> tuple[ModelOp, ModelOp]:
+    """A ViT (hidden states ``[17, 32]``) and transformers' ResNet classifier (the
+    microsoft/resnet-18 layout, smaller): rows independent, batched as they are."""
+    torch.manual_seed(0)
+    vit = transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+        image_size=32, patch_size=8))
+    resnet = transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5))
+    pixels = clip_inputs(0)[1]
+    return (ModelOp(vit, example_inputs=pixels, name="vit"),
+            ModelOp(resnet, example_inputs=pixels, name="resnet"))
+
+
 def test_with_the_opt_outs_every_concurrent_answer_equals_in_process(client, cleanup):
+    """With ViT and ResNet beside them, batched as usual, in the same image."""
     pipelines = row_mixing_pipelines(opt_out=True)
     centered = pipelines["centered"].nodes[0].op
     clip = pipelines["clip"].nodes[0].op.model
+    vit, resnet = vision_models()
     combined = (pipe.input("x", "ids", "pixels")
                 .map("x", "centered", centered)
                 .map("x", "scaled", pipelines["scaled"].nodes[0].op)
                 .map(("ids", "pixels"), "logits_per_image", clip)
-                .output("centered", "scaled", "logits_per_image")
+                .map("pixels", "last_hidden_state", vit)
+                .map("pixels", "logits", resnet)
+                .output("centered", "scaled", "logits_per_image", "last_hidden_state", "logits")
                 .with_example(ROW, *clip_inputs(0)))
     reference = "triton-builder-test/row-mixing-opted-out:1"
     cleanup.append(reference)
@@ -199,3 +219,81 @@ def test_a_raw_bert_model_and_return_dict_false_serve_as_in_process(client, clea
             served = triton.get_model_config("bert").config
         assert [t.name for t in served.output] == ["last_hidden_state", "pooler_output"]
 
+
+
+class DecoderStep(torch.nn.Module):
+    """One step of TrOCR's decoder: the tokens so far and the image's encoding → logits."""
+
+    def __init__(self, decoder) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids, encoder_hidden_states):
+        return self.decoder(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
+                            use_cache=False).logits
+
+
+class GreedyDecode:
+    """Greedy decoding of every image of a batch at once: one encoder call, then one decoder
+    call per step for all sequences (``call_batch``), finished ones padded."""
+
+    START, PAD, END = 0, 1, 2
+
+    def __init__(self, encoder: ModelOp, decoder: ModelOp, steps: int) -> None:
+        self.encoder, self.decoder, self.steps = encoder, decoder, steps
+
+    def __call__(self, pixels):
+        return self.call_batch([(pixels,)])[0]
+
+    def call_batch(self, rows):
+        hidden = self.encoder.call_batch(rows)
+        tokens = [[self.START] for _ in rows]
+        for _ in range(self.steps):
+            logits = self.decoder.call_batch([(np.array(t, dtype=np.int64), h)
+                                              for t, h in zip(tokens, hidden)])
+            for sequence, scores in zip(tokens, logits):
+                done = len(sequence) > 1 and sequence[-1] in (self.PAD, self.END)
+                sequence.append(self.PAD if done else int(scores[-1].argmax()))
+        return [np.array(t[1:], dtype=np.int64) for t in tokens]
+
+
+def trocr():
+    """TrOCR's architecture (``VisionEncoderDecoderModel``: ViT encoder, TrOCR decoder)."""
+    torch.manual_seed(0)
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=37, image_size=32, patch_size=8),
+        transformers.TrOCRConfig(vocab_size=40, d_model=32, decoder_layers=2,
+                                 decoder_attention_heads=2, decoder_ffn_dim=37,
+                                 max_position_embeddings=32, cross_attention_hidden_size=32,
+                                 decoder_start_token_id=0, pad_token_id=1, eos_token_id=2,
+                                 bos_token_id=0, use_cache=False, init_std=1.0))
+    model = transformers.VisionEncoderDecoderModel(config=config).eval()
+    model.generation_config.decoder_start_token_id = 0
+    return model
+
+
+def test_a_vision_encoder_decoder_decodes_greedily_as_in_process(client, cleanup):
+    """The seal-recognition use case: TrOCR's architecture decoding greedily in the pipeline,
+    its decoder called once per step for every sequence in flight."""
+    model = trocr()
+    pixels = clip_inputs(0)[1]
+    encoder = ModelOp(model.encoder, example_inputs=pixels, name="encoder",
+                      output_names=["last_hidden_state"])
+    decoder = ModelOp(DecoderStep(model.decoder), name="decoder",
+                      example_inputs=(np.array([0, 5, 7]), encoder(pixels)),
+                      dynamic_axes={"input_ids": [0], "output_0": [0]})
+    steps = 6
+    pipeline = (pipe.input("pixels").map("pixels", "tokens", GreedyDecode(encoder, decoder, steps))
+                .output("tokens").with_example(pixels))
+    images = [clip_inputs(k)[1] for k in range(6 * CLIENTS)]
+    with torch.no_grad():  # transformers' own greedy search agrees, in process
+        for image in images[:4]:
+            generated = model.generate(torch.from_numpy(image[None]), max_new_tokens=steps,
+                                       do_sample=False, num_beams=1)[0, 1:].numpy()
+            np.testing.assert_array_equal(pipeline(image)[:len(generated)], generated)
+    reference = "triton-builder-test/hugging-face-trocr:1"
+    cleanup.append(reference)
+    build_docker_image(pipeline, reference, client=client)
+    with ServingContainer(client, reference) as endpoint:
+        _served_concurrently_equals_in_process(endpoint, pipeline, [(i,) for i in images])

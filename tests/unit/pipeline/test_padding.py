@@ -106,3 +106,17 @@ def test_pad_values_are_checked_when_the_operator_is_made(pads, message):
     with pytest.raises(PipelineError, match=message):
         ModelOp(bert(), example_inputs=text(6), name="bert", dynamic_axes=PER_TEXT,
                 pad_values=pads)
+
+
+def test_an_axis_a_row_does_not_have_is_named_with_how_axes_are_counted():
+    """Before: accepted here, then "is [9] in this row, but example_inputs give one row as [4]"
+    once the pipeline ran."""
+    with pytest.raises(PipelineError, match=(
+            r"'bert': dynamic_axes\['input_ids'\] names axis 1, but 'input_ids' has 1 axis "
+            r"\(shape \[6\]\): axes are counted from 0 in one row as the pipeline passes it")):
+        ModelOp(bert(), example_inputs=text(6), name="bert",
+                dynamic_axes={"input_ids": [1], "attention_mask": [0]})
+    with pytest.raises(PipelineError, match=r"unknown tensors \['ids'\]; the inputs and outputs "
+                                            r"are \['input_ids', 'attention_mask', "
+                                            r"'last_hidden_state', 'pooler_output'\]"):
+        ModelOp(bert(), example_inputs=text(6), name="bert", dynamic_axes={"ids": [0]})
