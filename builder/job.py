@@ -70,8 +70,7 @@ from builder.image import (
     emulated_allowance,
 )
 from builder.interrupts import deferred_interrupts, interrupts_stop_once, scratch_directory
-from builder.pipeline import Pipeline
-from builder.pipeline.row_independence import check_row_independence
+from builder.pipeline import Pipeline, check_row_independence
 from builder.progress import Log, stderr_line, step_log, timed_step
 from builder.push import PushResult, push_image, push_index, tag_image
 from builder.repository import build_pipeline_model
@@ -211,7 +210,6 @@ def build_docker_image(
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
     check_row_independence(pipe, pipeline_options.get("tolerance", 1e-4))
-    concurrent = distinct_calls(pipe, calls, expected)
     operators = [node.op for node in pipe.nodes]
     plans = {}
     for target in targets:
@@ -257,10 +255,8 @@ def build_docker_image(
                 user = _user(image_options.user, release, plan.own_stub, on_log)
                 timeout = (emulated_allowance(DEFAULT_TIMEOUT) if support[target].emulated
                            else DEFAULT_TIMEOUT)
-                checks = [_pipeline_check(built.pipeline_model, calls, expected,
-                                          verifying.tolerance, timeout=timeout),
-                          concurrent_check(built.pipeline_model, concurrent,
-                                           verifying.tolerance, timeout)]
+                checks = [_pipeline_check(built.pipeline_model, pipe, calls, expected,
+                                          verifying.tolerance, timeout=timeout)]
                 name = (platform_references([image_name], target)[0] if multi
                         else image_name)
                 checking = verifying if target not in unverified else replace(
@@ -510,10 +506,12 @@ def _stage_options(given: Sequence[StageOptions],
     return chosen
 
 
-def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any],
-                    tolerance: float, timeout: float = DEFAULT_TIMEOUT) -> Check:
+def _pipeline_check(model: str, pipe: Pipeline, calls: list[tuple[Any, ...]],
+                    expected: list[Any], tolerance: float,
+                    timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Every call over gRPC and HTTP must answer what the in-process pipeline answered, each
-    within ``timeout`` seconds."""
+    within ``timeout`` seconds; then the calls and perturbed copies of them, in flight together
+    (:mod:`builder.verify.concurrent`)."""
 
     def check(endpoint: ContainerEndpoint) -> None:
         for scheme, address in (("grpc", endpoint.grpc_url), ("http", endpoint.http_url)):
@@ -521,5 +519,7 @@ def _pipeline_check(model: str, calls: list[tuple[Any, ...]], expected: list[Any
                 for call, reference in zip(calls, expected):
                     check_same(client(*call), reference, tolerance,
                                where=f"{model}{short_call(call)} over {scheme}")
+        pairs = distinct_calls(pipe, calls, expected)
+        concurrent_check(model, pairs, tolerance, timeout)(endpoint)
 
     return check

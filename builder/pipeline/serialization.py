@@ -16,6 +16,7 @@ inputs: in the served pipeline it only needs the
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import importlib.metadata
 import io
 import pickle
@@ -54,9 +55,18 @@ class _ServingPickler(cloudpickle.Pickler):
         return self._buffer.getvalue()
 
     def reducer_override(self, obj: Any) -> Any:
+        """Model operators in their served form; every class with its ``__slotnames__`` set.
+
+        Why the slot names: copyreg caches them on a class the first time an *instance* of it is
+        pickled, and a class pickled by value carries its ``__dict__``. A class of ours whose
+        instances a pipeline lacks (``ModelFields``, reached through ``operator_name``) was
+        pickled with the cache where an earlier pickle in the same process had held an instance
+        of it, and without it elsewhere: two builds of one pipeline made two images.
+        """
         if isinstance(obj, type):
             self.classes.add(obj)
             _track_class(obj)
+            copyreg._slotnames(obj)  # noqa: SLF001 - cached now, see the docstring
         if isinstance(obj, ModelOp) and obj.module is not None:
             target = self._targets.get(obj.name)
             if target is None:

@@ -11,6 +11,7 @@ the in-process one. It is the served half of what the build checks before anythi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,8 +22,6 @@ from builder.verify.container import ContainerEndpoint
 from builder.verify.equality import check_same
 
 THREADS = 8
-ROUNDS = 2
-"""Each distinct call is sent this many times, from :data:`THREADS` threads at once."""
 COPIES = 3
 """Perturbed copies of each call tried (those the pipeline answers in process are sent)."""
 
@@ -46,21 +45,25 @@ def distinct_calls(pipe: Any, calls: Sequence[tuple[Any, ...]],
 
 def concurrent_check(model: str, pairs: Sequence[tuple[tuple[Any, ...], Any]], tolerance: float,
                      timeout: float) -> Any:
-    """A verification check: every call of ``pairs`` :data:`ROUNDS` times, :data:`THREADS` in
-    flight over gRPC, each answer equal to its in-process one within ``tolerance``."""
+    """A verification check: every call of ``pairs`` sent at once from up to :data:`THREADS`
+    threads (a client each) over gRPC, each answer equal to its in-process one within
+    ``tolerance``."""
 
     def check(endpoint: ContainerEndpoint) -> None:
         url = f"grpc://{endpoint.grpc_url}/{model}"
-        work = [pair for _ in range(ROUNDS) for pair in pairs]
+        threads = max(1, min(THREADS, len(pairs)))
+        shares = [pairs[start::threads] for start in range(threads)]
+        ready = threading.Barrier(threads)
 
-        def send(pair: tuple[tuple[Any, ...], Any]) -> None:
-            call, reference = pair
+        def send(share: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
             with Client(url, timeout=timeout) as client:
-                check_same(client(*call), reference, tolerance, where=(
-                    f"{model}{short_call(call)} over grpc, {THREADS} requests in flight"))
+                ready.wait(timeout)  # connected: then all send together
+                for call, reference in share:
+                    check_same(client(*call), reference, tolerance, where=(
+                        f"{model}{short_call(call)} over grpc, {threads} requests in flight"))
 
-        with ThreadPoolExecutor(THREADS, thread_name_prefix="verify-concurrent") as pool:
-            list(pool.map(send, work))  # the first failure, raised
+        with ThreadPoolExecutor(threads, thread_name_prefix="verify-concurrent") as pool:
+            list(pool.map(send, shares))  # the first failure, raised
 
     return check
 

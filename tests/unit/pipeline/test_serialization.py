@@ -285,3 +285,23 @@ def test_vectorized_operators_and_their_caches_load_where_their_module_is_not(tm
     """)
     assert output.strip() == "(3, 32, 32) float32 True"
     np.testing.assert_allclose(p(example_image(3)), preprocess(decode_image(example_image(3))))
+
+
+def test_a_pipeline_pickles_alike_after_an_instance_of_a_class_it_names_was_pickled():
+    """A class pickled by value carries the ``__slotnames__`` copyreg caches on it when an
+    instance of it is first pickled: a pipeline that names the class (here in an isinstance)
+    without holding an instance pickled otherwise after another pickle had held one — two
+    builds of one pipeline, two images (CI: the platforms test after the Hugging Face ones)."""
+
+    class Marker:
+        pass
+
+    class Checks:
+        def __call__(self, value):
+            return isinstance(value, Marker) or float(value) * 2
+
+    pipeline = pipe.input("x").map("x", "y", Checks()).output("y").with_example(1.0)
+    before, _ = dumps(pipeline)
+    dumps(Marker())
+    after, _ = dumps(pipeline)
+    assert after == before
