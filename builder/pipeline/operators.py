@@ -51,7 +51,13 @@ from builder.pipeline.batch_axis import (
     run_module,
 )
 from builder.pipeline.module_outputs import choose_outputs, pick, selecting_module
-from builder.pipeline.padding import batch_key, check_pad_values, cut_rows, pad_rows
+from builder.pipeline.padding import (
+    batch_key,
+    check_pad_values,
+    cut_rows,
+    length_chunks,
+    pad_rows,
+)
 from builder.pipeline.user_code import is_installed
 
 OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
@@ -235,6 +241,10 @@ class ModelOp:
     def pad_key(self, row: Sequence[np.ndarray]) -> tuple:
         """What rows padded into one model call share: dtypes, and the fixed sizes."""
         return batch_key(row, self._padded_axes()[0])
+
+    def pad_chunks(self, rows: Sequence[Sequence[np.ndarray]], limit: int) -> list[list[int]]:
+        """Which rows share a padded call: those of similar lengths, at most ``limit``."""
+        return length_chunks(rows, self._padded_axes()[0], limit)
 
     def pad(self, rows: Sequence[Sequence[np.ndarray]]) -> tuple[list[np.ndarray], list]:
         """The rows' module inputs as one batch, padded to its longest row."""

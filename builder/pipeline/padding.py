@@ -4,9 +4,10 @@ Texts tokenize to as many tokens as they have, so the rows a served batch holds 
 the axes ``dynamic_axes`` names. Without padding each length is its own model call (rows are
 stacked only where their shapes agree), which under load means many small calls. With pad
 values declared per input (``ModelOp(..., pad_values={"input_ids": 0, "attention_mask": 0})``)
-the rows are padded to the longest row *of the batch* — not to a fixed maximum — along those
-axes, run as one call, and each output axis that varies is cut back to the row's own length:
-the length, among the inputs' padded axes, that the output's axis was padded to.
+the rows are padded to the longest row *of their call* — not to a fixed maximum — along those
+axes, and each output axis that varies is cut back to the row's own length: the length, among
+the inputs' padded axes, that the output's axis was padded to. A batch's rows go into calls by
+length (:func:`length_chunks`): rows within a quarter of each other's length share one.
 
 That is only right where the padding does not reach the answers (a mask that hides it): the
 build checks it like row independence, a row padded must answer as the row alone
@@ -31,6 +32,35 @@ def batch_key(row: Sequence[np.ndarray], axes: Axes) -> tuple:
     return tuple((tuple(-1 if a in varying else size for a, size in enumerate(array.shape)
                         if a > 0), array.dtype)
                  for array, varying in zip(array_row(row), axes))
+
+
+FILL = 0.75
+"""A row joins a call only if it is at least this share of the call's longest row: the padding
+is then at most a quarter of what the call computes. Measured on BERT-base (2 CPUs, texts of
+4-41 tokens, ONNX Runtime): a whole batch of 32 padded to its longest ran 25 rows/s, one call
+per length 36, calls of rows within 75 % of each other 39; on a GPU, fewer calls matter more,
+and a quarter of padding is what they cost."""
+
+
+def length_chunks(rows: Sequence[Sequence[np.ndarray]], axes: Axes, limit: int) -> list[list[int]]:
+    """The rows (indices) in calls: longest first, each call's rows within :data:`FILL` of its
+    longest, and at most ``limit`` rows (their batch sizes summed) a call."""
+    def length(row: Sequence[np.ndarray]) -> int:
+        return max((int(np.prod([np.shape(a)[k] for k in varying])) for a, varying in
+                    zip(row, axes) if varying), default=1)
+
+    lengths = [length(row) for row in rows]
+    chunks: list[list[int]] = []
+    size = 0
+    for index in sorted(range(len(rows)), key=lambda i: -lengths[i]):
+        rows_in = int(np.shape(rows[index][0])[0])
+        if (not chunks or lengths[index] < FILL * lengths[chunks[-1][0]]
+                or size + rows_in > limit):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(index)
+        size += rows_in
+    return chunks
 
 
 def pad_rows(rows: Sequence[Sequence[np.ndarray]], axes: Axes,

@@ -26,6 +26,7 @@ import pickle
 import platform
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -234,9 +235,22 @@ def bls_call(api: TritonApi, target: Any, inputs: dict[str, np.ndarray]) -> list
             for name, output in zip(target.output_names, outputs)]
 
 
-def open_sessions(repository: Path, parameter: str | None, instances: int,
-                  api: TritonApi) -> dict[str, Any]:
-    """ONNX Runtime sessions for the models ``parameter`` names; ``{}`` without onnxruntime."""
+HEAVY_RUN_S = 0.01
+"""A model whose example runs longer than this (on the half of the cores a session gets first)
+is compute-bound: its session is opened again with every core of its instance. Measured on
+BERT-base, 2 CPUs: one thread 20 rows/s, two 32; the small models of the examples run in well
+under a millisecond and stay on one thread, which costs them less CPU per row."""
+
+
+def open_sessions(repository: Path, parameter: str | None, instances: int, api: TritonApi,
+                  examples: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """ONNX Runtime sessions for the models ``parameter`` names; ``{}`` without onnxruntime.
+
+    Each session with an example runs it once before the model is ready: ONNX Runtime plans
+    and allocates on a session's first run, which made the first request after ready several
+    times slower than the next ones; and how long that run took says whether the model is
+    heavy enough for every core (:data:`HEAVY_RUN_S`).
+    """
     models = json.loads(parameter) if parameter else {}
     if not models:
         return {}
@@ -246,38 +260,49 @@ def open_sessions(repository: Path, parameter: str | None, instances: int,
         api.log_warning(f"model operators {sorted(models)} go through BLS: onnxruntime cannot "
                         f"be imported in the pipeline model's environment ({error})")
         return {}
-    options = cpu_session_options(ort, instances)
-    return {name: ort.InferenceSession(str(repository / path), sess_options=options,
-                                       providers=["CPUExecutionProvider"])
-            for name, path in models.items()}
+    sessions = {}
+    for name, path in models.items():
+        session = _session(ort, repository / path, instances, wide=False)
+        feeds = (examples or {}).get(name)
+        if feeds is not None and _warm(session, feeds, api, name) > HEAVY_RUN_S and (
+                _threads(instances, wide=True) > _threads(instances, wide=False)):
+            session = _session(ort, repository / path, instances, wide=True)
+            _warm(session, feeds, api, name)
+        sessions[name] = session
+    return sessions
 
 
-def warm_sessions(sessions: dict[str, Any], ops: Sequence[Any], api: TritonApi) -> None:
-    """Run each session once on its operator's example before the model is ready.
-
-    Why: ONNX Runtime plans and allocates on a session's first run, which made the first
-    request after ready several times slower than the next ones. A failure here is only
-    logged: requests would fail the same way, with their own error.
-    """
-    for op in ops:
-        session, inputs = sessions.get(op.name), getattr(op, "warmup_inputs", None)
-        if session is None or not inputs:
-            continue
-        try:
-            session.run(None, dict(zip(op.served.input_names, inputs)))
-        except Exception as error:  # noqa: BLE001 - see above
-            api.log_warning(f"model operator {op.name!r}: warm-up run failed: {error}")
+def _session(ort: Any, path: Path, instances: int, wide: bool) -> Any:
+    return ort.InferenceSession(str(path), sess_options=cpu_session_options(ort, instances, wide),
+                                providers=["CPUExecutionProvider"])
 
 
-def cpu_session_options(ort: Any, instances: int) -> Any:
-    """No spinning threads, and half the cores per instance for each model run.
+def _warm(session: Any, feeds: dict[str, np.ndarray], api: TritonApi, name: str) -> float:
+    """One run on the example: its seconds (0 where it failed, which is only logged: requests
+    would fail the same way, with their own error)."""
+    started = time.perf_counter()
+    try:
+        session.run(None, feeds)
+    except Exception as error:  # noqa: BLE001 - see above
+        api.log_warning(f"model operator {name!r}: warm-up run failed: {error}")
+        return 0.0
+    return time.perf_counter() - started
+
+
+def _threads(instances: int, wide: bool) -> int:
+    return max(1, (os.cpu_count() or 1) // ((1 if wide else 2) * max(1, instances)))
+
+
+def cpu_session_options(ort: Any, instances: int, wide: bool = False) -> Any:
+    """No spinning threads, and half the cores per instance for each model run (``wide``: all
+    of them, for a heavy model, :data:`HEAVY_RUN_S`).
 
     Measured on 2 cores: spinning intra-op threads burn the CPU that the server, the stubs and
     a local client need, and one thread per run costs less CPU per row than two on these
     small models. The other half of the cores is left to Triton's own processes.
     """
     options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, (os.cpu_count() or 1) // (2 * max(1, instances)))
+    options.intra_op_num_threads = _threads(instances, wide)
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -329,8 +354,11 @@ class BatchingRunner:
         for index, row in enumerate(rows):
             groups.setdefault(op.pad_key(row), []).append(index)
         for members in groups.values():
-            sizes = [rows[i][0].shape[0] for i in members]
-            for chunk in _chunks(members, sizes, target.max_batch_size, op.name):
+            for index in members:
+                _check_row_size(rows[index][0].shape[0], target.max_batch_size, op.name)
+            grouped = [rows[i] for i in members]
+            for positions in op.pad_chunks(grouped, target.max_batch_size):
+                chunk = [members[p] for p in positions]
                 merged, lengths = op.pad([rows[i] for i in chunk])
                 answered = self.call(target, dict(zip(target.input_names, merged)))
                 cut = op.cut(answered, [rows[i][0].shape[0] for i in chunk], lengths)
@@ -592,13 +620,16 @@ class TritonPythonModel:
         parameters = config.get("parameters", {})
         parameter = parameters.get(IN_PROCESS_PARAMETER, {}).get("string_value")
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
-        self.sessions = open_sessions(directory.parent.parent, parameter, instances, self.api)
+        examples = {op.name: dict(zip(op.served.input_names, op.warmup_inputs))
+                    for op in self.pipeline.model_ops()
+                    if op.served is not None and getattr(op, "warmup_inputs", None)}
+        self.sessions = open_sessions(directory.parent.parent, parameter, instances, self.api,
+                                      examples)
         runner = BatchingRunner(ModelCalls(self.api, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")
             op.bind(runner)
-        warm_sessions(self.sessions, self.pipeline.model_ops(), self.api)
         self.metrics = OperatorMetrics.create(
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])

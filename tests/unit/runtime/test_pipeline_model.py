@@ -508,23 +508,39 @@ def test_on_cpu_targets_the_pipeline_model_runs_its_onnx_models_without_bls(
     assert read_config(root / "affine").platform == "onnxruntime_onnx"
 
 
+def _counted_sessions(monkeypatch) -> list:
+    """Every ONNX Runtime session opened from now on, as a spy recording its runs."""
+    opened = []
+    real = ort.InferenceSession
+
+    def spied(*args, **kwargs):
+        opened.append(CountingSession(real(*args, **kwargs)))
+        opened[-1].threads = kwargs["sess_options"].intra_op_num_threads
+        return opened[-1]
+
+    monkeypatch.setattr(ort, "InferenceSession", spied)
+    return opened
+
+
 def test_each_in_process_session_runs_once_on_the_example_before_the_first_request(
         built_in_process, initialized, monkeypatch):
     """The first request after ready paid for ONNX Runtime's first run."""
     _, root = built_in_process
-    runs = []
-    real = pipeline_model.open_sessions
-
-    def spied(*args, **kwargs):
-        sessions = real(*args, **kwargs)
-        for name in sessions:
-            sessions[name] = CountingSession(sessions[name])
-            runs.append(sessions[name].runs)
-        return sessions
-
-    monkeypatch.setattr(pipeline_model, "open_sessions", spied)
+    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 2)
+    opened = _counted_sessions(monkeypatch)
     initialized(root / "pipeline")
-    assert runs == [[1]]  # one run of one row: the example
+    assert [(s.runs, s.threads) for s in opened] == [([1], 1)]  # the example: one row
+
+
+def test_a_heavy_model_gets_every_core_of_its_instance(built_in_process, initialized,
+                                                       monkeypatch):
+    _, root = built_in_process
+    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pipeline_model, "HEAVY_RUN_S", 0.0)  # as if its example took long
+    opened = _counted_sessions(monkeypatch)
+    model = initialized(root / "pipeline")
+    assert [(s.runs, s.threads) for s in opened] == [([1], 1), ([1], 2)]
+    assert model.sessions["affine"] is opened[1]
 
 
 def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to_bls(
