@@ -35,11 +35,10 @@ def batch_key(row: Sequence[np.ndarray], axes: Axes) -> tuple:
 
 
 FILL = 0.75
-"""A row joins a call only if it is at least this share of the call's longest row: the padding
-is then at most a quarter of what the call computes. Measured on BERT-base (2 CPUs, texts of
-4-41 tokens, ONNX Runtime): a whole batch of 32 padded to its longest ran 25 rows/s, one call
-per length 36, calls of rows within 75 % of each other 39; on a GPU, fewer calls matter more,
-and a quarter of padding is what they cost."""
+"""A row joins a call only if it is at least this share of the call's longest row: padding is
+then at most a quarter of what the call computes. Chosen on BERT-base (2 CPUs, texts of 4-41
+tokens, the ONNX model alone): a whole batch of 32 padded to its longest ran 25 rows/s, one call
+per length 36, calls by this rule 39. Served, see BENCHMARKS.md, "Hugging Face BERT-base"."""
 
 
 def length_chunks(rows: Sequence[Sequence[np.ndarray]], axes: Axes, limit: int) -> list[list[int]]:
