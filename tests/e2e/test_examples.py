@@ -112,8 +112,12 @@ def test_example_configs_round_trip_and_match_their_onnx_models(repositories):
             for model_file in path.parent.glob("1/model.onnx"):
                 inputs, outputs = onnx_io(onnx.load(str(model_file)))
                 for declared, tensors in ((inputs, config.input), (outputs, config.output)):
-                    assert [(t.name, t.dtype, t.dims) for t in declared] == [
-                        (t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in tensors]
+                    # as the graph declares them, or tighter where it leaves an axis open (-1)
+                    assert [(t.name, t.dtype, len(t.dims)) for t in declared] == [
+                        (t.name, mc.DataType.Name(t.data_type), len(t.dims)) for t in tensors]
+                    for graph, configured in zip(declared, tensors):
+                        assert all(g in (-1, c) for g, c in zip(graph.dims, configured.dims)), (
+                            graph, configured)
     assert sorted(models) == ["image_classification", "image_classifier", "recognizer_decoder",
                               "recognizer_encoder", "text_embedding", "text_encoder",
                               "text_recognizer"]
