@@ -33,6 +33,7 @@ from builder.errors import RowDependenceError
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.support.engine_images import remove_images_made
+from tests.support.tiny_models import Centered
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,19 +43,6 @@ TEXTS = ["hello world", "a seal of the river office", "red", "stamp", "the quick
          "jumps over the lazy dog again", "ocr", "hello", "world of seals and stamps", "x y z"]
 WORDS = sorted({w for text in TEXTS for w in text.split()} | set("abcdefghijklmnopqrstuvwxyz"))
 ROW = np.array([0.5, -1.0, 2.0, 3.5], dtype=np.float32)
-
-
-class Centered(torch.nn.Module):
-    """``h - h.mean(0)`` after a Linear: each row moved by the others of its batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        h = self.linear(x)
-        return h - h.mean(0)
 
 
 def by_batch_max(v):

@@ -33,6 +33,20 @@ class TwoHeads(nn.Module):
         return self.linear(mixed), ids.sum(dim=1)
 
 
+class Centered(nn.Module):
+    """``h - h.mean(0)`` after a Linear: a statistic across the batch axis, the row-mixing
+    mistake users make (each row's answer moved by the others of its batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h - h.mean(0)
+
+
 class Noisy(nn.Module):
     """Adds fresh random noise: exports fine, but no export can agree with torch."""
 

@@ -17,21 +17,9 @@ from builder.errors import ExportError, RowDependenceError
 from builder.pipeline.row_independence import check_model, check_row_independence, perturb
 from builder.repository.model_config import read_config
 from builder.runtime.pipeline_model import BatchingRunner
+from tests.support.tiny_models import Centered
 
 ROW = np.arange(1, 5, dtype=np.float32)
-
-
-class Centered(torch.nn.Module):
-    """``h - h.mean(0)`` after a Linear: the batch statistic users write by mistake."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        h = self.linear(x)
-        return h - h.mean(0)
 
 
 class PerRow(Centered):
