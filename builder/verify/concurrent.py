@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from builder.client import Client
@@ -51,19 +50,35 @@ def concurrent_check(model: str, pairs: Sequence[tuple[tuple[Any, ...], Any]], t
 
     def check(endpoint: ContainerEndpoint) -> None:
         url = f"grpc://{endpoint.grpc_url}/{model}"
-        threads = max(1, min(THREADS, len(pairs)))
-        shares = [pairs[start::threads] for start in range(threads)]
-        ready = threading.Barrier(threads)
+        count = max(1, min(THREADS, len(pairs)))
+        ready = threading.Barrier(count)
+        failures: list[BaseException] = []
 
         def send(share: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
-            with Client(url, timeout=timeout) as client:
-                ready.wait(timeout)  # connected: then all send together
-                for call, reference in share:
-                    check_same(client(*call), reference, tolerance, where=(
-                        f"{model}{short_call(call)} over grpc, {threads} requests in flight"))
+            try:
+                with Client(url, timeout=timeout) as client:
+                    ready.wait(timeout)  # connected: then all send together
+                    for call, reference in share:
+                        check_same(client(*call), reference, tolerance, where=(
+                            f"{model}{short_call(call)} over grpc, {count} requests in flight"))
+            except BaseException as error:  # noqa: BLE001 - the first failure is raised below
+                failures.append(error)
+                ready.abort()
 
-        with ThreadPoolExecutor(threads, thread_name_prefix="verify-concurrent") as pool:
-            list(pool.map(send, shares))  # the first failure, raised
+        # Daemon threads joined here: an interrupt of the build neither waits for their
+        # requests to time out nor holds the interpreter's exit.
+        threads = [threading.Thread(target=send, args=(pairs[start::count],), daemon=True,
+                                    name=f"verify-concurrent-{start}") for start in range(count)]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            ready.abort()
+            raise
+        if failures:
+            raise failures[0]
 
     return check
 
