@@ -214,12 +214,17 @@ class ModelOp:
     def _row_shapes(self, result: Any) -> dict[str, tuple[int, ...]]:
         """Each input's and output's shape as ``dynamic_axes`` counts its axes: one row's
         without ``pre`` (the batch axis the builder adds left out)."""
-        outputs = self.output_names or [f"output_{i}" for i in range(len(self.output_paths))]
+        outputs = self.tensor_names_out
         skip = 1 if self.adds_batch_axis else 0
         shapes = dict(zip(self.input_names, (tuple(e.shape) for e in self.example_inputs)))
         shapes.update((name, tuple(getattr(value, "shape", ()))[skip:])
                       for name, value in zip(outputs, pick(result, self.output_paths)))
         return shapes
+
+    @property
+    def tensor_names_out(self) -> tuple[str, ...]:
+        """The outputs' names as exported: ``output_names``, else ``output_0``, ``output_1``…"""
+        return self.output_names or tuple(f"output_{i}" for i in range(len(self.output_paths)))
 
     @property
     def batches(self) -> bool:
@@ -257,9 +262,8 @@ class ModelOp:
         return cut_rows(outputs, sizes, lengths, self._padded_axes()[1])
 
     def _padded_axes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-        outputs = self.output_names or [f"output_{i}" for i in range(len(self.output_paths))]
         return ([self.module_axes(n) for n in self.input_names],
-                [self.module_axes(n) for n in outputs])
+                [self.module_axes(n) for n in self.tensor_names_out])
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:

@@ -91,7 +91,7 @@ def check_model(op: ModelOp, arguments: Sequence[tuple] = (),
     together, rows = _run_together(run, rows, len(module_rows))
     if together is None or _difference(run(rows[:1]), run(rows[:1]), tolerance):
         return  # fewer than two rows, or answers that vary anyway: the export check's to report
-    names = op.output_names or [f"output_{i}" for i in range(len(together))]
+    names = op.tensor_names_out
     moved: dict[str, list[tuple[int, str]]] = {}
     for position, row in enumerate(rows):
         alone = run([row])
@@ -129,7 +129,7 @@ def _check_padding(op: ModelOp, row: tuple[np.ndarray, ...], forward: Any, run: 
     batch = [row, *shorter]
     merged, lengths = op.pad(batch)
     padded = op.cut(forward(merged), [1] * len(batch), lengths)
-    names = op.output_names or [f"output_{i}" for i in range(len(padded[0]))]
+    names = op.tensor_names_out
     for position, (answer, alone) in enumerate(zip(padded, (run([r]) for r in batch))):
         for name, got, want in zip(names, answer, alone):
             difference = _difference(got, want, tolerance)
