@@ -1,6 +1,7 @@
 """Triton Builder: turn a data pipeline into an NVIDIA Triton Inference Server deployment.
 
-The public face: write a pipeline (``pipe``, ``ModelOp``, ``vectorized``), build it
+The public face: write a pipeline (``pipe``, ``ModelOp``, ``vectorized``, ``rejects`` and
+``InputError`` for input an operator refuses), build it
 (``build_pipeline_model``, ``build_docker_image``, ``build_image_from_repository``; each
 stage's options: ``BaseOptions``, ``BridgeOptions``, ``EnvironmentOptions``, ``ImageOptions``,
 ``VerifyOptions``), call what is served (``Client``,
@@ -17,7 +18,7 @@ from builder.client import (
     AsyncClient,
     AsyncTritonRemoteModel,
     Client,
-    InputError,
+    RemoteInputError,
     RemoteModelError,
     RemoteTimeoutError,
     ServerUnavailableError,
@@ -31,15 +32,26 @@ from builder.environment.errors import EnvironmentBuildError
 from builder.errors import (
     BuildError,
     ExportError,
+    InputError,
     OperatorError,
     PipelineError,
+    RejectedInputError,
     SerializationError,
     SignatureError,
     TritonBuilderError,
 )
 from builder.image import ImageOptions
 from builder.job import ImageBuild, build_docker_image, build_image_from_repository
-from builder.pipeline import Array, List, ModelOp, Pipeline, TensorSpec, pipe, vectorized
+from builder.pipeline import (
+    Array,
+    List,
+    ModelOp,
+    Pipeline,
+    TensorSpec,
+    pipe,
+    rejects,
+    vectorized,
+)
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
 from builder.verify import VerifyOptions
@@ -70,6 +82,8 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "PushError",
+    "RejectedInputError",
+    "RemoteInputError",
     "RemoteModelError",
     "RemoteTimeoutError",
     "SerializationError",
@@ -85,6 +99,7 @@ __all__ = [
     "build_image_from_repository",
     "build_pipeline_model",
     "pipe",
+    "rejects",
     "requires",
     "vectorized",
 ]

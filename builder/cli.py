@@ -210,6 +210,12 @@ def base_cpu(
 PIPELINE_HELP = "The pipeline: 'path/to/file.py:attr' or 'package.module:attr'."
 BUDGET_HELP = ("Latency budget of a request: what would wait longer in a queue is refused "
                "at once with UNAVAILABLE (queue policies).")
+MAX_REQUEST_HELP = ("The largest request served, in MiB; a larger one is answered "
+                    "INVALID_ARGUMENT / 400 [default: 16, or 64x the largest example].")
+
+
+def _request_bytes(mib: float | None) -> int | None:
+    return None if mib is None else max(1, round(mib * 1024 * 1024))
 
 
 @app.command()
@@ -222,6 +228,7 @@ def build(
     cuda: str = typer.Option(None, help="Place models for this CUDA version's release (GPU "
                                         "instances), or 'cpu' (CPU instances)."),
     latency_budget_ms: float = typer.Option(None, min=0.001, help=BUDGET_HELP),
+    max_request_mb: float = typer.Option(None, min=0.001, help=MAX_REQUEST_HELP),
 ) -> None:
     """Write the Triton model repository of a pipeline.
 
@@ -234,7 +241,7 @@ def build(
     target = _run("choosing the release", lambda: resolve(cuda)) if cuda else None
     result = _run("building the repository", lambda: build_pipeline_model(
         pipe, model_root, format_priority, parallelism, target=target,
-        latency_budget_ms=latency_budget_ms))
+        latency_budget_ms=latency_budget_ms, max_request_bytes=_request_bytes(max_request_mb)))
     console.print(result.report())
     print(result.model_root)
 
@@ -262,6 +269,7 @@ def image(
     drain_seconds: float = typer.Option(5.0, min=0, max=300, help="How long a stopping "
                                         "container serves on after its readiness failed."),
     latency_budget_ms: float = typer.Option(None, min=0.001, help=BUDGET_HELP),
+    max_request_mb: float = typer.Option(None, min=0.001, help=MAX_REQUEST_HELP),
     pytorch_index: str = typer.Option(
         "https://download.pytorch.org/whl",
         help="PyTorch's wheel indexes (<url>/cu124, <url>/cpu); 'none' to use only the "
@@ -304,6 +312,7 @@ def image(
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
         push=push, user=user, drain_s=drain_seconds, client=ensure_engine(),
         parallelism=parallelism, latency_budget_ms=latency_budget_ms,
+        max_request_bytes=_request_bytes(max_request_mb),
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,
         bridge=bridge, base_python=base_python, interpreter_image=interpreter_image,
         compile_stub=compile_stub, triton_sources=triton_sources,

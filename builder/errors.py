@@ -20,6 +20,15 @@ class TritonBuilderError(Exception):
     """Any failure Triton Builder reports (as opposed to a bug in the caller's code)."""
 
 
+class InputError(TritonBuilderError, ValueError):
+    """The input is the caller's mistake: a value that does not fit the model (found by the
+    client before anything is sent), or one an operator refused.
+
+    Served, an operator's refusal is answered gRPC ``INVALID_ARGUMENT`` / HTTP 400, never
+    retried; the client raises it again (:class:`builder.client.errors.RemoteInputError`), so one
+    ``except InputError`` catches bad input wherever it was found."""
+
+
 class PipelineError(TritonBuilderError, ValueError):
     """A pipeline is malformed: unknown or unproduced column, duplicate output, cycle, ..."""
 
@@ -30,6 +39,17 @@ class SignatureError(PipelineError):
 
 class OperatorError(PipelineError):
     """An operator raised while the pipeline ran; the original exception is ``__cause__``."""
+
+
+class RejectedInputError(OperatorError, InputError):
+    """An operator refused its input: it raised :class:`InputError`, or an exception it
+    declared with :func:`builder.pipeline.rejects`. ``operator`` and ``columns`` say which
+    operator and which of its input columns; the original exception is ``__cause__``."""
+
+    def __init__(self, message: str, operator: str = "", columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.columns = columns
 
 
 class SerializationError(PipelineError):

@@ -274,7 +274,8 @@ def build_docker_image(
                             interpreter_image=plan.interpreter.image if plan.bridged else None,
                             interpreter_image_id=(prepared.target.image_id if plan.bridged
                                                   else None)),
-                        verifying=checking, checks=checks, emulated=support[target].emulated,
+                        verifying=checking, checks=checks, shm_size=built.shm_size,
+                        emulated=support[target].emulated,
                         native=support[target].native, leftovers=leftovers, on_log=on_log)
         native = [t for t in targets if support[t].native]
         with deferred_interrupts():
@@ -388,6 +389,7 @@ def _build_verified(
     checks: Sequence[Check],
     python_models: str | None = None,
     python_runtime: PythonRuntime | None = None,
+    shm_size: str | None = None,
     emulated: bool = False,
     native: bool = True,
     leftovers: Leftovers,
@@ -397,7 +399,8 @@ def _build_verified(
     for the caller to remove where the build does not end tagged). ``emulated``: the image is
     another platform's than the engine's, so it runs under emulation and is given
     :func:`~builder.image.startup.emulated_allowance` to start; ``native``: it is the engine's
-    own platform (its ``docker run`` needs no ``--platform``)."""
+    own platform (its ``docker run`` needs no ``--platform``); ``shm_size`` the ``/dev/shm`` its
+    requests need where Docker's default is too small (:attr:`BuildResult.shm_size`)."""
     image = build_serving_image(repository_dir, image_name=image_name, release=release,
                                 base=base, options=options, python_models=python_models,
                                 python_runtime=python_runtime, client=client,
@@ -415,11 +418,12 @@ def _build_verified(
                     f"{emulated_allowance(DEFAULT_TIMEOUT):.0f}s a request (instead of "
                     f"{DEFAULT_TIMEOUT:.0f}s)")
             verification = verify_image(
-                client, image.id, checks, gpus=verifying.gpus, timeout=timeout, on_log=log,
+                client, image.id, checks, gpus=verifying.gpus, shm_size=shm_size,
+                timeout=timeout, on_log=log,
                 repository_dir=repository_dir, owner=leftovers.owner, platform=platform)
     return ImageBuild(**vars(image), verification=verification,
                       run_command=docker_run_command(
-                          image_name, gpus=release.gpu,
+                          image_name, gpus=release.gpu, shm_size=shm_size,
                           platform=platform if platform and not native else None))
 
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from builder import rejects
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}  # PNG colour type -> samples per pixel
 
@@ -22,8 +24,10 @@ class ImageError(ValueError):
     """The bytes are not an image this module can decode."""
 
 
+@rejects(ImageError)
 def decode_image(data: bytes) -> np.ndarray:
-    """PNG or PPM/PGM bytes → ``uint8`` RGB array ``H x W x 3``."""
+    """PNG or PPM/PGM bytes → ``uint8`` RGB array ``H x W x 3``; other bytes are the
+    caller's mistake (served: ``INVALID_ARGUMENT``)."""
     data = bytes(data)
     if data.startswith(PNG_SIGNATURE):
         return _to_rgb(decode_png(data))

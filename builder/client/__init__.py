@@ -5,12 +5,17 @@ returns; :class:`TritonRemoteModel` calls any Triton model with numpy arrays and
 """
 
 from builder.client.aio import AsyncClient, AsyncTritonRemoteModel
-from builder.client.coercion import InputError
-from builder.client.errors import RemoteModelError, RemoteTimeoutError, ServerUnavailableError
+from builder.client.errors import (
+    RemoteInputError,
+    RemoteModelError,
+    RemoteTimeoutError,
+    ServerUnavailableError,
+)
 from builder.client.lifecycle import DEFAULT_TIMEOUT
 from builder.client.pipeline import Client
 from builder.client.remote_model import TritonRemoteModel
 from builder.client.retry import RetryPolicy
+from builder.errors import InputError
 
 __all__ = [
     "AsyncClient",
@@ -18,6 +23,7 @@ __all__ = [
     "Client",
     "DEFAULT_TIMEOUT",
     "InputError",
+    "RemoteInputError",
     "RemoteModelError",
     "RemoteTimeoutError",
     "RetryPolicy",

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from builder.client.coercion import InputError
 from builder.client.served_model import ServedModel
-from builder.errors import SignatureError, TritonBuilderError
+from builder.errors import InputError, SignatureError, TritonBuilderError
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import SIGNATURE_PARAMETER, parse_signature
 

@@ -16,11 +16,7 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from builder.client.served_model import ServedModel, ServedTensor
-from builder.errors import TritonBuilderError
-
-
-class InputError(TritonBuilderError, ValueError):
-    """A value given to a model does not fit the model's input; nothing was sent."""
+from builder.errors import InputError
 
 
 @dataclass(frozen=True)

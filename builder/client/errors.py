@@ -3,8 +3,8 @@
 tritonclient reports failures as an ``InferenceServerException`` whose status is a gRPC code
 name or an HTTP status number, or lets socket, gevent and aiohttp exceptions through. Callers
 need three answers, whatever the protocol: retry (the server is not there), give up waiting (a
-deadline passed) or fix the request (the server refused it). :func:`classify` maps everything
-onto those.
+deadline passed) or fix the request (the server refused it: :class:`RemoteInputError`). Any
+other answer is a server fault. :func:`classify` maps everything onto those.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 from tritonclient.utils import InferenceServerException
 
-from builder.errors import TritonBuilderError
+from builder.errors import InputError, TritonBuilderError
 
 
 class RemoteModelError(TritonBuilderError, RuntimeError):
@@ -23,6 +23,12 @@ class RemoteModelError(TritonBuilderError, RuntimeError):
     def __init__(self, message: str, status: str = "") -> None:
         super().__init__(message)
         self.status = status
+
+
+class RemoteInputError(RemoteModelError, InputError):
+    """The server refused the request as the caller's mistake (gRPC ``INVALID_ARGUMENT``, HTTP
+    400 or 413): a bad tensor, a request over the pipeline's size limit, an input an operator
+    rejected. Never retried; the same request fails the same way."""
 
 
 class ServerUnavailableError(TritonBuilderError, ConnectionError):
@@ -36,6 +42,7 @@ class RemoteTimeoutError(TritonBuilderError, TimeoutError):
 
 _UNAVAILABLE = {"StatusCode.UNAVAILABLE", "503"}
 _TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED", "504"}
+_CLIENT_MISTAKE = {"StatusCode.INVALID_ARGUMENT", "400", "413"}
 
 
 def classify(error: BaseException, what: str) -> Exception | None:
@@ -47,7 +54,8 @@ def classify(error: BaseException, what: str) -> Exception | None:
             return ServerUnavailableError(message)
         if status in _TIMEOUT:
             return RemoteTimeoutError(message)
-        return RemoteModelError(f"{message} [{status}]" if status else message, status)
+        error_class = RemoteInputError if status in _CLIENT_MISTAKE else RemoteModelError
+        return error_class(f"{message} [{status}]" if status else message, status)
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)) or _is_gevent_timeout(error):
         return RemoteTimeoutError(f"{what}: timed out ({type(error).__name__} {error})")
     if isinstance(error, (ConnectionError, OSError)) or _is_aiohttp_connection_error(error) \

@@ -3,8 +3,9 @@ capture of all of it (user code included) into ``pipe.pickle``."""
 
 from builder.pipeline.dsl import Pipeline, pipe
 from builder.pipeline.operators import ModelOp, vectorized
+from builder.pipeline.rejection import rejects
 from builder.pipeline.row_independence import check_row_independence
 from builder.pipeline.signature import Array, List, TensorSpec
 
 __all__ = ["Array", "List", "ModelOp", "Pipeline", "TensorSpec", "check_row_independence",
-           "pipe", "vectorized"]
+           "pipe", "rejects", "vectorized"]

@@ -10,6 +10,8 @@ a dynamic batch at once and make one model call for them (see ``call_batch`` in
 :mod:`builder.pipeline.operators`). A failure is confined to the call it happened in: that call is
 dropped from the remaining nodes and reported, the others go on. When a batched operator call
 fails, its rows are re-run one by one so that only the calls that fail on their own get the error.
+An operator that refuses its input (:mod:`builder.pipeline.rejection`) fails the call as the
+caller's mistake, not as a fault of the operator.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.errors import OperatorError
+from builder.errors import InputError, OperatorError
 from builder.pipeline.dag import ROOT, Node, Plan
+from builder.pipeline.rejection import rejected, rejection
 
 
 class Row:
@@ -60,8 +63,9 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
     """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
 
     Outputs from the root stream are single values; from other streams, lists of rows.
-    ``times`` (one ``[seconds, rows]`` per node of the plan) accumulates how long each node ran
-    and on how many rows: the served pipeline reports them as metrics. ``arguments`` collects
+    ``times`` (one ``[seconds, rows, rejected, failed]`` per node of the plan) accumulates how
+    long each node ran, on how many rows, and how many calls it refused as bad input or failed:
+    the served pipeline reports them as metrics. ``arguments`` collects
     each node's argument rows by node index (the build's row-independence check replays them).
     """
     failed: dict[int, OperatorError] = {}
@@ -80,11 +84,13 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
         if times is None:
             produced = _run_node(node, rows, failed)
         else:
-            started = time.perf_counter()
+            started, before = time.perf_counter(), len(failed)
             produced = _run_node(node, rows, failed)
             spent = times[index]
             spent[0] += time.perf_counter() - started
             spent[1] += len(rows)
+            for error in list(failed.values())[before:]:  # this node's: failed only grows
+                spent[2 if isinstance(error, InputError) else 3] += 1
         if node.kind != "map":
             streams[plan.node_output_stream[index]] = produced
 
@@ -196,10 +202,16 @@ def _attributed(message: str) -> OperatorError:
 
 
 def _failure(node: Node, error: BaseException) -> OperatorError:
-    """The error a call reports: the operator, its columns and what it raised."""
+    """The error a call reports: the operator, its columns and what it raised; a refusal of
+    the input when the operator declared that exception as one."""
     if getattr(error, "attributed", False):
         return error
-    failure = _attributed(f"operator {node.label} failed: {type(error).__name__}: {error}")
+    if rejected(node.op, error):
+        columns = node.filter_columns if node.kind == "filter" else node.inputs
+        failure = rejection(node.label, tuple(columns), error)
+        failure.attributed = True
+    else:
+        failure = _attributed(f"operator {node.label} failed: {type(error).__name__}: {error}")
     failure.__cause__ = error
     return failure
 

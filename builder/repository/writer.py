@@ -48,6 +48,8 @@ from builder.repository.queue_policy import (
     QueuePolicy,
     queue_policy,
 )
+from builder.repository.request_limit import MAX_REQUEST_PARAMETER, shm_size
+from builder.repository.request_limit import max_request_bytes as max_request_bytes_for
 
 if TYPE_CHECKING:
     from builder.base.releases import Release
@@ -92,6 +94,13 @@ class BuildResult:
     pipeline_model: str
     signature: PipelineSignature
     models: list[BuiltModel]
+    max_request_bytes: int | None = None
+    """The largest request the pipeline model serves (its config's ``max_request_bytes``)."""
+
+    @property
+    def shm_size(self) -> str | None:
+        """The ``docker run --shm-size`` its requests need; ``None``: Docker's default."""
+        return None if self.max_request_bytes is None else shm_size(self.max_request_bytes)
 
     def report(self) -> str:
         """Human-readable summary, including why formats fell through."""
@@ -118,6 +127,7 @@ def build_pipeline_model(
     in_process: bool | None = None,
     latency_budget_ms: float | None = None,
     max_queue_size: int | None = None,
+    max_request_bytes: int | None = None,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
@@ -136,8 +146,10 @@ def build_pipeline_model(
     operator keeps its own Triton model either way. ``latency_budget_ms`` becomes the queue policy
     of the pipeline model and its model operators (:mod:`builder.repository.queue_policy`: what
     would wait longer is refused at once with ``UNAVAILABLE``; each such model gets two instances at
-    least); ``max_queue_size`` bounds the pipeline model's queue. Raises a :class:`PipelineError`
-    subclass, before anything is written, for a bad pipeline or option.
+    least); ``max_queue_size`` bounds the pipeline model's queue. ``max_request_bytes`` is the
+    largest request the pipeline model serves (default: :mod:`builder.repository.request_limit`);
+    one over it is answered ``INVALID_ARGUMENT`` before it is decoded. Raises a
+    :class:`PipelineError` subclass, before anything is written, for a bad pipeline or option.
     """
     if isinstance(pipe, PipeBuilder):
         raise BuildError("the pipeline is unfinished: end it with .output(...)")
@@ -159,6 +171,7 @@ def build_pipeline_model(
     )}, name)["dynamic_batching"]
 
     signature = pipe.signature()
+    limit = max_request_bytes_for(max_request_bytes, signature, pipe.examples)
     check_row_independence(pipe, tolerance)
     model_ops = pipe.model_ops()
     plans = {op.name: _model_plan(op, defaults, format_priority) for op in model_ops}
@@ -183,7 +196,8 @@ def build_pipeline_model(
         instance_count=_instances(parallelism, pipeline_policy),
         dynamic_batching=pipeline_batching,
         queue_policy=pipeline_policy,
-        parameters=signature_parameter(signature),  # lets any client rebuild the values
+        parameters={**signature_parameter(signature),  # lets any client rebuild the values
+                    MAX_REQUEST_PARAMETER: str(limit)},
     )
     check_config(build_config(pipeline_spec), name)
 
@@ -235,7 +249,7 @@ def build_pipeline_model(
                 **pipeline_spec.parameters,
                 **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)} if own else {}),
             }))
-    result = BuildResult(root, name, signature, built)
+    result = BuildResult(root, name, signature, built, max_request_bytes=limit)
     log.info("%s", result.report())
     return result
 

@@ -403,11 +403,14 @@ def _check_row_size(size: int, limit: int, name: str) -> None:
 class OperatorMetrics:
     """How long each operator of the served pipeline ran, and on how many rows: Triton metrics.
 
-    Two counters on the server's metrics endpoint, labelled ``model``, ``version`` and
+    Counters on the server's metrics endpoint, labelled ``model``, ``version`` and
     ``operator`` (as errors name it): ``triton_builder_operator_duration_us``, the wall time in
     the operator (its model calls included), and ``triton_builder_operator_rows``. Triton's own
     metrics end at the pipeline model's execution; these say which operator its time goes to,
     and, over rows, what one row costs where batching amortises it and where it does not.
+    ``triton_builder_operator_rejected`` counts the calls an operator refused as bad input
+    (answered ``INVALID_ARGUMENT``), ``triton_builder_operator_failures`` those it failed
+    (``INTERNAL``): an alert on failures is not woken by clients sending bad input.
 
     Every increment of a custom metric is a message from the stub to the server, so ``times``
     accumulates here (under ``lock``, held by ``execute``) and a thread of its own sends it
@@ -417,6 +420,8 @@ class OperatorMetrics:
 
     DURATION = "triton_builder_operator_duration_us"
     ROWS = "triton_builder_operator_rows"
+    REJECTED = "triton_builder_operator_rejected"
+    FAILURES = "triton_builder_operator_failures"
 
     def __init__(self, api: TritonApi, labels: dict[str, str], operators: Sequence[str],
                  interval: float = 1.0) -> None:
@@ -426,11 +431,16 @@ class OperatorMetrics:
             pb.MetricFamily(name=self.DURATION, kind=counter,
                             description="Wall time in each operator of a served pipeline"),
             pb.MetricFamily(name=self.ROWS, kind=counter,
-                            description="Rows each operator of a served pipeline ran on"))
+                            description="Rows each operator of a served pipeline ran on"),
+            pb.MetricFamily(name=self.REJECTED, kind=counter,
+                            description="Calls an operator refused as bad input"),
+            pb.MetricFamily(name=self.FAILURES, kind=counter,
+                            description="Calls an operator failed (not bad input)"))
         self._metrics = [tuple(family.Metric(labels={**labels, "operator": operator})
                                for family in self._families) for operator in operators]
-        self.times: list[list[float]] = [[0.0, 0] for _ in operators]
-        """``[seconds, rows]`` per operator, not yet sent (the executor adds to it)."""
+        self.times: list[list[float]] = [[0.0, 0, 0, 0] for _ in operators]
+        """``[seconds, rows, rejected, failed]`` per operator, not yet sent (the executor adds
+        to it)."""
         self.lock = threading.Lock()
         self.api, self.interval = api, interval
         self._stopped = threading.Event()
@@ -452,13 +462,14 @@ class OperatorMetrics:
     def send(self) -> None:
         """Add what was measured since the last send to the server's counters."""
         with self.lock:
-            pending = [(metrics, spent[0], spent[1])
+            pending = [(metrics, (spent[0] * 1e6, *spent[1:]))
                        for metrics, spent in zip(self._metrics, self.times) if spent[1]]
             for spent in self.times:
-                spent[0], spent[1] = 0.0, 0
-        for (duration, rows), seconds, count in pending:
-            duration.increment(seconds * 1e6)
-            rows.increment(count)
+                spent[:] = [0.0, 0, 0, 0]
+        for metrics, amounts in pending:
+            for metric, amount in zip(metrics, amounts):
+                if amount:
+                    metric.increment(amount)
 
     def close(self) -> None:
         """Stop the thread, send what is left, then release the metrics before their families
@@ -536,15 +547,85 @@ def load_pipeline(directory: Path) -> tuple[Any, list[str]]:
     return pipeline, warnings
 
 
+# -- the size of a request -------------------------------------------------------------------
+MAX_REQUEST_PARAMETER = "max_request_bytes"
+"""The pipeline model's config parameter: the largest request it serves, in bytes (written by
+:mod:`builder.repository.request_limit`)."""
+MAX_REQUEST_ENV = "TRITON_BUILDER_MAX_REQUEST_BYTES"
+"""Sets the limit at run (``docker run -e``), over the config's."""
+
+
+class RequestTooLargeError(ValueError):
+    """A request's inputs are more bytes than the pipeline serves: the client's mistake."""
+
+
+def tensor_bytes(array: np.ndarray) -> int:
+    """The bytes of a tensor as it travels: its data, and for BYTES each element's 4-byte
+    length prefix."""
+    if array.dtype != object:
+        return array.nbytes
+    return sum(len(v) if isinstance(v, (bytes, bytearray)) else len(str(v).encode())
+               for v in array.flat) + 4 * array.size
+
+
+def request_limit(parameters: dict[str, Any], environ: dict[str, str],
+                  api: TritonApi) -> int | None:
+    """The limit: :data:`MAX_REQUEST_ENV` where set to a positive integer, else the config's
+    parameter, else none (a repository written before limits existed)."""
+    configured = parameters.get(MAX_REQUEST_PARAMETER, {}).get("string_value")
+    for source, value in ((MAX_REQUEST_ENV, environ.get(MAX_REQUEST_ENV)),
+                          (MAX_REQUEST_PARAMETER, configured)):
+        if value in (None, ""):
+            continue
+        if str(value).isdigit() and int(value) > 0:
+            return int(value)
+        api.log_warning(f"{source}={value!r} is not a positive number of bytes: ignored")
+    return None
+
+
+def check_shared_memory(limit: int | None, api: TritonApi, path: str = "/dev/shm") -> None:
+    """Warn where ``path`` is too small for requests at the limit: the python backend copies
+    them there first, and fails them as server faults when it cannot."""
+    if limit is None:
+        return
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return
+    total = stat.f_frsize * stat.f_blocks
+    if total < 2 * limit:
+        api.log_warning(
+            f"{path} holds {total / 2**20:.0f} MiB, too little for requests near the "
+            f"{limit / 2**20:.3g} MiB limit: those fail in the python backend (INTERNAL, "
+            f"'Failed to increase the shared memory pool size'). Give the container "
+            f"--shm-size={-(-4 * limit // 2**20)}m, or lower {MAX_REQUEST_ENV}")
+
+
+def _check_size(arrays: dict[str, np.ndarray], limit: int) -> None:
+    size = sum(tensor_bytes(array) for array in arrays.values())
+    if size > limit:
+        raise RequestTooLargeError(
+            f"the request's inputs are {size} bytes, over this pipeline's limit of {limit} "
+            f"bytes ({limit / 2**20:.3g} MiB; max_request_bytes at build, {MAX_REQUEST_ENV} at "
+            f"run)")
+
+
 # -- requests <-> calls ----------------------------------------------------------------------
-def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list[tuple]:
-    """A request's input tensors → one tuple of Python input values per call."""
-    columns = []
-    size = None
-    for name, spec in inputs.items():
+def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any],
+                   limit: int | None = None) -> list[tuple]:
+    """A request's input tensors → one tuple of Python input values per call; a request over
+    ``limit`` bytes is refused before any of it is decoded."""
+    arrays = {}
+    for name in inputs:
         array = api.input_array(request, name)
         if array is None:
             raise ValueError(f"input {name!r} is missing")
+        arrays[name] = array
+    if limit is not None:
+        _check_size(arrays, limit)
+    columns = []
+    size = None
+    for (name, spec), array in zip(inputs.items(), arrays.values()):
         try:
             values = spec.decode_batch(array)
         except Exception as error:  # noqa: BLE001 - a value the signature cannot read
@@ -557,17 +638,20 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any]) -> list
 
 
 def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
-          times: list[list[float]] | None = None) -> list[Any]:
+          times: list[list[float]] | None = None, limit: int | None = None) -> list[Any]:
     """Run a dynamic batch of requests through the pipeline; one response per request.
 
-    ``times`` accumulates each operator's time and rows (see :class:`OperatorMetrics`)."""
+    ``times`` accumulates each operator's time, rows, refusals and failures (see
+    :class:`OperatorMetrics`); a request over ``limit`` bytes is refused. A call that failed
+    because an operator rejected its input (``InputError``) is the client's mistake
+    (``INVALID_ARGUMENT``); any other failure the server's (``INTERNAL``)."""
     signature = pipeline.signature()
     responses: list[Any] = [None] * len(requests)
     calls: list[tuple] = []
     spans: list[tuple[int, int, int]] = []
     for index, request in enumerate(requests):
         try:
-            values = decode_request(api, request, signature.inputs)
+            values = decode_request(api, request, signature.inputs, limit)
         except Exception as error:  # noqa: BLE001 - this request's error response
             responses[index] = api.error_response(f"bad request: {error}", bad_request=True)
             continue
@@ -584,7 +668,7 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
         if failed is not None:
             where = f" (call {own.index(failed)} of the request's batch)" if count > 1 else ""
             responses[index] = api.error_response(
-                f"{failed.error}{where}",
+                f"{failed.error}{where}", bad_request=_input_error(failed.error),
                 unavailable=getattr(failed.error.__cause__, "unavailable", False))
             continue
         try:
@@ -597,6 +681,13 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
             continue
         responses[index] = api.response(outputs)
     return responses
+
+
+def _input_error(error: BaseException) -> bool:
+    """Whether a call's error is ``builder.errors.InputError``, found by name along its classes:
+    this module imports nothing from ``builder``."""
+    return any(cls.__name__ == "InputError" and cls.__module__ == "builder.errors"
+               for cls in type(error).__mro__)
 
 
 class TritonPythonModel:
@@ -634,6 +725,8 @@ class TritonPythonModel:
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])
         self.in_flight = drain.InFlight() if drain.supervised() else None
+        self.limit = request_limit(parameters, dict(os.environ), self.api)
+        check_shared_memory(self.limit, self.api)
 
     def execute(self, requests: list) -> list:
         """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
@@ -650,9 +743,9 @@ class TritonPythonModel:
 
     def _serve(self, requests: list) -> list:
         if self.metrics is None:
-            return serve(self.pipeline, self.api, requests)
+            return serve(self.pipeline, self.api, requests, limit=self.limit)
         with self.metrics.lock:
-            return serve(self.pipeline, self.api, requests, self.metrics.times)
+            return serve(self.pipeline, self.api, requests, self.metrics.times, self.limit)
 
     def finalize(self) -> None:
         if self.metrics is not None:

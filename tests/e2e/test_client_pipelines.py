@@ -27,10 +27,10 @@ import pipelines
 from builder import Pipeline, build_pipeline_model, pipe
 from builder.client.aio import AsyncClient
 from builder.client.codec import NotAPipelineError, read_signature
-from builder.client.coercion import InputError
 from builder.client.errors import RemoteModelError
 from builder.client.pipeline import Client
 from builder.client.served_model import ServedModel, ServedTensor
+from builder.errors import InputError
 from builder.pipeline.signature_document import signature_parameter
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.equality import check_same

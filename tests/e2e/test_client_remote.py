@@ -18,10 +18,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.client.aio import AsyncTritonRemoteModel
-from builder.client.coercion import InputError
 from builder.client.errors import RemoteTimeoutError
 from builder.client.remote_model import TritonRemoteModel
 from builder.client.retry import RetryPolicy
+from builder.errors import InputError
 from builder.tritonserver.host_process import TritonServer, free_ports
 from tests.support.client_repository import write_client_repository
 from tests.support.sample_repository import (

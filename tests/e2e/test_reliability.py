@@ -513,6 +513,8 @@ def _bad_requests(module) -> dict[str, tuple[str, list, str, str]]:
                           "StatusCode.NOT_FOUND", "404"),
         "invalid UTF-8": ("pipeline", [tensor("text", text(b"caf\xe9"), "BYTES")], *bad),
         "oversized batch": ("pipeline", [tensor("text", text(*[b"a"] * 65), "BYTES")], *bad),
+        "over the size limit": ("pipeline", [tensor("text", text(b"w" * (17 * 2**20)),
+                                                    "BYTES")], *bad),  # 16 MiB by default
     }
 
 
@@ -577,17 +579,34 @@ def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client,
                     client.infer(model, inputs)
                 expected = grpc_status if scheme == "grpc" else http_status
                 assert refused.value.status() == expected, f"{name}: {refused.value}"
-            huge = "word " * (2 * 1024 * 1024)  # 10 MB of text: valid, answered like in process
+            if scheme == "http":  # Triton's own frontend: 500 (README, "Errors")
+                _assert_body_that_is_not_json_is_answered_500(address)
+            limit = 16 * 2**20 - 4  # the default limit, less the element's length prefix
+            huge = ("word " * (limit // 5)).ljust(limit, "w")  # at the limit on Docker's
+            # default /dev/shm: valid, answered as in process
             tensor = module.InferInput("text", [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[huge.encode()]], dtype=object))
             answer = client.infer("pipeline", [tensor]).as_numpy("vec")[0]
-            check_same(answer, pipeline(huge), where="10 MB text")
+            check_same(answer, pipeline(huge), where="16 MiB text")
             deadline = time.monotonic() + 30
             while good.answers < 50 and time.monotonic() < deadline:
                 time.sleep(0.1)
     assert not good.failures, good.failures[:5]
     assert good.answers >= 50
     print(f"{scheme}: {good.answers} good answers alongside the bad requests, none failed")
+
+
+def _assert_body_that_is_not_json_is_answered_500(address: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{address}/v2/models/pipeline/infer",
+                                     data=b'{"inputs": [', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as answered:
+        urllib.request.urlopen(request, timeout=30)
+    assert answered.value.code == 500, "a release that answers 400: update README 'Errors'"
+    assert "failed to parse the request JSON buffer" in answered.value.read().decode()
 
 
 # -- load ---------------------------------------------------------------------------------------

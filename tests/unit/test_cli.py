@@ -112,6 +112,14 @@ def test_build_writes_the_repository(tmp_path):
     assert "model 'text_encoder': onnx" in result.stderr
 
 
+def test_build_takes_the_request_limit_in_mib(tmp_path):
+    from builder.repository.model_config import read_config
+
+    cli("build", PIPELINE, "--model-root", str(tmp_path / "models"), "--max-request-mb", "2.5")
+    config = read_config(tmp_path / "models" / "pipeline")
+    assert config.parameters["max_request_bytes"].string_value == str(5 * 1024 * 1024 // 2)
+
+
 def test_build_for_a_cuda_release_places_the_model_on_the_gpus(tmp_path):
     from tritonclient.grpc import model_config_pb2 as mc
 

@@ -9,8 +9,14 @@ import threading
 import pytest
 import tritonclient.http as httpclient
 
-from builder.client.errors import RemoteModelError, ServerUnavailableError, classify
+from builder.client.errors import (
+    RemoteInputError,
+    RemoteModelError,
+    ServerUnavailableError,
+    classify,
+)
 from builder.client.retry import RetryPolicy, call_with_retry
+from builder.errors import InputError
 
 
 def test_a_kept_alive_connection_the_server_closes_is_unavailable():
@@ -46,6 +52,19 @@ def test_a_refusal_the_client_must_fix_is_not_retried():
     found = classify(InferenceServerException("no such model", status="StatusCode.NOT_FOUND"),
                      "infer")
     assert isinstance(found, RemoteModelError) and not isinstance(found, ServerUnavailableError)
+
+
+@pytest.mark.parametrize("status", ["StatusCode.INVALID_ARGUMENT", "400", "413"])
+def test_a_request_the_server_refused_as_bad_input_is_an_input_error(status):
+    """The same ``except InputError`` catches bad input found by the client before sending and
+    bad input the server refused; a server fault is not one."""
+    from tritonclient.utils import InferenceServerException
+
+    found = classify(InferenceServerException("not an image", status=status), "infer")
+    assert isinstance(found, RemoteInputError) and isinstance(found, InputError)
+    assert isinstance(found, RemoteModelError) and found.status == status
+    fault = classify(InferenceServerException("boom", status="StatusCode.INTERNAL"), "infer")
+    assert not isinstance(fault, InputError)
 
 
 def test_retries_stop_at_the_deadline_and_say_so():

@@ -14,12 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from builder.client.coercion import InputError, bind, prepare
+from builder.client.coercion import bind, prepare
 from builder.client.endpoint import parse_endpoint
 from builder.client.errors import ServerUnavailableError
 from builder.client.fanout import amap_bounded, map_bounded
 from builder.client.retry import RetryPolicy, call_with_retry
 from builder.client.served_model import ServedModel, ServedTensor, served_model
+from builder.errors import InputError
 
 LINEAR = ServedModel(
     name="linear", version="1", max_batch_size=8,

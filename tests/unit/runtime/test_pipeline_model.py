@@ -17,7 +17,7 @@ import pytest
 import torch
 from google.protobuf import json_format
 
-from builder import build_pipeline_model, pipe
+from builder import InputError, build_pipeline_model, pipe, rejects
 from builder.repository.model_config import read_config
 from builder.runtime import pipeline_model, torch_model
 from builder.runtime.pipeline_model import OperatorMetrics, PipelineLoadError
@@ -564,3 +564,119 @@ def test_in_process_sessions_do_not_spin(monkeypatch):
     options = pipeline_model.cpu_session_options(ort, instances=2)
     assert options.intra_op_num_threads == 4 and options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+# -- bad input: refused by an operator, or over the size limit ---------------------------------
+@rejects(UnicodeDecodeError)
+def _decode(data):
+    return data.decode("utf-8")
+
+
+def _length(text):
+    if not text:
+        raise InputError("the text is empty")
+    if text == "boom":
+        raise RuntimeError("a bug")
+    return len(text)
+
+
+LIMIT = 64
+
+
+@pytest.fixture(scope="module")
+def checked_repository(tmp_path_factory):
+    """A pipeline whose operators refuse some inputs, served with a 64-byte request limit."""
+    root = tmp_path_factory.mktemp("checked") / "models"
+    pipeline = (pipe.input("data").map("data", "text", _decode).map("text", "n", _length)
+                .output("n").with_example(b"hello"))
+    result = build_pipeline_model(pipeline, root, max_request_bytes=LIMIT)
+    assert result.max_request_bytes == LIMIT
+    return pipeline, root
+
+
+@pytest.fixture
+def checked(checked_repository, initialized, monkeypatch):
+    monkeypatch.delenv(pipeline_model.MAX_REQUEST_ENV, raising=False)
+    pipeline, root = checked_repository
+    return pipeline, initialized(root / "pipeline")
+
+
+def _data(*values: bytes) -> pb.Request:
+    return pb.Request({"data": np.array([[v] for v in values], dtype=object)})
+
+
+def _code(response, generation):
+    """The response's error code by name; ``None`` before releases had codes."""
+    if not hasattr(generation.TritonError, "INVALID_ARG"):
+        return None
+    codes = {getattr(generation.TritonError, n): n for n in ("INVALID_ARG", "INTERNAL")}
+    return codes[response.error().code()]
+
+
+def test_an_input_an_operator_rejects_is_the_clients_mistake(checked, generation):
+    """A declared exception (``@rejects``) and ``InputError`` answer INVALID_ARGUMENT with the
+    operator and its column named; any other exception stays a server fault; the rest of the
+    batch is served."""
+    _, model = checked
+    responses = model.execute([_data(b"caf\xe9"), _data(b""), _data(b"boom"), _data(b"fine")])
+    assert responses[0].error().message().startswith(
+        "operator '_decode' (map data -> text) rejected its input 'data': 'utf-8' codec "
+        "can't decode byte 0xe9")
+    assert responses[0].error().message().endswith("(UnicodeDecodeError)")
+    assert responses[1].error().message() == (
+        "operator '_length' (map text -> n) rejected its input 'text': the text is empty")
+    assert responses[2].error().message() == (
+        "operator '_length' (map text -> n) failed: RuntimeError: a bug")
+    assert [_code(r, generation) for r in responses[:3]] == (
+        ["INVALID_ARG", "INVALID_ARG", "INTERNAL"] if _code(responses[0], generation) else
+        [None] * 3)
+    assert _outputs(responses[3])["n"].tolist() == [[4]]
+
+
+@pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
+def test_rejected_inputs_are_counted_apart_from_failures(checked):
+    pipeline, model = checked
+    labels = _metrics_every(model, pipeline, 3600)
+    model.execute([_data(b"caf\xe9"), _data(b""), _data(b""), _data(b"boom"), _data(b"ok")])
+    model.metrics.send()
+    sent = _sent(pipeline)
+    decode, length = labels
+    assert sent[OperatorMetrics.REJECTED, decode] == 1
+    assert sent[OperatorMetrics.REJECTED, length] == 2
+    assert sent[OperatorMetrics.FAILURES, length] == 1
+    assert (OperatorMetrics.FAILURES, decode) not in sent  # nothing failed there: not sent
+    assert sent[OperatorMetrics.ROWS, decode] == 5 and sent[OperatorMetrics.ROWS, length] == 4
+
+
+def test_a_request_over_the_limit_is_refused_before_it_is_decoded(checked, generation):
+    """64 bytes: the element's 4-byte length prefix counts, as on the wire. A request at the
+    limit is served; one byte more is refused naming the limit, the rest of the batch served."""
+    _, model = checked
+    at_limit, over = b"a" * (LIMIT - 4), b"a" * (LIMIT - 3)
+    responses = model.execute([_data(at_limit), _data(over), _data(b"\xff" * 100)])
+    assert _outputs(responses[0])["n"].tolist() == [[LIMIT - 4]]
+    for response in responses[1:]:  # too large is said before "not UTF-8"
+        message = response.error().message()
+        assert "over this pipeline's limit of 64 bytes" in message, message
+        assert "TRITON_BUILDER_MAX_REQUEST_BYTES" in message
+        assert _code(response, generation) in ("INVALID_ARG", None)
+    assert "inputs are 65 bytes" in responses[1].error().message()
+    two, three = model.execute([_data(b"a" * 20, b"b" * 20), _data(*[b"c" * 20] * 3)])
+    assert _outputs(two)["n"].tolist() == [[20], [20]]
+    assert "inputs are 72 bytes" in three.error().message()  # a request's whole batch counts
+
+
+def test_the_limit_is_set_at_run_by_the_environment(checked_repository, initialized,
+                                                     monkeypatch):
+    _, root = checked_repository
+    monkeypatch.setenv(pipeline_model.MAX_REQUEST_ENV, "1000")
+    model = initialized(root / "pipeline")
+    assert _outputs(model.execute([_data(b"a" * 500)])[0])["n"].tolist() == [[500]]
+    monkeypatch.setenv(pipeline_model.MAX_REQUEST_ENV, "lots")  # ignored, said in the log
+    model = initialized(root / "pipeline")
+    assert model.limit == LIMIT
+
+
+def test_tensor_bytes_count_as_the_wire_does():
+    assert pipeline_model.tensor_bytes(np.zeros((2, 3), np.float32)) == 24
+    assert pipeline_model.tensor_bytes(np.array([[b"abc"], ["é"]], dtype=object)) == 3 + 2 + 8
