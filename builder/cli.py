@@ -268,6 +268,9 @@ def image(
                              "'root' for root]."),
     drain_seconds: float = typer.Option(5.0, min=0, max=300, help="How long a stopping "
                                         "container serves on after its readiness failed."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Build every layer of the image "
+                                  "again (docker build --no-cache): reuse nothing the engine "
+                                  "holds from an earlier build."),
     latency_budget_ms: float = typer.Option(None, min=0.001, help=BUDGET_HELP),
     max_request_mb: float = typer.Option(None, min=0.001, help=MAX_REQUEST_HELP),
     pytorch_index: str = typer.Option(
@@ -310,7 +313,8 @@ def image(
     built = _run("building the image", lambda: build_docker_image(
         pipe, first, tags=others, cuda=cuda, slim=slim, triton_version=triton_version,
         base_image=base_image, env_specs=env, requirements=requirement, verify=verify,
-        push=push, user=user, drain_s=drain_seconds, client=ensure_engine(),
+        push=push, user=user, drain_s=drain_seconds, no_cache=no_cache,
+        client=ensure_engine(),
         parallelism=parallelism, latency_budget_ms=latency_budget_ms,
         max_request_bytes=_request_bytes(max_request_mb),
         pytorch_index=None if pytorch_index.lower() == "none" else pytorch_index,

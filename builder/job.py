@@ -135,6 +135,7 @@ def build_docker_image(
     tolerance: float = 1e-4,
     user: str | None = None,
     drain_s: float = DRAIN_S,
+    no_cache: bool = False,
     push: bool = False,
     options: Sequence[StageOptions] = (),
     client: docker.DockerClient | None = None,
@@ -178,6 +179,9 @@ def build_docker_image(
     reference one OCI image index of them (:mod:`builder.push.image_index`), every digest
     confirmed by the registry.
 
+    ``no_cache=True`` builds every layer of the image again, as ``docker build --no-cache``:
+    nothing the engine holds from an earlier build of the same inputs is reused.
+
     Interrupted (Ctrl-C, or SIGTERM, which stops it the same way while it runs unless the
     caller handles SIGTERM), it removes what it made on the engine and sets no tag.
 
@@ -194,7 +198,7 @@ def build_docker_image(
                             compile_stub=compile_stub, triton_sources=triton_sources),
         EnvironmentOptions: dict(env_specs=tuple(env_specs), requirements=tuple(requirements),
                                  packer=packer, index=index, pytorch_index=pytorch_index),
-        ImageOptions: dict(user=user, drain_s=drain_s),
+        ImageOptions: dict(user=user, drain_s=drain_s, no_cache=no_cache),
         VerifyOptions: dict(enabled=verify, calls=verify_calls, tolerance=tolerance)})
     base_options, bridging, environment, image_options, verifying = (
         chosen[BaseOptions], chosen[BridgeOptions], chosen[EnvironmentOptions],

@@ -137,6 +137,10 @@ class ImageOptions:
     environment_python: str | None = None
     platforms: tuple[str, ...] = ()
     """Every platform of a multi-platform build this image is one of (its label)."""
+    no_cache: bool = False
+    """Build every layer again, as ``docker build --no-cache``: no image of the same content
+    hash, no cached payload layers and no layer of the engine's cache reused. What the engine
+    already holds then cannot stand in for a build (a reproducibility check's second build)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels or {})))
@@ -215,7 +219,7 @@ def build_serving_image(
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
-    cached = find_built(client, image_name, digest)
+    cached = None if options.no_cache else find_built(client, image_name, digest)
     if cached is not None:
         return ServingImage(id=cached.id, release=release, content_hash=digest,
                             labels=dict(client.images.get(cached.id).labels), built=False,
@@ -223,7 +227,7 @@ def build_serving_image(
     platform = platform_option(release.platform)
     with step_log(f"payload layers of {image_name}", on_log) as log:
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log,
-                                    platform)
+                                    platform, no_cache=options.no_cache)
     serving_dockerfile = render_serving_dockerfile(
         release, options=serving, stage="serving", payload_image=payload_id,
         start_period=start_period, labels=image_labels)
@@ -240,7 +244,7 @@ def build_serving_image(
         sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], platform=platform, on_log=log,
-                            made=leftovers.images)
+                            made=leftovers.images, nocache=options.no_cache)
         image_id = restamp_image(client, built.id, created=image_labels[CREATED],
                                  kept_history=len(client.api.history(base.id)),
                                  made=leftovers.images)
@@ -314,16 +318,18 @@ def _base_digest(image: Image) -> str:
 
 
 def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: str,
-                   payload_hash: str, log: Log, platform: str | None = None) -> str:
-    """The payload image for ``payload_hash``: found by its cache tag, or built and tagged.
+                   payload_hash: str, log: Log, platform: str | None = None, *,
+                   no_cache: bool = False) -> str:
+    """The payload image for ``payload_hash``: found by its cache tag (unless ``no_cache``), or
+    built and tagged.
 
     A tag, not a label filter: images built FROM the payload inherit its labels, so only a tag
     names the payload itself. ``docker rmi`` on :data:`PAYLOAD_REPOSITORY` tags drops the cache.
     """
     reference = payload_reference(payload_hash)
     try:
-        found = client.images.get(reference)
-        if (found.labels or {}).get(PAYLOAD_HASH) == payload_hash:
+        found = None if no_cache else client.images.get(reference)
+        if found is not None and (found.labels or {}).get(PAYLOAD_HASH) == payload_hash:
             log(f"payload layers reused: {reference}")
             return found.id
     except docker.errors.ImageNotFound:
@@ -331,7 +337,8 @@ def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: s
     with tempfile.TemporaryDirectory(prefix="triton-builder-payload-") as workdir:
         context = plan.write(Path(workdir), ["environment", "weights"])
         (context / "Dockerfile").write_text(dockerfile)
-        built = build_image(client, context, [reference], platform=platform, on_log=log)
+        built = build_image(client, context, [reference], platform=platform, on_log=log,
+                            nocache=no_cache)
     return built.id
 
 

@@ -111,7 +111,8 @@ def _clean_build(workdir: Path, reference: str, drain_s: float) -> str:
         [str(program), "image", f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline",
          "-t", reference, "--platform", "linux/amd64", "--platform", "linux/arm64",
          "--no-verify-platform", "linux/amd64", "--no-verify-platform", "linux/arm64",
-         "--requirement", OWN_REQUIREMENT, "--drain-seconds", str(drain_s), "--push"],
+         "--requirement", OWN_REQUIREMENT, "--drain-seconds", str(drain_s), "--push",
+         "--no-cache"],
         cwd=workdir, env=environment,
         capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stdout + result.stderr
