@@ -174,8 +174,9 @@ def base_os(
 @base_app.command("cpu")
 def base_cpu(
     os_image: str = typer.Option(
-        None, help="Base OS image with Python "
-        "[default: $TRITON_BUILDER_OS_IMAGE or python:3.11-slim-bookworm]"),
+        None, help="Base OS image with Python [default: $TRITON_BUILDER_OS_IMAGE, else "
+        "python:X.Y-slim-bookworm where the engine has it, else the one `base os` made, else "
+        "python:X.Y-slim-bookworm pulled]"),
     python_version: str = typer.Option("3.11", "--python", help="Python of the OS image."),
     rebuild: bool = typer.Option(False, help="Build from scratch (no reuse, no layer cache)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the build log."),

@@ -17,7 +17,6 @@ OS image of its architecture.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import docker
 import docker.errors
 from packaging.requirements import Requirement
 
+from builder.base.os_choice import os_image_for, os_image_variable
 from builder.cache import cache_dir, content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
@@ -42,7 +42,6 @@ from builder.errors import TritonBuilderError
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
-DEFAULT_OS_IMAGE = "python:3.11-slim-bookworm"
 TEMPLATE = "tritonserver-cpu.Dockerfile.j2"
 REQUIREMENTS = "tritonserver-cpu.txt"
 MACHINE_REQUIREMENTS = {"aarch64": "tritonserver-cpu-aarch64.txt"}
@@ -51,8 +50,6 @@ file)."""
 WHEEL_PLATFORMS = ("manylinux_2_28_{machine}", "manylinux_2_27_{machine}",
                    "manylinux_2_17_{machine}", "manylinux2014_{machine}")
 """The wheel platform tags of the base's packages, for the platform's machine (PEP 600)."""
-OS_IMAGE_VARIABLE = "TRITON_BUILDER_OS_IMAGE"
-"""The OS image of the default platform's base; ``…_ARM64`` (the architecture) another's."""
 PLATFORM_LABEL = "ai.triton-builder.platform"
 OS_IMAGE_LABEL = "ai.triton-builder.os-image"
 """The OS image a base of ours was built on (the slim GPU base is rebuilt on the same one)."""
@@ -71,18 +68,6 @@ _REGISTER_PACKAGES = (
 
 class BaseImageError(TritonBuilderError, RuntimeError):
     """The CPU base image cannot be built from these inputs."""
-
-
-def os_image_variable(platform: Platform = DEFAULT_PLATFORM) -> str:
-    """``TRITON_BUILDER_OS_IMAGE``, or ``TRITON_BUILDER_OS_IMAGE_ARM64`` for linux/arm64."""
-    return (OS_IMAGE_VARIABLE if platform == DEFAULT_PLATFORM
-            else f"{OS_IMAGE_VARIABLE}_{platform.architecture.upper()}")
-
-
-def default_os_image(platform: Platform = DEFAULT_PLATFORM) -> str:
-    """``$TRITON_BUILDER_OS_IMAGE`` (``…_ARM64`` for arm64) where set (air-gapped machines),
-    else the Docker Hub image."""
-    return os.environ.get(os_image_variable(platform)) or DEFAULT_OS_IMAGE
 
 
 def cpu_base_tag(python_version: str = "3.11", platform: Platform = DEFAULT_PLATFORM) -> str:
@@ -108,7 +93,7 @@ def build_cpu_base(
 
     ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache.
     """
-    os_image = os_image or default_os_image(platform)
+    os_image = os_image or os_image_for(client, python_version, platform)
     tag = tag or cpu_base_tag(python_version, platform)
     os_image_id = base_os_image_id(client, os_image, platform)
     distribution = triton_distribution(machine=platform.machine)
@@ -169,22 +154,22 @@ def base_os_image_id(client: docker.DockerClient, os_image: str,
         if not platform.matches(found.attrs):
             raise BaseImageError(
                 f"the base OS image {os_image} is {image_platform_name(found.attrs)}, not "
-                f"{platform}: make one with `triton-builder base os --platform {platform}` and "
-                f"pass it (--os-image, or {os_image_variable(platform)})")
+                f"{platform}: make one with `triton-builder base os --platform {platform}` "
+                f"(builds find it by its label; --os-image or {os_image_variable(platform)} "
+                f"name another)")
         return found.id
     if platform != DEFAULT_PLATFORM:
         raise BaseImageError(
             f"the base OS image {os_image} for {platform} is not on this engine: make one with "
-            f"`triton-builder base os --platform {platform}` and pass it (--os-image, or set "
-            f"{os_image_variable(platform)})")
+            f"`triton-builder base os --platform {platform}` (builds find it by its label; "
+            f"--os-image or {os_image_variable(platform)} name another)")
     try:
         return client.images.pull(os_image).id
     except docker.errors.APIError as error:
         raise BaseImageError(
             f"base OS image {os_image!r} is not on this engine and cannot be pulled "
             f"({error.explanation or error}). Without Docker Hub, make one from Debian's "
-            f"packages with `triton-builder base os` and pass --os-image (or set "
-            f"TRITON_BUILDER_OS_IMAGE)."
+            f"packages with `triton-builder base os`: builds find it by its label."
         ) from error
 
 

@@ -12,19 +12,20 @@ the environment, for the CUDA version the user asked for.
 
 Unlike the CPU base it installs no Python packages: numpy and onnxruntime(-gpu) are the
 environment's, which every python and ONNX model of a slim image runs in. The OS image's Python
-is the builder's (``python:X.Y-slim-bookworm``, or ``$TRITON_BUILDER_OS_IMAGE``), so the wheel's
+is the builder's (:func:`builder.base.os_choice.os_image_for`: ``python:X.Y-slim-bookworm``, or the
+image ``triton-builder base os`` made), so the wheel's
 stub for that Python serves natively. Built once per content, like the CPU base.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 import docker
 
-from builder.base.cpu import OS_IMAGE_VARIABLE, base_labels, base_os_image_id
+from builder.base.cpu import base_labels, base_os_image_id
+from builder.base.os_choice import os_image_for
 from builder.cache import content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import BuiltImage, build_image, find_built
@@ -48,12 +49,6 @@ def slim_base_tag(python_version: str) -> str:
     return f"triton-builder/tritonserver-gpu-slim:{TRITON_VERSION}-py{python_version}"
 
 
-def slim_os_image(python_version: str) -> str:
-    """``$TRITON_BUILDER_OS_IMAGE`` where set (machines without Docker Hub), else the official
-    Python image of that Python on Debian bookworm."""
-    return os.environ.get(OS_IMAGE_VARIABLE) or f"python:{python_version}-slim-bookworm"
-
-
 def build_slim_base(
     client: docker.DockerClient,
     python_version: str,
@@ -67,7 +62,7 @@ def build_slim_base(
 
     ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache.
     """
-    os_image = os_image or slim_os_image(python_version)
+    os_image = os_image or os_image_for(client, python_version)
     tag = tag or slim_base_tag(python_version)
     os_image_id = base_os_image_id(client, os_image)
     distribution = triton_distribution()

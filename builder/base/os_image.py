@@ -21,6 +21,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.base.os_choice import DEBIAN_OS_IMAGE_TAG, OS_PYTHON_LABEL
 from builder.base.releases import DEBIAN_SUITES
 from builder.engine.image_config import load_config, restamp_platform
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
@@ -28,9 +29,6 @@ from builder.errors import TritonBuilderError
 from builder.host_packages import ensure_program
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
-DEBIAN_OS_IMAGE_TAG = "triton-builder/debian-{suite}:python{python}"
-
-
 def debian_packages(suite: str) -> tuple[str, ...]:
     """Python, its shared ``libpython`` (the python backend stub links it) and CA certificates."""
     python = DEBIAN_SUITES[suite][0]
@@ -77,12 +75,14 @@ def debian_os_image(client: docker.DockerClient, tag: str | None = None,
         if result.returncode != 0:
             raise RootfsError(f"mmdebstrap failed:\n{result.stderr[-3000:]}")
         repository, _, version = tag.rpartition(":")
+        label = [f"LABEL {OS_PYTHON_LABEL}={DEBIAN_SUITES[suite][0]}"]
         if platform == DEFAULT_PLATFORM:
             with open(tarball, "rb") as stream:
-                client.api.import_image_from_data(stream, repository=repository, tag=version)
+                client.api.import_image_from_data(stream, repository=repository, tag=version,
+                                                  changes=label)
         else:
             with open(tarball, "rb") as stream:
-                imported = client.api.import_image_from_data(stream)
+                imported = client.api.import_image_from_data(stream, changes=label)
             image_id = _imported_id(imported)
             try:
                 stamped = load_config(client, restamp_platform(client, image_id, platform))
