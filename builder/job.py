@@ -61,6 +61,7 @@ from builder.environment import (
     require_platform_wheels,
     ships_unpacked,
 )
+from builder.errors import BuildError
 from builder.image import (
     DRAIN_S,
     ImageOptions,
@@ -133,6 +134,7 @@ def build_docker_image(
     verify: bool = True,
     verify_calls: Sequence[tuple[Any, ...]] | None = None,
     tolerance: float = 1e-4,
+    export_tolerance: float = 1e-4,
     user: str | None = None,
     drain_s: float = DRAIN_S,
     no_cache: bool = False,
@@ -166,8 +168,10 @@ def build_docker_image(
     reached, from the package index by each wheel's metadata
     (:mod:`builder.environment.torch_for_cuda`).
     Verification sends ``verify_calls`` (default: the pipeline's examples) and compares with
-    ``pipe(*call)`` within ``tolerance``. Other keyword arguments go to
-    :func:`builder.repository.writer.build_pipeline_model`.
+    ``pipe(*call)`` within ``tolerance``; ``export_tolerance`` is the export's own check of each
+    model operator against torch (and of its rows' independence). Other keyword arguments go
+    to :func:`builder.repository.writer.build_pipeline_model` (``target`` and ``model_root``
+    are the build's own, per platform, and refused).
 
     ``platforms`` (``("linux/amd64", "linux/arm64")``; default: linux/amd64) builds one image
     per platform, each on that platform's base with an environment of its machine's wheels,
@@ -191,6 +195,12 @@ def build_docker_image(
     group's keywords, which must then be left at their defaults).
     """
     started = time.monotonic()
+    owned = sorted(set(pipeline_options) & {"target", "model_root"})
+    if owned:
+        raise BuildError(
+            f"build_docker_image chooses {' and '.join(f'{k}=' for k in owned)} itself, for "
+            f"each platform: choose the release with cuda=, triton_version=, base_image= or "
+            f"platforms= (build_pipeline_model takes them for a repository of your own)")
     chosen = _stage_options(options, {
         BaseOptions: dict(cuda=cuda, triton_version=triton_version, base_image=base_image,
                           base_python=base_python, slim=slim),
@@ -213,7 +223,7 @@ def build_docker_image(
             "verification needs at least one call: give the pipeline an example "
             "(pipe.with_example(...)) or pass verify_calls=[...], or verify=False")
     expected = [pipe(*call) for call in calls]
-    check_row_independence(pipe, pipeline_options.get("tolerance", 1e-4))
+    check_row_independence(pipe, export_tolerance)
     operators = [node.op for node in pipe.nodes]
     plans = {}
     for target in targets:
@@ -251,7 +261,8 @@ def build_docker_image(
                 with timed_step(f"model repository (export, configs, pipe.pickle){where}",
                                 on_log):
                     built = build_pipeline_model(pipe, models, format_priority, parallelism,
-                                                 target=release, **pipeline_options)
+                                                 target=release, tolerance=export_tolerance,
+                                                 **pipeline_options)
                 with timed_step(f"python environment{where}", on_log):
                     prepared = prepare_environment(
                         client, built, plan, operators=operators, options=environment,

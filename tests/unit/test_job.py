@@ -72,3 +72,34 @@ def test_images_that_extract_a_bridged_environment_at_start_run_as_root():
     assert _user("triton", resolve("11.8"), True, said.append) == "triton"
     assert _user(None, resolve("11.8"), False, said.append) is None, "the release's own stub"
     assert _user(None, resolve(None), True, said.append) is None, "an unpacked environment"
+
+
+def test_the_export_tolerance_and_the_verification_tolerance_are_both_settable(monkeypatch):
+    """``tolerance`` is the verification's; ``export_tolerance`` reaches the export's checks
+    (the row-independence check comes first, before the engine: stopped there)."""
+    from builder import job
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def row_check(pipeline, tolerance):
+        seen["export"] = tolerance
+        raise Reached
+
+    monkeypatch.setattr(job, "check_row_independence", row_check)
+    identity = pipe.input("x").output("x").with_example("a")
+    with pytest.raises(Reached):
+        build_docker_image(identity, "x:1", export_tolerance=1e-3, tolerance=1e-2,
+                           client=object())
+    assert seen == {"export": 1e-3}
+
+
+@pytest.mark.parametrize("keyword", ["target", "model_root"])
+def test_what_the_build_chooses_per_platform_is_refused_by_name(keyword):
+    from builder.errors import BuildError
+
+    identity = pipe.input("x").output("x").with_example("a")
+    with pytest.raises(BuildError, match=rf"chooses {keyword}= itself, for each platform"):
+        build_docker_image(identity, "x:1", client=object(), **{keyword: "anything"})
