@@ -41,7 +41,13 @@ from builder.errors import (
     TritonBuilderError,
 )
 from builder.image import ImageOptions
-from builder.job import ImageBuild, build_docker_image, build_image_from_repository
+from builder.job import (
+    BuildOptions,
+    ImageBuild,
+    RepositoryOptions,
+    build_docker_image,
+    build_image_from_repository,
+)
 from builder.pipeline import (
     Array,
     List,
@@ -64,6 +70,7 @@ __all__ = [
     "BaseOptions",
     "BridgeOptions",
     "BuildError",
+    "BuildOptions",
     "BuildResult",
     "Client",
     "EngineError",
@@ -86,6 +93,7 @@ __all__ = [
     "RemoteInputError",
     "RemoteModelError",
     "RemoteTimeoutError",
+    "RepositoryOptions",
     "SerializationError",
     "ServerUnavailableError",
     "SignatureError",

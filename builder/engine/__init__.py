@@ -6,7 +6,7 @@ through the same :func:`builder.engine.image_build.build_image`.
 """
 
 from builder.engine.daemon import EngineError, docker_client, ensure_engine
-from builder.engine.emulation import EmulationMissingError, require_platforms
+from builder.engine.emulation import EmulationMissingError, PlatformSupport, require_platforms
 from builder.engine.leftovers import Leftovers
 from builder.engine.platforms import (
     DEFAULT_PLATFORM,
@@ -22,6 +22,7 @@ from builder.engine.reference import tag_references
 __all__ = [
     "DEFAULT_PLATFORM",
     "EmulationMissingError",
+    "PlatformSupport",
     "EngineError",
     "Leftovers",
     "Platform",

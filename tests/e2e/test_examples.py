@@ -224,11 +224,15 @@ def test_the_pipeline_model_answers_plain_kserve_v2_http_json(server):
 
 
 @pytest.mark.slow
-def test_a_failing_request_gets_an_error_and_the_server_keeps_serving(client):
+def test_bytes_that_are_not_an_image_are_refused_and_the_server_keeps_serving(client):
+    """``decode_image`` declares its ``ImageError`` as bad input (``@rejects``): the client's
+    mistake, ``INVALID_ARGUMENT``."""
     signature = image_classification.pipeline.signature()
     with pytest.raises(grpcclient.InferenceServerException,
-                       match=r"operator 'decode_image' \(map image -> rgb\) failed: ImageError"):
+                       match=r"operator 'decode_image' \(map image -> rgb\) rejected its input "
+                             r"'image': not a PNG or binary PPM/PGM image \(ImageError\)") as bad:
         infer(client, "image_classification", signature, [(b"not an image",)])
+    assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
     image = image_classification.example_image(3)
     (served,) = infer(client, "image_classification", signature, [(image,)])
     assert_same(served, image_classification.pipeline(image))

@@ -155,8 +155,12 @@ def _stage_calls(function: ast.FunctionDef, names: dict[str, str]) -> list[str]:
     return stages
 
 
-JOB_SOURCE = ast.parse((ROOT / "job.py").read_text())
-JOB_FUNCTIONS = {node.name: node for node in JOB_SOURCE.body if isinstance(node, ast.FunctionDef)}
+JOB_SOURCES = {path.stem: ast.parse(path.read_text()) for path in (ROOT / "job").glob("*.py")}
+JOB_FUNCTIONS = {node.name: node for source in JOB_SOURCES.values() for node in source.body
+                 if isinstance(node, ast.FunctionDef)}
+JOB_IMPORTS = [node for source in JOB_SOURCES.values() for node in source.body
+               if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.startswith("builder.")]
 JOB_STAGES = ["pipeline", "decide:base", "decide:bridge", "decide:environment", "base", "bridge",
               "repository", "environment", "image", "verify", "push"]
 """The in-process pipeline first (its answers are the reference), then the decisions, then one
@@ -171,8 +175,7 @@ are made by the environment stage (:func:`builder.environment.prepare.prepare_en
 @pytest.mark.parametrize("entry", ["build_docker_image", "build_image_from_repository"])
 def test_the_job_enters_each_stage_once_in_order(entry):
     names = {alias.asname or alias.name: _unit(node.module)
-             for node in JOB_SOURCE.body if isinstance(node, ast.ImportFrom)
-             and node.module and node.module.startswith("builder.") for alias in node.names}
+             for node in JOB_IMPORTS for alias in node.names}
     names["pipe"] = "pipeline"  # the in-process pipeline: the reference answers come first
     visited = []
     for stage in _stage_calls(JOB_FUNCTIONS[entry], names):
@@ -186,16 +189,42 @@ def test_the_job_enters_each_stage_once_in_order(entry):
 
 def test_the_job_imports_only_packages():
     """The job reads as a list of stages: it imports each stage's front door (its package),
-    never a module inside one."""
-    inner = sorted(node.module for node in JOB_SOURCE.body
-                   if isinstance(node, ast.ImportFrom) and node.module
-                   and node.module.startswith("builder.") and node.module.count(".") > 1)
-    modules = sorted(node.module for node in JOB_SOURCE.body
-                     if isinstance(node, ast.ImportFrom) and node.module
-                     and node.module.startswith("builder.")
-                     and not (ROOT / node.module.split(".", 1)[1].replace(".", "/")).is_dir()
+    never a module inside one (its own modules aside)."""
+    inner = sorted(node.module for node in JOB_IMPORTS
+                   if node.module.count(".") > 1 and not node.module.startswith("builder.job."))
+    modules = sorted(node.module for node in JOB_IMPORTS
+                     if not (ROOT / node.module.split(".", 1)[1].replace(".", "/")).is_dir()
                      and _unit(node.module) in STAGES)
     assert inner == [] and modules == []
+
+
+def test_build_docker_image_reads_as_its_steps():
+    """Options, plan, each platform, tags, push: a body a reader takes in at once."""
+    function = JOB_FUNCTIONS["build_docker_image"]
+    body = function.body[1:] if ast.get_docstring(function) else function.body
+    assert body[-1].end_lineno - body[0].lineno + 1 <= 40
+
+
+def test_no_keyword_travels_unnamed_through_the_job():
+    """``**`` in the job only where the names are an object's fields: the user's keywords into
+    :func:`builder.job.build_options` (which refuses an unknown one),
+    :meth:`RepositoryOptions.keywords` and a dataclass's ``vars``."""
+    unnamed = []
+    for module, source in JOB_SOURCES.items():
+        for node in ast.walk(source):
+            if not isinstance(node, ast.Call):
+                continue
+            for keyword in node.keywords:
+                if keyword.arg is not None:
+                    continue
+                value = keyword.value
+                named = (isinstance(node.func, ast.Name) and node.func.id == "build_options") or (
+                    isinstance(value, ast.Call) and (
+                        isinstance(value.func, ast.Attribute) and value.func.attr == "keywords"
+                        or isinstance(value.func, ast.Name) and value.func.id == "vars"))
+                if not named and not (module == "build_options"):
+                    unnamed.append(f"{module}.py:{node.lineno}")
+    assert unnamed == []
 
 
 def test_no_two_modules_share_a_name():

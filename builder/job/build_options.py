@@ -1,0 +1,182 @@
+"""A build's options, defined once: one frozen object per stage, made from flat keywords.
+
+Why: :func:`builder.job.build_docker_image` takes flat keywords (``cuda=``, ``requirements=``,
+``latency_budget_ms=`` …) because that is what a user writes, and each stage takes its own
+frozen options object because that is what a stage needs. :func:`build_options` is the one
+place between them: every keyword is a field of one stage's object (its name is the field's,
+or an alias in :data:`ALIASES`), an unknown keyword is refused with the closest names, and a
+keyword that answers a question an object given with ``options=`` answered already is refused
+naming it. Adding an option is adding a field. As PyTriton's config path and model_navigator's
+"config once, then steps": nothing after this function reads a keyword.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from builder.base import BaseOptions
+from builder.bridge import BridgeOptions
+from builder.environment import EnvironmentOptions
+from builder.errors import BuildError
+from builder.image import ImageOptions
+from builder.verify import VerifyOptions
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """What :func:`builder.repository.build_pipeline_model` takes besides the pipeline, where it
+    writes and its target (the build chooses those per platform)."""
+
+    format_priority: tuple[str, ...] = ("onnx",)
+    parallelism: int = 1
+    name: str = "pipeline"
+    op_defaults: Mapping[str, Any] | None = None
+    max_batch_size: int = 64
+    dynamic_batching: Mapping[str, Any] | None = None
+    export_tolerance: float = 1e-4
+    """The export's check of each model operator against torch, and of its rows' independence
+    (``tolerance`` is the verification's)."""
+    in_process: bool | None = None
+    latency_budget_ms: float | None = None
+    max_queue_size: int | None = None
+    max_request_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "format_priority", tuple(self.format_priority))
+
+    def keywords(self) -> dict[str, Any]:
+        """The keywords of ``build_pipeline_model`` (``export_tolerance`` is its ``tolerance``;
+        ``format_priority`` and ``parallelism`` included)."""
+        chosen = {f.name: getattr(self, f.name) for f in fields(self)}
+        chosen["tolerance"] = chosen.pop("export_tolerance")
+        return chosen
+
+
+StageOptions = (BaseOptions | BridgeOptions | EnvironmentOptions | RepositoryOptions
+                | ImageOptions | VerifyOptions)
+
+GROUPS: dict[str, type] = {"base": BaseOptions, "bridge": BridgeOptions,
+                           "environment": EnvironmentOptions, "repository": RepositoryOptions,
+                           "image": ImageOptions, "verify": VerifyOptions}
+""":class:`BuildOptions`'s field → the stage's options class."""
+
+ALIASES: dict[str, tuple[str, str]] = {
+    "bridge": ("bridge", "enabled"), "verify": ("verify", "enabled"),
+    "verify_calls": ("verify", "calls"),
+}
+"""Keywords whose name is not their field's: ``bridge=False`` reads better than
+``enabled=False``, and both ``BridgeOptions`` and ``VerifyOptions`` have an ``enabled``."""
+
+INTERNAL: dict[str, frozenset[str]] = {
+    "bridge": frozenset({"enabled"}), "verify": frozenset({"enabled", "calls"}),
+    "image": frozenset({"environment", "environment_python", "platforms", "signature"}),
+}
+"""Fields that are no keyword under their own name: aliased above, or set by the build itself
+(an image's environment, its Python and platforms, the signature label from the pipeline)."""
+
+OWNED = {"target": "the release of each platform", "model_root": "where it writes the repository"}
+"""``build_pipeline_model`` keywords the build chooses itself, per platform."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything a build is asked, one frozen object per stage; see :func:`build_options`."""
+
+    base: BaseOptions = BaseOptions()
+    bridge: BridgeOptions = BridgeOptions()
+    environment: EnvironmentOptions = EnvironmentOptions()
+    repository: RepositoryOptions = RepositoryOptions()
+    image: ImageOptions = ImageOptions()
+    verify: VerifyOptions = VerifyOptions()
+    platforms: tuple[str, ...] | None = None
+    """``("linux/amd64", "linux/arm64")``: one verified image per platform; default the
+    engine's linux/amd64."""
+    no_verify_platforms: tuple[str, ...] = ()
+    """Platforms built without verification (a warning)."""
+
+    def __post_init__(self) -> None:
+        if self.platforms is not None:
+            object.__setattr__(self, "platforms", tuple(self.platforms))
+        object.__setattr__(self, "no_verify_platforms", tuple(self.no_verify_platforms))
+
+
+def keyword_fields() -> MappingProxyType:
+    """Every keyword :func:`build_options` takes → ``(group, field)`` (``group`` ``None`` for
+    :class:`BuildOptions`'s own fields)."""
+    table: dict[str, tuple[str | None, str]] = {}
+    for group, kind in GROUPS.items():
+        for each in fields(kind):
+            if each.name not in INTERNAL.get(group, ()):
+                table[each.name] = (group, each.name)
+    table.update(ALIASES)
+    table.update({name: (None, name) for name in ("platforms", "no_verify_platforms")})
+    return MappingProxyType(table)
+
+
+KEYWORDS = keyword_fields()
+
+
+def build_options(options: BuildOptions | Sequence[StageOptions] | None = None,
+                  **keywords: Any) -> BuildOptions:
+    """The build's options: ``options`` (a :class:`BuildOptions`, or some stages' objects), with
+    ``keywords`` set on the stage each belongs to.
+
+    Refused, before anything is pulled or written: an unknown keyword (naming the closest), a
+    keyword the build chooses itself (``target``, ``model_root``), an object that is no
+    stage's, and two answers to one question — a keyword of a stage whose object ``options``
+    holds, or, from a :class:`BuildOptions`, one whose field it set (differing from the
+    default: a shared ``BuildOptions`` takes the keywords it left open).
+    """
+    chosen, given = _given(options)
+    shared = isinstance(options, BuildOptions)
+    changes: dict[str | None, dict[str, Any]] = {}
+    for keyword, value in keywords.items():
+        if keyword in OWNED:
+            raise BuildError(f"build_docker_image chooses {keyword}= itself ({OWNED[keyword]}), "
+                             f"for each platform: choose the release with cuda=, "
+                             f"triton_version=, base_image= or platforms=")
+        if keyword not in KEYWORDS:
+            close = difflib.get_close_matches(keyword, list(KEYWORDS), n=3)
+            raise TypeError(f"build_docker_image got an unknown keyword {keyword!r}"
+                            + (f"; did you mean {', '.join(close)}?" if close else ""))
+        group, name = KEYWORDS[keyword]
+        if group in given and (not shared or _differs(getattr(chosen, group), name)):
+            raise ValueError(f"{keyword} given both as a keyword and in "
+                             f"{type(getattr(chosen, group)).__name__}: give each once")
+        changes.setdefault(group, {})[name] = _frozen(value)
+    stages = {group: replace(getattr(chosen, group), **values)
+              for group, values in changes.items() if group is not None}
+    return replace(chosen, **stages, **changes.get(None, {}))
+
+
+def _given(options: BuildOptions | Sequence[StageOptions] | None
+           ) -> tuple[BuildOptions, set[str]]:
+    """The options to start from, and which stages' objects the caller gave."""
+    if options is None:
+        return BuildOptions(), set()
+    if isinstance(options, BuildOptions):
+        return options, set(GROUPS)
+    by_kind = {kind: group for group, kind in GROUPS.items()}
+    stages = {}
+    for option in options:
+        group = by_kind.get(type(option))
+        if group is None:
+            raise TypeError(f"options: not a stage's options: {option!r}")
+        stages[group] = option
+    return BuildOptions(**stages), set(stages)
+
+
+def _differs(option: Any, name: str) -> bool:
+    return getattr(option, name) != getattr(type(option)(), name)
+
+
+def _frozen(value: Any) -> Any:
+    """Lists, sets and generators become tuples: the options are frozen."""
+    if isinstance(value, (list, set, frozenset, types.GeneratorType)):
+        return tuple(value)
+    return value
