@@ -1,0 +1,117 @@
+"""``deploy swarm`` and ``deploy k8s``: a serving image as a Swarm stack or Kubernetes
+manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from builder.cli.app import console, deploy_app, run_step
+
+
+@deploy_app.command("swarm")
+def deploy_swarm_command(
+    reference: str = typer.Argument(..., help="Serving image (built by triton-builder)."),
+    replicas: int = typer.Option(2, help="Replicas of the server."),
+    name: str = typer.Option("triton", help="Stack name."),
+    shm_size: str = typer.Option("1g", help="/dev/shm of each replica (the python backend's)."),
+    publish: str = typer.Option("ingress", help="'ingress' (routing mesh) or 'host' (each "
+                                                "replica on its own host ports)."),
+    http_port: int = typer.Option(8000, help="Published HTTP port (0: random, host mode)."),
+    grpc_port: int = typer.Option(8001, help="Published gRPC port (0: random, host mode)."),
+    metrics_port: int = typer.Option(8002, help="Published metrics port (0: random, host mode)."),
+    health_interval: int = typer.Option(15, help="Seconds between health checks."),
+    health_retries: int = typer.Option(3, help="Failed checks before a replica is unhealthy."),
+    stack_file: Path = typer.Option(None, help="Keep the stack (compose) file here."),
+    dry_run: bool = typer.Option(False, help="Print the stack file; deploy nothing."),
+    wait: float = typer.Option(300.0, help="Seconds to wait for every replica to be healthy "
+                                           "(0: do not wait)."),
+) -> None:
+    """Deploy (or update, rolling and start-first) a serving image as a Docker Swarm stack.
+
+    Example: triton-builder deploy swarm registry:5000/embed:2 --replicas 3
+    """
+    from builder.deploy.serving import deployable_image
+    from builder.deploy.swarm import SwarmOptions, deploy_swarm, stack_document, write_stack
+    from builder.engine import ensure_engine
+
+    ports = tuple(port or None for port in (http_port, grpc_port, metrics_port))
+    options = run_step("reading the options", lambda: SwarmOptions(
+        replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
+        health_interval_s=health_interval, health_retries=health_retries))
+    if dry_run:
+        from builder.engine import EngineError, docker_client
+
+        try:
+            engine = docker_client()
+        except EngineError:
+            engine = None  # no engine here: described without its labels (a CPU image)
+        image = run_step("reading the image", lambda: deployable_image(reference, client=engine))
+        document = stack_document(image, options)
+        if stack_file is not None:
+            write_stack(document, stack_file)
+        import yaml
+
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+        return
+    client = run_step("reaching the engine", ensure_engine)
+    image = run_step("reading the image", lambda: deployable_image(reference, client=client))
+    with console.status(Text(f"deploying {reference} as stack {name}")):
+        run_step("deploying", lambda: deploy_swarm(image, name, options, client=client,
+                                               stack_file=stack_file, wait=wait or None))
+    console.print(f"stack {name}: {replicas} replica(s) of {reference}"
+                  + (" healthy" if wait else " deploying"))
+    print(name)
+
+
+@deploy_app.command("k8s")
+def deploy_k8s_command(
+    reference: str = typer.Argument(..., help="Serving image (as the cluster pulls it)."),
+    name: str = typer.Option("triton", help="Name of the Deployment, Service, HPA."),
+    namespace: str = typer.Option(None, help="Namespace of the objects."),
+    replicas: int = typer.Option(2, help="Replicas to start with."),
+    min_replicas: int = typer.Option(2, help="Autoscaler minimum."),
+    max_replicas: int = typer.Option(8, help="Autoscaler maximum."),
+    gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
+                                                       "image's labels where it is local]"),
+    kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the YAML here, not stdout."),
+    validate: bool = typer.Option(True, help="Validate against the supported Kubernetes "
+                                             "versions (needs kubernetes-validate)."),
+) -> None:
+    """Write Kubernetes manifests (Deployment, Service, HorizontalPodAutoscaler) or a KServe
+    InferenceService for a serving image; apply them with kubectl apply -f.
+
+    Example: triton-builder deploy k8s registry:5000/embed:2 -o triton.yaml
+    """
+    from builder.deploy import kubernetes
+    from builder.deploy.serving import deployable_image
+
+    client = None
+    if gpu is None:
+        from builder.engine import EngineError, docker_client
+
+        try:
+            client = docker_client()
+        except EngineError:
+            client = None  # no engine here: a CPU image unless --gpu says otherwise
+    image = run_step("reading the image",
+                     lambda: deployable_image(reference, gpu=gpu, client=client))
+    options = run_step("reading the options", lambda: kubernetes.KubernetesOptions(
+        name=name, namespace=namespace, replicas=replicas, min_replicas=min_replicas,
+        max_replicas=max_replicas))
+    documents = kubernetes.manifests(image, options)
+    chosen = ({"inferenceservice": documents["inferenceservice"]} if kserve else
+              {key: documents[key] for key in ("deployment", "service", "hpa")})
+    if validate:
+        checked = run_step("validating", lambda: kubernetes.validate(chosen))
+        console.print(f"validated {len(chosen)} manifest(s) against Kubernetes "
+                      f"{', '.join(kubernetes.SUPPORTED_KUBERNETES)} ({len(checked)} checks)")
+    text = kubernetes.to_yaml(chosen.values())
+    if output is not None:
+        output.write_text(text)
+        print(output)
+    else:
+        print(text, end="")
