@@ -32,7 +32,8 @@ from typing import Any
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.dag import Node, Plan, check_column, compile_plan
 from builder.pipeline.executor import CallResult, execute
-from builder.pipeline.operators import ModelOp, fields_by_column, find_model_ops
+from builder.pipeline.model_discovery import find_model_ops
+from builder.pipeline.operators import ModelOp, fields_by_column
 from builder.pipeline.signature import (
     PipelineSignature,
     TensorSpec,

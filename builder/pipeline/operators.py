@@ -32,8 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,6 +50,7 @@ from builder.pipeline.batch_axis import (
     run_module,
 )
 from builder.pipeline.module_outputs import choose_outputs, pick, selecting_module
+from builder.pipeline.op_config import validate_op_config
 from builder.pipeline.padding import (
     batch_key,
     check_pad_values,
@@ -58,20 +58,6 @@ from builder.pipeline.padding import (
     length_chunks,
     pad_rows,
 )
-from builder.pipeline.user_code import is_installed
-
-OP_CONFIG_KEYS = ("device", "device_ids", "dynamic_batching", "format_priority",
-                  "instance_count", "latency_budget_ms", "max_batch_size", "max_queue_size")
-"""What ``op_config`` may set for a model operator's Triton model (see
-:mod:`builder.repository.model_config`).
-
-Tuples, not sets: this module is pickled by value into ``pipe.pickle``, and a set of strings is
-pickled in an order that changes from one process to the next (string hashes are salted), which
-would make the bytes — and the image — differ for an unchanged pipeline."""
-
-DYNAMIC_BATCHING_KEYS = ("max_queue_delay_microseconds", "preferred_batch_size")
-DEVICES = ("cpu", "gpu")
-"""``op_config["device"]``: where the model's instances run (default: the target's GPUs, if any)."""
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -169,10 +155,26 @@ class ModelOp:
             raise PipelineError(f"model operator {self.name!r}: example_inputs are empty")
         self.adds_batch_axis = pre is None
         """Whether the builder adds the batch axis around the module (no ``pre``)."""
+        self.pre = pre
+        self.post = post
+        self.op_config = validate_op_config(op_config or {}, self.name)
+        self._describe(input_names, output_names, dynamic_axes, pad_values)
+        check_module(self.name, self.module, self.example_inputs, self.input_names,
+                     self.adds_batch_axis, self.output_paths, self.output_names)
+        self.served: BlsTarget | None = None
+        self._runner: ModelRunner | None = None
+
+    def _describe(self, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
+                  dynamic_axes: Mapping[str, Sequence[int]] | None,
+                  pad_values: Mapping[str, Any] | None) -> None:
+        """Run the module once on its examples, and say what the served model is: its inputs'
+        and outputs' names, which of their axes vary, what a padded batch fills each input
+        with, and each input's dtype and dims as the model's config declares them."""
         check_examples(self.name, self.example_inputs, self.adds_batch_axis)
         self.module_examples = module_examples(self.example_inputs, self.adds_batch_axis)
         """The examples as the module takes them, batch axis first."""
-        self.input_names = tuple(input_names or _forward_names(module, len(self.example_inputs)))
+        self.input_names = tuple(input_names or _forward_names(self.module,
+                                                               len(self.example_inputs)))
         if len(self.input_names) != len(self.example_inputs):
             raise PipelineError(
                 f"model operator {self.name!r}: {len(self.input_names)} input names for "
@@ -200,13 +202,6 @@ class ModelOp:
             for n, e in zip(self.input_names, self.module_examples, strict=True)
         )
         """Each input's dims as the served model declares them: without the batch axis."""
-        self.pre = pre
-        self.post = post
-        self.op_config = validate_op_config(op_config or {}, self.name)
-        check_module(self.name, self.module, self.example_inputs, self.input_names,
-                     self.adds_batch_axis, self.output_paths, self.output_names)
-        self.served: BlsTarget | None = None
-        self._runner: ModelRunner | None = None
 
     def __repr__(self) -> str:
         return f"ModelOp({self.name!r})"
@@ -400,128 +395,6 @@ class LocalRunner:
         return results
 
 
-class Vectorized:
-    """A function written for a batch, as an operator: see :func:`vectorized`."""
-
-    def __init__(self, function: Callable[..., Any], batch: bool = True) -> None:
-        if not callable(function):
-            raise PipelineError(f"vectorized needs a function, got {type(function).__name__}")
-        self.function = function
-        self.batch = batch
-        """``False``: one call per row, for a function whose rows depend on each other."""
-        self.__qualname__ = operator_name(function)  # how errors and labels name it
-        self.__doc__ = getattr(function, "__doc__", None)
-
-    def __repr__(self) -> str:
-        return f"vectorized({self.__qualname__})"
-
-    def __call__(self, *args: Any) -> Any:
-        return self.call_batch([args])[0]
-
-    def call_batch(self, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """One call of the function per group of rows whose arguments agree in shape and dtype."""
-        results: list[Any] = [None] * len(rows)
-        groups = _stacked_groups(rows) if self.batch else [
-            ([index], [np.asarray(a)[None] for a in row]) for index, row in enumerate(rows)]
-        for members, arrays in groups:
-            outputs = self.function(*arrays)
-            several = isinstance(outputs, tuple)
-            columns = [np.asarray(o) for o in (outputs if several else (outputs,))]
-            for column in columns:
-                if column.ndim == 0 or column.shape[0] != len(members):
-                    raise PipelineError(
-                        f"vectorized operator {self.__qualname__!r} returned shape "
-                        f"{list(column.shape)} for a batch of {len(members)}: every output "
-                        "keeps the leading batch axis"
-                    )
-            for position, index in enumerate(members):
-                row = tuple(column[position] for column in columns)
-                results[index] = row if several else row[0]
-        return results
-
-
-def vectorized(function: Callable[..., Any] | None = None, *,
-               batch: bool = True) -> Any:
-    """Use ``function``, written for a batch, as a pipeline operator (a decorator:
-    ``@vectorized``, or ``@vectorized(batch=False)``).
-
-    ``function`` takes one NumPy array per input column, each with a leading batch axis, and
-    returns one array (or a tuple, one per output column) with the same leading axis. The
-    executor hands it every row of a dynamic batch at once, grouped by the shapes and dtypes of
-    the arguments (rows that differ go in separate calls); in process, one call is a batch of
-    one. Row ``i`` of the result must depend on row ``i`` of the arguments only: the build
-    checks it and refuses a function whose rows depend on each other
-    (:mod:`builder.pipeline.row_independence`); ``batch=False`` calls such a function on one
-    row at a time, served too.
-    """
-    if function is None:
-        return lambda wrapped: Vectorized(wrapped, batch)
-    return Vectorized(function, batch)
-
-
-def _stacked_groups(rows: Sequence[tuple[Any, ...]]) -> list[tuple[list[int], list[np.ndarray]]]:
-    """Rows whose arguments agree in shape and dtype, each argument stacked on a batch axis."""
-    if len(rows) == 1:  # a call in process: no grouping, nothing to copy
-        return [([0], [np.asarray(a)[None] for a in rows[0]])]
-    arrays = [[np.asarray(a) for a in row] for row in rows]
-    groups: dict[tuple, list[int]] = {}
-    for index, row in enumerate(arrays):
-        groups.setdefault(tuple([(a.shape, a.dtype) for a in row]), []).append(index)
-    return [(members, [np.stack([arrays[i][k] for i in members])
-                       for k in range(len(arrays[members[0]]))])
-            for members in groups.values()]
-
-
-# -- op_config -------------------------------------------------------------------------------
-def validate_op_config(config: Mapping[str, Any], owner: str) -> dict[str, Any]:
-    """Check ``op_config`` keys and value types; the error names the operator."""
-    config = dict(config)
-    unknown = set(config).difference(OP_CONFIG_KEYS)
-    if unknown:
-        raise PipelineError(
-            f"operator {owner!r}: unknown op_config keys {sorted(unknown)}; "
-            f"known: {sorted(OP_CONFIG_KEYS)}"
-        )
-
-    def fail(key: str, expected: str) -> None:
-        raise PipelineError(
-            f"operator {owner!r}: op_config[{key!r}] must be {expected}, got {config[key]!r}"
-        )
-
-    for key in ("instance_count", "max_batch_size", "max_queue_size"):
-        lowest = 0 if key == "max_batch_size" else 1  # 0: no batching, one row per model call
-        if key in config and (not isinstance(config[key], int) or isinstance(config[key], bool)
-                              or config[key] < lowest):
-            fail(key, "an int >= 0 (0: no batching, one row at a time)"
-                 if lowest == 0 else "a positive int")
-    if "latency_budget_ms" in config and (
-            not isinstance(config["latency_budget_ms"], (int, float))
-            or isinstance(config["latency_budget_ms"], bool) or config["latency_budget_ms"] <= 0):
-        fail("latency_budget_ms", "a positive number of milliseconds")
-    if "device_ids" in config and (
-        not isinstance(config["device_ids"], (list, tuple))
-        or not all(isinstance(d, int) and d >= 0 for d in config["device_ids"])
-    ):
-        fail("device_ids", "a list of GPU indices")
-    if "device" in config and config["device"] not in DEVICES:
-        fail("device", f"one of {list(DEVICES)}")
-    if config.get("device") == "cpu" and config.get("device_ids"):
-        raise PipelineError(
-            f"operator {owner!r}: op_config pins GPUs {list(config['device_ids'])} and asks for "
-            f"device 'cpu': drop one of them"
-        )
-    if "format_priority" in config:
-        if isinstance(config["format_priority"], str) or not config["format_priority"]:
-            fail("format_priority", "a non-empty list of formats")
-        config["format_priority"] = list(config["format_priority"])
-    if "dynamic_batching" in config:
-        batching = config["dynamic_batching"]
-        if not isinstance(batching, Mapping) or set(batching).difference(DYNAMIC_BATCHING_KEYS):
-            fail("dynamic_batching", f"a mapping with keys {sorted(DYNAMIC_BATCHING_KEYS)}")
-        config["dynamic_batching"] = dict(batching)
-    return config
-
-
 # -- naming and discovery --------------------------------------------------------------------
 def operator_name(op: Any) -> str:
     """A readable name for error messages: the model name, function or class name."""
@@ -535,89 +408,6 @@ def operator_name(op: Any) -> str:
     if isinstance(name, str):
         return "lambda" if name.endswith("<lambda>") else name
     return type(op).__name__
-
-
-def find_model_ops(roots: Sequence[Any], max_depth: int = 8) -> list[ModelOp]:
-    """Every :class:`ModelOp` reachable from ``roots``, in discovery order.
-
-    Why: a model operator may sit inside another operator (a decoder inside a greedy-decoding
-    loop); the build must export it and the served pipeline must bind it to BLS. We follow what
-    such code can reach: attributes, closures, ``functools.partial`` arguments, bound methods,
-    containers, and the globals a function of a user's module refers to.
-    """
-    found: dict[int, ModelOp] = {}
-    seen: set[int] = set()
-
-    def visit(obj: Any, depth: int) -> None:
-        if depth > max_depth or id(obj) in seen or _is_leaf(obj):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, ModelOp):
-            found.setdefault(id(obj), obj)
-            for part in (obj.pre, obj.post):
-                visit(part, depth + 1)
-            return
-        for child in _children(obj):
-            visit(child, depth + 1)
-
-    for root in roots:
-        visit(root, 0)
-    return list(found.values())
-
-
-def _children(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, dict):
-        yield from obj.values()
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        yield from obj
-    elif isinstance(obj, functools.partial):
-        yield obj.func
-        yield from obj.args
-        yield from obj.keywords.values()
-    elif isinstance(obj, types.MethodType):
-        yield obj.__func__
-        yield obj.__self__
-    elif isinstance(obj, types.FunctionType):
-        for cell in obj.__closure__ or ():
-            try:
-                yield cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-        yield from obj.__defaults__ or ()
-        if not is_installed(obj.__module__):
-            for name in _referenced_names(obj.__code__):
-                if name in obj.__globals__:
-                    yield obj.__globals__[name]
-    elif isinstance(obj, type):
-        if not is_installed(obj.__module__):  # a user class may hold model ops as attributes
-            yield from (v for k, v in vars(obj).items() if not k.startswith("__"))
-    else:
-        state = getattr(obj, "__dict__", None)
-        if isinstance(state, dict):
-            yield from state.values()
-        for slot in getattr(type(obj), "__slots__", ()):
-            if hasattr(obj, slot):
-                yield getattr(obj, slot)
-        yield type(obj)
-        for method in ("__call__", "call_batch"):  # their globals may hold model operators
-            function = getattr(type(obj), method, None)
-            if isinstance(function, types.FunctionType):
-                yield function
-
-
-def _referenced_names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _referenced_names(const)
-
-
-def _is_leaf(obj: Any) -> bool:
-    if isinstance(obj, (str, bytes, bytearray, int, float, complex, bool, type(None),
-                        np.ndarray, np.generic, types.ModuleType, types.BuiltinFunctionType)):
-        return True
-    module = type(obj).__module__ or ""
-    return module.split(".")[0] in ("torch", "numpy", "onnx", "onnxruntime")
 
 
 def _default_model_name(module: Any) -> str:

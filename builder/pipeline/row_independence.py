@@ -26,7 +26,8 @@ import numpy as np
 from builder.errors import RowDependenceError
 from builder.pipeline.executor import execute
 from builder.pipeline.module_outputs import pick
-from builder.pipeline.operators import ModelFields, ModelOp, Vectorized
+from builder.pipeline.operators import ModelFields, ModelOp
+from builder.pipeline.vectorized import Vectorized
 
 ROWS = 4
 """Distinct rows in the batch each operator is checked on."""

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from builder.errors import BuildError, PipelineError
 from builder.pipeline.dsl import PipeBuilder, Pipeline
-from builder.pipeline.operators import BlsTarget, ModelOp, validate_op_config
+from builder.pipeline.op_config import validate_op_config
+from builder.pipeline.operators import BlsTarget, ModelOp
 from builder.pipeline.row_independence import check_row_independence
 from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_serializable, dumps
 from builder.pipeline.serialization import versions_record as _versions_record

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from builder import ModelOp, PipelineError, SerializationError, pipe
-from builder.pipeline.operators import BlsTarget, find_model_ops
+from builder.pipeline.model_discovery import find_model_ops
+from builder.pipeline.operators import BlsTarget
 from builder.pipeline.serialization import check_serializable, dumps, round_trip, versions_record
 from builder.pipeline.user_code import distributions_of
 from builder.runtime.pipeline_model import PipelineLoadError, check_versions

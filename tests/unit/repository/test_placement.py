@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builder import build_pipeline_model
 from builder.base.releases import resolve
 from builder.errors import BuildError, PipelineError
-from builder.pipeline.operators import validate_op_config
+from builder.pipeline.op_config import validate_op_config
 from builder.repository.model_config import read_config
 from tests.support.example_inputs import EXAMPLES
 
