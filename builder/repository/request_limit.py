@@ -22,7 +22,7 @@ from typing import Any
 
 from builder.errors import BuildError
 from builder.pipeline.signature import PipelineSignature
-from builder.runtime.pipeline_model import MAX_REQUEST_PARAMETER, tensor_bytes
+from builder.runtime.request_size import MAX_REQUEST_PARAMETER, tensor_bytes
 
 MIB = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 16 * MIB

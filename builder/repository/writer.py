@@ -56,9 +56,11 @@ if TYPE_CHECKING:
     from builder.base.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
-DRAIN_RUNTIME = PIPELINE_RUNTIME.with_name("drain.py")
-"""Beside the pipeline's ``model.py`` as ``triton_builder_drain.py``, which it imports: how it
-takes part in a replica's orderly stop (:mod:`builder.runtime.drain`)."""
+RUNTIME_COMPANIONS = ("drain.py", "model_calls.py", "operator_metrics.py", "request_size.py")
+"""The modules of :mod:`builder.runtime` the pipeline's ``model.py`` imports, copied beside it as
+``triton_builder_<name>``: how it takes part in a replica's orderly stop (``drain``), calls its
+model operators (``model_calls``), reports each operator (``operator_metrics``) and bounds a
+request (``request_size``)."""
 IN_PROCESS_PARAMETER = "in_process_models"
 """Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
 ONNX_FILE = "model.onnx"
@@ -327,7 +329,9 @@ def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSi
         json.dumps(_versions_record(referenced), indent=2, sort_keys=True) + "\n"
     )
     shutil.copyfile(PIPELINE_RUNTIME, version / "model.py")
-    shutil.copyfile(DRAIN_RUNTIME, version / "triton_builder_drain.py")
+    for companion in RUNTIME_COMPANIONS:
+        shutil.copyfile(PIPELINE_RUNTIME.with_name(companion),
+                        version / f"triton_builder_{companion}")
     write_config(build_config(spec), directory)
 
 

@@ -25,9 +25,7 @@ import os
 import pickle
 import platform
 import sys
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -41,8 +39,13 @@ except ImportError:  # imported outside Triton: unit tests pass a stand-in to Tr
     pb_utils = None
 try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
     from . import triton_builder_drain as drain
-except ImportError:  # in the builder's package: builder.runtime.drain
-    from . import drain
+    from . import triton_builder_model_calls as model_calls
+    from . import triton_builder_operator_metrics as operator_metrics
+    from . import triton_builder_request_size as request_size
+except ImportError:  # in the builder's package: builder.runtime.drain & co
+    from . import drain, model_calls, operator_metrics, request_size
+
+BlsError = model_calls.BlsError
 
 PIPELINE_FILE = "pipe.pickle"
 VERSIONS_FILE = "pipe.versions.json"
@@ -50,16 +53,6 @@ VERSIONS_FILE = "pipe.versions.json"
 
 class PipelineLoadError(RuntimeError):
     """``pipe.pickle`` cannot be loaded here (Python or library mismatch, missing package)."""
-
-
-class BlsError(RuntimeError):
-    """A model operator's BLS request failed; ``unavailable`` where the model could not take it
-    now (its queue full, or its latency budget spent: Triton's ``UNAVAILABLE``), which the
-    pipeline's own answer then says too, so that the client may send it again."""
-
-    def __init__(self, message: str, *, unavailable: bool = False) -> None:
-        super().__init__(message)
-        self.unavailable = unavailable
 
 
 STOPPING = "the server is stopping: send the request again (to another replica)"
@@ -193,302 +186,6 @@ class TritonApi:
             print(message, file=sys.stderr)
 
 
-# -- model operators: BLS, or ONNX Runtime in this process ---------------------------------
-IN_PROCESS_PARAMETER = "in_process_models"
-"""The pipeline model's config parameter naming the model operators it runs itself: a JSON
-object, model name → its ONNX file relative to the model repository."""
-
-
-class ModelCalls:
-    """One model call for a batch of rows: in this process where a session is open, else BLS.
-
-    Why in process: on the CPU base the ``onnxruntime`` backend is itself a python backend, so a
-    BLS call is a second stub process and two shared-memory round trips, which cost more CPU
-    than these models' compute. The models stay in the repository for clients to call.
-    """
-
-    def __init__(self, api: TritonApi, sessions: dict[str, Any] | None = None) -> None:
-        self.api = api
-        self.sessions = {} if sessions is None else sessions
-
-    def __call__(self, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        session = self.sessions.get(target.model_name)
-        if session is None:
-            return bls_call(self.api, target, inputs)
-        try:
-            return session.run(list(target.output_names), inputs)
-        except Exception as error:  # noqa: BLE001 - reported like a failed BLS request
-            raise BlsError(f"model {target.model_name!r} (in process): {error}") from None
-
-
-def bls_call(api: TritonApi, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """One BLS request to ``target``'s model, in the shapes its config declares: a tensor with
-    only the batch axis (``target.reshaped``) travels as ``[batch, 1]`` (Triton reshapes it
-    to ``[batch]`` for the model, and its outputs back)."""
-    reshaped = target.reshaped
-    if not reshaped:
-        return api.infer(target.model_name, inputs, target.output_names)
-    sent = {name: array.reshape(len(array), 1) if name in reshaped else array
-            for name, array in inputs.items()}
-    outputs = api.infer(target.model_name, sent, target.output_names)
-    return [output.reshape(len(output)) if name in reshaped else output
-            for name, output in zip(target.output_names, outputs)]
-
-
-HEAVY_RUN_S = 0.01
-"""A model whose example runs longer than this (on the half of the cores a session gets first)
-is compute-bound: its session is opened again with every core of its instance. Measured on
-BERT-base, 2 CPUs: one thread 20 rows/s, two 32; the small models of the examples run in well
-under a millisecond and stay on one thread, which costs them less CPU per row."""
-
-
-def open_sessions(repository: Path, parameter: str | None, instances: int, api: TritonApi,
-                  examples: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-    """ONNX Runtime sessions for the models ``parameter`` names; ``{}`` without onnxruntime.
-
-    Each session with an example runs it once before the model is ready: ONNX Runtime plans
-    and allocates on a session's first run, which made the first request after ready several
-    times slower than the next ones; and how long that run took says whether the model is
-    heavy enough for every core (:data:`HEAVY_RUN_S`).
-    """
-    models = json.loads(parameter) if parameter else {}
-    if not models:
-        return {}
-    try:
-        import onnxruntime as ort
-    except ImportError as error:
-        api.log_warning(f"model operators {sorted(models)} go through BLS: onnxruntime cannot "
-                        f"be imported in the pipeline model's environment ({error})")
-        return {}
-    sessions = {}
-    for name, path in models.items():
-        session = _session(ort, repository / path, instances, wide=False)
-        feeds = (examples or {}).get(name)
-        if feeds is not None and _warm(session, feeds, api, name) > HEAVY_RUN_S and (
-                _threads(instances, wide=True) > _threads(instances, wide=False)):
-            session = _session(ort, repository / path, instances, wide=True)
-            _warm(session, feeds, api, name)
-        sessions[name] = session
-    return sessions
-
-
-def _session(ort: Any, path: Path, instances: int, wide: bool) -> Any:
-    return ort.InferenceSession(str(path), sess_options=cpu_session_options(ort, instances, wide),
-                                providers=["CPUExecutionProvider"])
-
-
-def _warm(session: Any, feeds: dict[str, np.ndarray], api: TritonApi, name: str) -> float:
-    """One run on the example: its seconds (0 where it failed, which is only logged: requests
-    would fail the same way, with their own error)."""
-    started = time.perf_counter()
-    try:
-        session.run(None, feeds)
-    except Exception as error:  # noqa: BLE001 - see above
-        api.log_warning(f"model operator {name!r}: warm-up run failed: {error}")
-        return 0.0
-    return time.perf_counter() - started
-
-
-def _threads(instances: int, wide: bool) -> int:
-    return max(1, (os.cpu_count() or 1) // ((1 if wide else 2) * max(1, instances)))
-
-
-def cpu_session_options(ort: Any, instances: int, wide: bool = False) -> Any:
-    """No spinning threads, and half the cores per instance for each model run (``wide``: all
-    of them, for a heavy model, :data:`HEAVY_RUN_S`).
-
-    Measured on 2 cores: spinning intra-op threads burn the CPU that the server, the stubs and
-    a local client need, and one thread per run costs less CPU per row than two on these
-    small models. The other half of the cores is left to Triton's own processes.
-    """
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = _threads(instances, wide)
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return options
-
-
-class BatchingRunner:
-    """Runs model operators, one model call for the rows whose non-batch shapes agree."""
-
-    def __init__(self, call: Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]) -> None:
-        self.call = call
-
-    def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
-        target = op.served
-        if target.max_batch_size == 0:  # a model that must see one row at a time
-            return [tuple(self.call(target, dict(zip(target.input_names, row)))) for row in rows]
-        if getattr(op, "pad_values", None) and len(rows) > 1:
-            return self._padded(op, rows)
-        if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
-            (row,) = rows
-            _check_row_size(row[0].shape[0], target.max_batch_size, op.name)
-            return [tuple(self.call(target, dict(zip(target.input_names, row))))]
-        results: list[Any] = [None] * len(rows)
-        groups: dict[tuple, list[int]] = {}
-        for index, row in enumerate(rows):
-            key = tuple([(a.shape[1:], a.dtype) for a in row])
-            groups.setdefault(key, []).append(index)
-        for members in groups.values():
-            sizes = [rows[i][0].shape[0] for i in members]
-            for chunk in _chunks(members, sizes, target.max_batch_size, op.name):
-                merged = {
-                    name: rows[chunk[0]][k] if len(chunk) == 1 else
-                    np.concatenate([rows[i][k] for i in chunk])
-                    for k, name in enumerate(target.input_names)
-                }
-                outputs = self.call(target, merged)
-                for index, row_outputs in zip(chunk, _split_rows(outputs, rows, chunk)):
-                    results[index] = row_outputs
-        return results
-
-
-    def _padded(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
-        """Rows whose fixed axes agree in one call, padded to the longest along the varying
-        ones, and each row's outputs cut back to its own lengths (the operator pads: its code
-        travels in ``pipe.pickle``)."""
-        target = op.served
-        results: list[Any] = [None] * len(rows)
-        groups: dict[tuple, list[int]] = {}
-        for index, row in enumerate(rows):
-            groups.setdefault(op.pad_key(row), []).append(index)
-        for members in groups.values():
-            for index in members:
-                _check_row_size(rows[index][0].shape[0], target.max_batch_size, op.name)
-            grouped = [rows[i] for i in members]
-            for positions in op.pad_chunks(grouped, target.max_batch_size):
-                chunk = [members[p] for p in positions]
-                merged, lengths = op.pad([rows[i] for i in chunk])
-                answered = self.call(target, dict(zip(target.input_names, merged)))
-                cut = op.cut(answered, [rows[i][0].shape[0] for i in chunk], lengths)
-                for index, row_outputs in zip(chunk, cut):
-                    results[index] = row_outputs
-        return results
-
-
-def _split_rows(outputs: Sequence[np.ndarray], rows: Sequence[tuple],
-                chunk: list[int]) -> list[tuple]:
-    """The outputs of one model call, back into one tuple of arrays per row."""
-    if all(rows[i][0].shape[0] == 1 for i in chunk):  # the usual case: slicing beats np.split
-        return [tuple(output[p:p + 1] for output in outputs) for p in range(len(chunk))]
-    bounds = np.cumsum([rows[i][0].shape[0] for i in chunk])[:-1]
-    parts = [np.split(output, bounds) for output in outputs]
-    return [tuple(part[p] for part in parts) for p in range(len(chunk))]
-
-
-def _chunks(members: list[int], sizes: list[int], limit: int, name: str) -> list[list[int]]:
-    """Consecutive rows whose batch sizes add up to at most the model's ``max_batch_size``."""
-    chunks: list[list[int]] = []
-    total = 0
-    for index, size in zip(members, sizes):
-        _check_row_size(size, limit, name)
-        if not chunks or total + size > limit:
-            chunks.append([])
-            total = 0
-        chunks[-1].append(index)
-        total += size
-    return chunks
-
-
-def _check_row_size(size: int, limit: int, name: str) -> None:
-    if size > limit:
-        raise BlsError(
-            f"model operator {name!r}: one row has batch size {size}, more than the "
-            f"model's max_batch_size {limit}"
-        )
-
-
-# -- per-operator metrics --------------------------------------------------------------------
-class OperatorMetrics:
-    """How long each operator of the served pipeline ran, and on how many rows: Triton metrics.
-
-    Counters on the server's metrics endpoint, labelled ``model``, ``version`` and
-    ``operator`` (as errors name it): ``triton_builder_operator_duration_us``, the wall time in
-    the operator (its model calls included), and ``triton_builder_operator_rows``. Triton's own
-    metrics end at the pipeline model's execution; these say which operator its time goes to,
-    and, over rows, what one row costs where batching amortises it and where it does not.
-    ``triton_builder_operator_rejected`` counts the calls an operator refused as bad input
-    (answered ``INVALID_ARGUMENT``), ``triton_builder_operator_failures`` those it failed
-    (``INTERNAL``): an alert on failures is not woken by clients sending bad input.
-
-    Every increment of a custom metric is a message from the stub to the server, so ``times``
-    accumulates here (under ``lock``, held by ``execute``) and a thread of its own sends it
-    every ``interval`` seconds, whether requests come or not, and once more when the model
-    unloads. Releases before 23.05 have no custom metrics: :meth:`create` then returns ``None``.
-    """
-
-    DURATION = "triton_builder_operator_duration_us"
-    ROWS = "triton_builder_operator_rows"
-    REJECTED = "triton_builder_operator_rejected"
-    FAILURES = "triton_builder_operator_failures"
-
-    def __init__(self, api: TritonApi, labels: dict[str, str], operators: Sequence[str],
-                 interval: float = 1.0) -> None:
-        pb = api.pb
-        counter = pb.MetricFamily.COUNTER
-        self._families = (
-            pb.MetricFamily(name=self.DURATION, kind=counter,
-                            description="Wall time in each operator of a served pipeline"),
-            pb.MetricFamily(name=self.ROWS, kind=counter,
-                            description="Rows each operator of a served pipeline ran on"),
-            pb.MetricFamily(name=self.REJECTED, kind=counter,
-                            description="Calls an operator refused as bad input"),
-            pb.MetricFamily(name=self.FAILURES, kind=counter,
-                            description="Calls an operator failed (not bad input)"))
-        self._metrics = [tuple(family.Metric(labels={**labels, "operator": operator})
-                               for family in self._families) for operator in operators]
-        self.times: list[list[float]] = [[0.0, 0, 0, 0] for _ in operators]
-        """``[seconds, rows, rejected, failed]`` per operator, not yet sent (the executor adds
-        to it)."""
-        self.lock = threading.Lock()
-        self.api, self.interval = api, interval
-        self._stopped = threading.Event()
-        self._sender = threading.Thread(target=self._send_every_interval, daemon=True,
-                                        name="triton-builder-operator-metrics")
-        self._sender.start()
-
-    @classmethod
-    def create(cls, api: TritonApi, model: str, version: str,
-               operators: Sequence[str]) -> OperatorMetrics | None:
-        if not api.features.custom_metrics:
-            return None
-        try:
-            return cls(api, {"model": model, "version": version}, operators)
-        except Exception as error:  # noqa: BLE001 - e.g. the server runs without metrics
-            api.log_warning(f"no per-operator metrics: {error}")
-            return None
-
-    def send(self) -> None:
-        """Add what was measured since the last send to the server's counters."""
-        with self.lock:
-            pending = [(metrics, (spent[0] * 1e6, *spent[1:]))
-                       for metrics, spent in zip(self._metrics, self.times) if spent[1]]
-            for spent in self.times:
-                spent[:] = [0.0, 0, 0, 0]
-        for metrics, amounts in pending:
-            for metric, amount in zip(metrics, amounts):
-                if amount:
-                    metric.increment(amount)
-
-    def close(self) -> None:
-        """Stop the thread, send what is left, then release the metrics before their families
-        (as Triton asks)."""
-        self._stopped.set()
-        self._sender.join()
-        self.send()
-        self._metrics.clear()
-        self._families = ()
-
-    def _send_every_interval(self) -> None:
-        while not self._stopped.wait(self.interval):
-            try:
-                self.send()
-            except Exception as error:  # noqa: BLE001 - the thread stops, serving goes on
-                self.api.log_warning(f"per-operator metrics stopped: {error}")
-                return
-
-
 # -- loading the pipeline --------------------------------------------------------------------
 def check_versions(record: dict[str, Any]) -> list[str]:
     """Compare the versions ``pipe.pickle`` was written with to this Python; return warnings.
@@ -547,69 +244,6 @@ def load_pipeline(directory: Path) -> tuple[Any, list[str]]:
     return pipeline, warnings
 
 
-# -- the size of a request -------------------------------------------------------------------
-MAX_REQUEST_PARAMETER = "max_request_bytes"
-"""The pipeline model's config parameter: the largest request it serves, in bytes (written by
-:mod:`builder.repository.request_limit`)."""
-MAX_REQUEST_ENV = "TRITON_BUILDER_MAX_REQUEST_BYTES"
-"""Sets the limit at run (``docker run -e``), over the config's."""
-
-
-class RequestTooLargeError(ValueError):
-    """A request's inputs are more bytes than the pipeline serves: the client's mistake."""
-
-
-def tensor_bytes(array: np.ndarray) -> int:
-    """The bytes of a tensor as it travels: its data, and for BYTES each element's 4-byte
-    length prefix."""
-    if array.dtype != object:
-        return array.nbytes
-    return sum(len(v) if isinstance(v, (bytes, bytearray)) else len(str(v).encode())
-               for v in array.flat) + 4 * array.size
-
-
-def request_limit(parameters: dict[str, Any], environ: dict[str, str],
-                  api: TritonApi) -> int | None:
-    """The limit: :data:`MAX_REQUEST_ENV` where set to a positive integer, else the config's
-    parameter, else none (a repository written before limits existed)."""
-    configured = parameters.get(MAX_REQUEST_PARAMETER, {}).get("string_value")
-    for source, value in ((MAX_REQUEST_ENV, environ.get(MAX_REQUEST_ENV)),
-                          (MAX_REQUEST_PARAMETER, configured)):
-        if value in (None, ""):
-            continue
-        if str(value).isdigit() and int(value) > 0:
-            return int(value)
-        api.log_warning(f"{source}={value!r} is not a positive number of bytes: ignored")
-    return None
-
-
-def check_shared_memory(limit: int | None, api: TritonApi, path: str = "/dev/shm") -> None:
-    """Warn where ``path`` is too small for requests at the limit: the python backend copies
-    them there first, and fails them as server faults when it cannot."""
-    if limit is None:
-        return
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return
-    total = stat.f_frsize * stat.f_blocks
-    if total < 2 * limit:
-        api.log_warning(
-            f"{path} holds {total / 2**20:.0f} MiB, too little for requests near the "
-            f"{limit / 2**20:.3g} MiB limit: those fail in the python backend (INTERNAL, "
-            f"'Failed to increase the shared memory pool size'). Give the container "
-            f"--shm-size={-(-4 * limit // 2**20)}m, or lower {MAX_REQUEST_ENV}")
-
-
-def _check_size(arrays: dict[str, np.ndarray], limit: int) -> None:
-    size = sum(tensor_bytes(array) for array in arrays.values())
-    if size > limit:
-        raise RequestTooLargeError(
-            f"the request's inputs are {size} bytes, over this pipeline's limit of {limit} "
-            f"bytes ({limit / 2**20:.3g} MiB; max_request_bytes at build, {MAX_REQUEST_ENV} at "
-            f"run)")
-
-
 # -- requests <-> calls ----------------------------------------------------------------------
 def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any],
                    limit: int | None = None) -> list[tuple]:
@@ -622,7 +256,7 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any],
             raise ValueError(f"input {name!r} is missing")
         arrays[name] = array
     if limit is not None:
-        _check_size(arrays, limit)
+        request_size.check_size(arrays, limit)
     columns = []
     size = None
     for (name, spec), array in zip(inputs.items(), arrays.values()):
@@ -709,24 +343,24 @@ class TritonPythonModel:
                 f"{sorted(signature.outputs)}: rebuild the model repository"
             )
         parameters = config.get("parameters", {})
-        parameter = parameters.get(IN_PROCESS_PARAMETER, {}).get("string_value")
+        parameter = parameters.get(model_calls.IN_PROCESS_PARAMETER, {}).get("string_value")
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
         examples = {op.name: dict(zip(op.served.input_names, op.warmup_inputs))
                     for op in self.pipeline.model_ops()
                     if op.served is not None and getattr(op, "warmup_inputs", None)}
-        self.sessions = open_sessions(directory.parent.parent, parameter, instances, self.api,
-                                      examples)
-        runner = BatchingRunner(ModelCalls(self.api, self.sessions))
+        self.sessions = model_calls.open_sessions(directory.parent.parent, parameter, instances,
+                                                  self.api, examples)
+        runner = model_calls.BatchingRunner(model_calls.ModelCalls(self.api, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")
             op.bind(runner)
-        self.metrics = OperatorMetrics.create(
+        self.metrics = operator_metrics.OperatorMetrics.create(
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])
         self.in_flight = drain.InFlight() if drain.supervised() else None
-        self.limit = request_limit(parameters, dict(os.environ), self.api)
-        check_shared_memory(self.limit, self.api)
+        self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
+        request_size.check_shared_memory(self.limit, self.api)
 
     def execute(self, requests: list) -> list:
         """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from builder import InputError, build_docker_image, pipe, rejects, requires
 from builder.client.errors import RemoteInputError
 from builder.client.pipeline import Client
-from builder.runtime.pipeline_model import MAX_REQUEST_ENV
+from builder.runtime.request_size import MAX_REQUEST_ENV
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from pipelines.image_classification import example_image

@@ -243,7 +243,7 @@ def test_the_served_pipeline_reports_each_operators_time_and_rows(repositories):
     """Triton's metrics endpoint: one rows and one duration counter per operator."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from builder.runtime.pipeline_model import OperatorMetrics
+    from builder.runtime.operator_metrics import OperatorMetrics
 
     pipeline, inputs = EXAMPLES["text_embedding"]
     signature = pipeline.signature()

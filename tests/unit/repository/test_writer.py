@@ -59,13 +59,15 @@ def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(re
         "affine", "affine/1", "affine/1/model.onnx", "affine/config.pbtxt",
         "pipeline", "pipeline/1", "pipeline/1/model.py", "pipeline/1/pipe.pickle",
         "pipeline/1/pipe.versions.json", "pipeline/1/triton_builder_drain.py",
-        "pipeline/config.pbtxt",
+        "pipeline/1/triton_builder_model_calls.py", "pipeline/1/triton_builder_operator_metrics.py",
+        "pipeline/1/triton_builder_request_size.py", "pipeline/config.pbtxt",
     ]
     runtime = REPO_ROOT / "builder" / "runtime"
     assert (root / "pipeline" / "1" / "model.py").read_bytes() == (
         runtime / "pipeline_model.py").read_bytes()
-    assert (root / "pipeline" / "1" / "triton_builder_drain.py").read_bytes() == (
-        runtime / "drain.py").read_bytes()
+    for companion in ("drain", "model_calls", "operator_metrics", "request_size"):
+        assert (root / "pipeline" / "1" / f"triton_builder_{companion}.py").read_bytes() == (
+            runtime / f"{companion}.py").read_bytes()
     assert result.pipeline_model == "pipeline"
     assert [(m.name, m.format) for m in result.models] == [("affine", "onnx")]
 

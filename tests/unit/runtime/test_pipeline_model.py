@@ -19,8 +19,9 @@ from google.protobuf import json_format
 
 from builder import InputError, build_pipeline_model, pipe, rejects
 from builder.repository.model_config import read_config
-from builder.runtime import pipeline_model, torch_model
-from builder.runtime.pipeline_model import OperatorMetrics, PipelineLoadError
+from builder.runtime import model_calls, pipeline_model, request_size, torch_model
+from builder.runtime.operator_metrics import OperatorMetrics
+from builder.runtime.pipeline_model import PipelineLoadError
 from tests.support import pb_utils_standin as pb
 from tests.support.tiny_models import affine_op
 
@@ -267,10 +268,10 @@ def test_a_row_larger_than_the_models_max_batch_size_is_refused_alone_or_among_o
     _, model = served
     (op,) = model.pipeline.model_ops()  # served: max_batch_size 3
     calls = []
-    runner = pipeline_model.BatchingRunner(lambda target, inputs: calls.append(inputs))
+    runner = model_calls.BatchingRunner(lambda target, inputs: calls.append(inputs))
     big, small = np.zeros((4, 4), np.float32), np.zeros((1, 4), np.float32)
     for rows in ([(big,)], [(small,), (big,)]):
-        with pytest.raises(pipeline_model.BlsError, match=r"batch size 4, more than the "
+        with pytest.raises(model_calls.BlsError, match=r"batch size 4, more than the "
                                                            r"model's max_batch_size 3"):
             runner.infer(op, rows)
     assert calls == []
@@ -402,7 +403,7 @@ def test_gpu_outputs_without_torch_in_the_environment_are_a_clear_error(monkeypa
 
     api = pipeline_model.TritonApi(pb)
     monkeypatch.setitem(sys.modules, "torch.utils.dlpack", None)
-    with pytest.raises(pipeline_model.BlsError, match="GPU memory and torch.*not installed"):
+    with pytest.raises(model_calls.BlsError, match="GPU memory and torch.*not installed"):
         api.to_numpy(pb.Tensor("y", np.ones(2), on_gpu=True))
 
 
@@ -526,7 +527,7 @@ def test_each_in_process_session_runs_once_on_the_example_before_the_first_reque
         built_in_process, initialized, monkeypatch):
     """The first request after ready paid for ONNX Runtime's first run."""
     _, root = built_in_process
-    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(model_calls.os, "cpu_count", lambda: 2)
     opened = _counted_sessions(monkeypatch)
     initialized(root / "pipeline")
     assert [(s.runs, s.threads) for s in opened] == [([1], 1)]  # the example: one row
@@ -535,8 +536,8 @@ def test_each_in_process_session_runs_once_on_the_example_before_the_first_reque
 def test_a_heavy_model_gets_every_core_of_its_instance(built_in_process, initialized,
                                                        monkeypatch):
     _, root = built_in_process
-    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(pipeline_model, "HEAVY_RUN_S", 0.0)  # as if its example took long
+    monkeypatch.setattr(model_calls.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(model_calls, "HEAVY_RUN_S", 0.0)  # as if its example took long
     opened = _counted_sessions(monkeypatch)
     model = initialized(root / "pipeline")
     assert [(s.runs, s.threads) for s in opened] == [([1], 1), ([1], 2)]
@@ -560,8 +561,8 @@ def test_without_onnxruntime_in_its_environment_the_pipeline_model_falls_back_to
 
 
 def test_in_process_sessions_do_not_spin(monkeypatch):
-    monkeypatch.setattr(pipeline_model.os, "cpu_count", lambda: 16)
-    options = pipeline_model.cpu_session_options(ort, instances=2)
+    monkeypatch.setattr(model_calls.os, "cpu_count", lambda: 16)
+    options = model_calls.cpu_session_options(ort, instances=2)
     assert options.intra_op_num_threads == 4 and options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
@@ -596,7 +597,7 @@ def checked_repository(tmp_path_factory):
 
 @pytest.fixture
 def checked(checked_repository, initialized, monkeypatch):
-    monkeypatch.delenv(pipeline_model.MAX_REQUEST_ENV, raising=False)
+    monkeypatch.delenv(request_size.MAX_REQUEST_ENV, raising=False)
     pipeline, root = checked_repository
     return pipeline, initialized(root / "pipeline")
 
@@ -669,14 +670,14 @@ def test_a_request_over_the_limit_is_refused_before_it_is_decoded(checked, gener
 def test_the_limit_is_set_at_run_by_the_environment(checked_repository, initialized,
                                                      monkeypatch):
     _, root = checked_repository
-    monkeypatch.setenv(pipeline_model.MAX_REQUEST_ENV, "1000")
+    monkeypatch.setenv(request_size.MAX_REQUEST_ENV, "1000")
     model = initialized(root / "pipeline")
     assert _outputs(model.execute([_data(b"a" * 500)])[0])["n"].tolist() == [[500]]
-    monkeypatch.setenv(pipeline_model.MAX_REQUEST_ENV, "lots")  # ignored, said in the log
+    monkeypatch.setenv(request_size.MAX_REQUEST_ENV, "lots")  # ignored, said in the log
     model = initialized(root / "pipeline")
     assert model.limit == LIMIT
 
 
 def test_tensor_bytes_count_as_the_wire_does():
-    assert pipeline_model.tensor_bytes(np.zeros((2, 3), np.float32)) == 24
-    assert pipeline_model.tensor_bytes(np.array([[b"abc"], ["é"]], dtype=object)) == 3 + 2 + 8
+    assert request_size.tensor_bytes(np.zeros((2, 3), np.float32)) == 24
+    assert request_size.tensor_bytes(np.array([[b"abc"], ["é"]], dtype=object)) == 3 + 2 + 8
