@@ -11,7 +11,8 @@ The build context the templates expect (written by :mod:`builder.image.context`)
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
     weights/<model>/...           model weights, merged into the model repository
     runtime/health.py             the health check (builder/runtime/health.py)
-    runtime/supervisor.py         the first process, heals dead stubs (runtime/supervisor.py)
+    runtime/supervisor.py         the first process, heals dead stubs (its package's __main__)
+    runtime/supervisor/           its package (builder/runtime/supervisor/)
     sbom.cdx.json                 the bill of materials (builder/image/sbom.py)
     models/<model>/...            configs and code, merged into the model repository last
 """
@@ -39,8 +40,12 @@ RUNTIME_DIR = "/opt/triton-builder"
 HEALTH_SCRIPT = f"{RUNTIME_DIR}/health.py"
 SUPERVISOR_SCRIPT = f"{RUNTIME_DIR}/supervisor.py"
 RUNTIME_SOURCES = Path(__file__).parents[1] / "runtime"
-RUNTIME_SCRIPTS = ("drain.py", "health.py", "supervisor.py")
-"""The modules of :mod:`builder.runtime` the container itself runs (standard library only)."""
+RUNTIME_SCRIPTS = ("drain.py", "health.py")
+"""The modules of :mod:`builder.runtime` the container itself runs (standard library only),
+beside the supervisor's package (:data:`SUPERVISOR_PACKAGE`)."""
+SUPERVISOR_PACKAGE = "supervisor"
+"""The package of :mod:`builder.runtime.supervisor`, copied whole; its ``__main__`` is
+:data:`SUPERVISOR_SCRIPT`, which imports it (a directory wins over a module of its name)."""
 RUNTIME_SCRIPTS_CONTEXT = "runtime"
 """The context directory copied to ``/`` that holds :data:`RUNTIME_SCRIPTS` at
 :data:`RUNTIME_DIR` under it."""
@@ -190,8 +195,15 @@ def healthcheck_command(http_port: int = HTTP_PORT, *, live: bool = False) -> li
 
 
 def runtime_scripts() -> dict[str, str]:
-    """The health check and the supervisor that every serving image carries: name → text."""
-    return {name: (RUNTIME_SOURCES / name).read_text() for name in RUNTIME_SCRIPTS}
+    """The health check and the supervisor that every serving image carries: its path under
+    :data:`RUNTIME_DIR` → text. The supervisor is its package's modules, and its
+    ``__main__`` as ``supervisor.py``."""
+    scripts = {name: (RUNTIME_SOURCES / name).read_text() for name in RUNTIME_SCRIPTS}
+    package = RUNTIME_SOURCES / SUPERVISOR_PACKAGE
+    for module in sorted(package.glob("*.py")):
+        scripts[f"{SUPERVISOR_PACKAGE}/{module.name}"] = module.read_text()
+    scripts[Path(SUPERVISOR_SCRIPT).name] = (package / "__main__.py").read_text()
+    return scripts
 
 
 def render_serving_dockerfile(

@@ -238,6 +238,7 @@ def build_serving_image(
         scripts = context / RUNTIME_SCRIPTS_CONTEXT / RUNTIME_DIR.lstrip("/")
         scripts.mkdir(parents=True)
         for name, text in runtime_scripts().items():
+            (scripts / name).parent.mkdir(parents=True, exist_ok=True)
             (scripts / name).write_text(text)
         sbom_file = context / SBOM_CONTEXT / SBOM_PATH.lstrip("/")
         sbom_file.parent.mkdir(parents=True)

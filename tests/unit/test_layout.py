@@ -299,3 +299,13 @@ def test_every_package_is_in_the_distribution():
     packages = {".".join(("builder", *path.parent.relative_to(ROOT).parts))
                 for path in ROOT.rglob("__init__.py")}
     assert packages <= listed, f"add to pyproject.toml: {sorted(packages - listed)}"
+
+
+def test_no_module_is_a_room_too_big_to_live_in():
+    """A module holds one concept: none over 600 lines; the supervisor's (PID 1 of every image,
+    read when something goes wrong at 3 a.m.) none over 300."""
+    sizes = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines())
+             for path in ROOT.rglob("*.py")}
+    assert {name: size for name, size in sizes.items() if size > 600} == {}
+    assert {name: size for name, size in sizes.items()
+            if name.startswith("runtime/supervisor/") and size > 300} == {}

@@ -1,4 +1,4 @@
-"""The serving image's supervisor (``builder/runtime/supervisor.py``) on real processes.
+"""The serving image's supervisor (``builder/runtime/supervisor/``) on real processes.
 
 A real ``tritonserver`` with a stub killed inside the built image is in
 ``tests/e2e/test_reliability.py``. Here, to reach the states that take long or cannot be made on
@@ -9,7 +9,8 @@ what the python backend starts, never reaps one that dies (as the backend does n
 answers the repository API's ``load`` by starting a new one — behind the header that
 ``--http-restricted-api`` names, as Triton does, when the command restricts that API. The
 supervisor runs as in the image: ``python3 supervisor.py COMMAND`` in a process of its own, as
-that process's parent.
+that process's parent, from the files the image carries at ``/opt/triton-builder`` (its package
+beside ``supervisor.py``, ``drain.py`` and ``health.py``), written to a directory of their own.
 """
 
 from __future__ import annotations
@@ -27,10 +28,21 @@ from pathlib import Path
 
 import pytest
 
+from builder.image.serving_dockerfile import runtime_scripts
 from builder.runtime import drain, health, supervisor
 from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
 
-SUPERVISOR = Path(supervisor.__file__)
+
+def _image_layout() -> Path:
+    """The runtime files as the image carries them, in a directory of their own."""
+    root = Path(tempfile.mkdtemp(prefix="triton-builder-runtime-"))
+    for name, text in runtime_scripts().items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+SUPERVISOR = _image_layout() / "supervisor.py"
 
 FAKE_SERVER = textwrap.dedent('''
     """Stands for tritonserver: starts a stub per model and never reaps one that dies."""
