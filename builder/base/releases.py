@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from importlib import resources
 
@@ -513,9 +513,16 @@ class BaseOptions:
     ``base_image``'s Python.
     """
 
-    cuda: str | float | None = None
-    triton_version: str | None = None
-    base_image: str | None = None
-    base_python: str | None = None
-    slim: bool = False
-    """The slim GPU route for ``cuda`` (:func:`slim_release`) instead of the NGC release."""
+    cuda: str | float | None = field(default=None, metadata={"help": (
+        "CUDA version of the release (e.g. 12.6), or 'cpu' (the default): the "
+        "image's base, and where model operators run.")})
+    triton_version: str | None = field(default=None, metadata={"help": (
+        "Pick the Triton release by its version.")})
+    base_image: str | None = field(default=None, metadata={"help": (
+        "Use this base image instead.")})
+    base_python: str | None = field(default=None, metadata={"help": (
+        "Python of the CPU base: 3.11 (bookworm, the default) or 3.13 (trixie); "
+        "of a custom base image, its Python.")})
+    slim: bool = field(default=False, metadata={"help": (
+        "The slim GPU route for cuda (12.x, 13.0): the nvidia-pytriton wheel's "
+        "Triton on Debian, CUDA libraries from NVIDIA's wheels, no NGC image.")})

@@ -80,17 +80,21 @@ class PythonPlan:
 class BridgeOptions:
     """How a build may bridge the builder's Python onto a release whose Python differs."""
 
-    enabled: bool = True
-    """``False``: refuse, before anything is pulled, a release whose Python is not the builder's."""
-    interpreter_image: str | None = None
-    """The image the carried interpreter is taken from (default
-    ``$TRITON_BUILDER_INTERPRETER_IMAGE``, else :func:`interpreter_image_for`)."""
-    compile_stub: bool = False
-    """Compile the stub from the release's python_backend branch even where the release's own
-    stub or a wheel's would do (a custom build of Triton, or a check of the route)."""
-    triton_sources: str | os.PathLike | None = None
-    """A directory of source tarballs for builders that reach no source host (default: fetched
-    by the build; ``$TRITON_BUILDER_TRITON_SOURCES``)."""
+    enabled: bool = field(default=True, metadata={"help": (
+        "Serve this Python on a release whose Python differs (a stub and an environment "
+        "carrying the interpreter); off, such a release is refused before anything is "
+        "pulled.")})
+    interpreter_image: str | None = field(default=None, metadata={"help": (
+        "Image the bridged interpreter is taken from (default: "
+        "$TRITON_BUILDER_INTERPRETER_IMAGE, else python:X.Y-slim-<debian> on a glibc no "
+        "newer than the release's).")})
+    compile_stub: bool = field(default=False, metadata={"help": (
+        "Compile the stub from the release's python_backend branch even where the "
+        "release's own stub or a wheel's would do (a custom Triton, or a check of the "
+        "route).")})
+    triton_sources: str | os.PathLike | None = field(default=None, metadata={"help": (
+        "Directory of python_backend source tarballs, for builders that reach no source "
+        "host (default: $TRITON_BUILDER_TRITON_SOURCES, else fetched).")})
 
 
 def plan_python(

@@ -59,14 +59,16 @@ BLS_PREFERRED_MEMORY = (23, 4)
 class EnvironmentOptions:
     """What the user adds to, or chooses for, the image's one Python environment."""
 
-    env_specs: tuple[str | os.PathLike, ...] = ()
-    """Spec files (``envs/*.txt`` pip requirements, ``*.yml`` conda environments)."""
-    requirements: tuple[str, ...] = ()
+    env_specs: tuple[str | os.PathLike, ...] = field(default=(), metadata={"help": (
+        "Environment spec files in envs/ (pip requirements .txt, conda .yml).")})
+    requirements: tuple[str, ...] = field(default=(), metadata={"help": (
+        "Extra pip requirements.")})
     packer: str | None = None
     """``"venv"`` or ``"conda"``; default: chosen by the spec."""
     index: PackageIndex | None = None
-    pytorch_index: str | None = PYTORCH_INDEX
-    """PyTorch's per-CUDA indexes (``None`` skips them: torch by the wheels' metadata)."""
+    pytorch_index: str | None = field(default=PYTORCH_INDEX, metadata={"help": (
+        "PyTorch's wheel indexes (<url>/cu124, <url>/cpu); none to use only the "
+        "package index, choosing torch by each wheel's CUDA runtime.")})
 
 
 @dataclass(frozen=True)

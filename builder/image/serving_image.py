@@ -130,17 +130,20 @@ class ImageOptions:
     signature: Mapping[str, Any] | str | None = None
     version: str | None = None
     revision: str | None = None
-    user: str | None = None
+    user: str | None = field(default=None, metadata={"help": (
+        "Run the server as this user (default: uid 1000; 'root' for root).")})
     server_args: tuple[str, ...] = ()
-    drain_s: float = DRAIN_S
+    drain_s: float = field(default=DRAIN_S, metadata={"help": (
+        "How long a stopping container serves on after its readiness failed, in "
+        "seconds.")})
     environment: str | os.PathLike | None = None
     environment_python: str | None = None
     platforms: tuple[str, ...] = ()
     """Every platform of a multi-platform build this image is one of (its label)."""
-    no_cache: bool = False
-    """Build every layer again, as ``docker build --no-cache``: no image of the same content
-    hash, no cached payload layers and no layer of the engine's cache reused. What the engine
-    already holds then cannot stand in for a build (a reproducibility check's second build)."""
+    no_cache: bool = field(default=False, metadata={"help": (
+        "Build every layer of the image again (docker build --no-cache): reuse "
+        "nothing the engine holds from an earlier build, so that it cannot stand in for "
+        "this one (a reproducibility check's second build).")})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels or {})))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -32,19 +32,26 @@ class RepositoryOptions:
     """What :func:`builder.repository.build_pipeline_model` takes besides the pipeline, where it
     writes and its target (the build chooses those per platform)."""
 
-    format_priority: tuple[str, ...] = ("onnx",)
-    parallelism: int = 1
+    format_priority: tuple[str, ...] = field(default=("onnx",), metadata={"help": (
+        "Export formats of the model operators, in order.")})
+    parallelism: int = field(default=1, metadata={"help": (
+        "Instances of the pipeline model (each runs its Python operators on one "
+        "core).")})
     name: str = "pipeline"
     op_defaults: Mapping[str, Any] | None = None
     max_batch_size: int = 64
     dynamic_batching: Mapping[str, Any] | None = None
-    export_tolerance: float = 1e-4
-    """The export's check of each model operator against torch, and of its rows' independence
-    (``tolerance`` is the verification's)."""
+    export_tolerance: float = field(default=1e-4, metadata={"help": (
+        "The export's check of each model operator against torch, and of its "
+        "rows' independence (tolerance is the verification's).")})
     in_process: bool | None = None
-    latency_budget_ms: float | None = None
+    latency_budget_ms: float | None = field(default=None, metadata={"help": (
+        "Latency budget of a request: what would wait longer in a queue is "
+        "refused at once with UNAVAILABLE (queue policies).")})
     max_queue_size: int | None = None
-    max_request_bytes: int | None = None
+    max_request_bytes: int | None = field(default=None, metadata={"help": (
+        "The largest request served; a larger one is answered INVALID_ARGUMENT / "
+        "400 (default: 16 MiB, or 64 times the largest example).")})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format_priority", tuple(self.format_priority))
@@ -93,11 +100,11 @@ class BuildOptions:
     repository: RepositoryOptions = RepositoryOptions()
     image: ImageOptions = ImageOptions()
     verify: VerifyOptions = VerifyOptions()
-    platforms: tuple[str, ...] | None = None
-    """``("linux/amd64", "linux/arm64")``: one verified image per platform; default the
-    engine's linux/amd64."""
-    no_verify_platforms: tuple[str, ...] = ()
-    """Platforms built without verification (a warning)."""
+    platforms: tuple[str, ...] | None = field(default=None, metadata={"help": (
+        "Platforms to build for (linux/amd64, linux/arm64; one tag, one image "
+        "index at push); default linux/amd64.")})
+    no_verify_platforms: tuple[str, ...] = field(default=(), metadata={"help": (
+        "Platforms built without verifying them (a warning).")})
 
     def __post_init__(self) -> None:
         if self.platforms is not None:

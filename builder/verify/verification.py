@@ -290,7 +290,8 @@ class VerifyOptions:
     environment archives take to extract, :mod:`builder.image.startup`).
     """
 
-    enabled: bool = True
+    enabled: bool = field(default=True, metadata={"help": (
+        "Run the image and compare its answers with the pipeline's in process.")})
     calls: Sequence[tuple[Any, ...]] | None = None
     tolerance: float = 1e-4
     gpus: bool | None = None

@@ -103,8 +103,9 @@ def _index(registry, repository: str, reference: str) -> dict:
 def _clean_build(workdir: Path, reference: str, drain_s: float) -> str:
     """A second build as on a fresh machine (own process, empty cache), unverified, pushed."""
     (workdir / "cache").mkdir(parents=True)
-    environment = {key: value for key, value in os.environ.items()
-                   if key != "SOURCE_DATE_EPOCH"}
+    environment = {key: value for key, value in os.environ.items()  # no OS image named:
+                   if key != "SOURCE_DATE_EPOCH"  # the ones base os made are found
+                   and not key.startswith("TRITON_BUILDER_OS_IMAGE")}
     environment.update(TRITON_BUILDER_CACHE=str(workdir / "cache"), PYTHONHASHSEED="2")
     program = Path(sys.executable).parent / "triton-builder"
     result = subprocess.run(

@@ -50,3 +50,18 @@ def test_values_become_keywords():
                            "requirement": ["numpy"], "drain_seconds": 2.0}) == {
         "max_request_bytes": 5 * 1024 * 1024 // 2, "pytorch_index": None, "env_specs": (),
         "requirements": ("numpy",), "drain_s": 2.0}
+
+
+def test_each_option_is_documented_once_where_the_library_documents_it():
+    """The command's help is the options field's own (``metadata["help"]``), a note on how the
+    command line says it aside."""
+    import dataclasses
+
+    for name, parameter in _parameters("image").items():
+        keyword = KEYWORD_OF.get(name, name)
+        if keyword not in KEYWORDS:
+            continue
+        group, field_name = KEYWORDS[keyword]
+        kind = type(getattr(BuildOptions(), group)) if group else BuildOptions
+        (found,) = [f for f in dataclasses.fields(kind) if f.name == field_name]
+        assert parameter.help.startswith(found.metadata["help"]), name
