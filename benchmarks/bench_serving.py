@@ -56,7 +56,7 @@ from benchmarks.report import BENCHMARKS, machine, publish  # noqa: E402
 from builder import build_docker_image, build_pipeline_model  # noqa: E402
 from builder.repository.batching import default_batching  # noqa: E402
 from builder.repository.model_config import read_config, write_config  # noqa: E402
-from builder.runtime.pipeline_model import cpu_session_options  # noqa: E402
+from builder.runtime.model_calls import cpu_session_options  # noqa: E402
 from builder.tritonserver.host_process import TritonServer, free_ports, triton_ready  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
 from pipelines import image_classification, text_embedding  # noqa: E402
@@ -329,7 +329,7 @@ def _operator_counters(metrics_url: str, model: str) -> dict[str, tuple[float, f
     """Operator → (µs, rows) so far, from the pipeline model's ``triton_builder_operator_*``."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from builder.runtime.pipeline_model import OperatorMetrics
+    from builder.runtime.operator_metrics import OperatorMetrics
 
     counters: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(_metrics_text(metrics_url)):

@@ -32,7 +32,7 @@ class TritonPythonModel:
         import onnxruntime as ort
 
         from benchmarks.bench_serving import WORKLOADS
-        from builder.runtime.pipeline_model import cpu_session_options
+        from builder.runtime.model_calls import cpu_session_options
 
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
         self.workload = WORKLOADS[parameters["workload"]](0)

@@ -17,8 +17,8 @@ from builder.environment.lock import read_lock
 from builder.image.os_packages import image_os_packages
 from builder.image.sbom import ShippedEnvironment
 from tests.support.paths import REPO_ROOT
+from tests.unit.cli.test_commands import cli
 from tests.unit.image.test_sbom import example_sbom, validate
-from tests.unit.test_cli import cli
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from builder.base.gpu_slim import SLIM_SERVER_CUDA
 from builder.environment.lock import read_lock
 from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
-from tests.unit.test_cli import cli
+from tests.unit.cli.test_commands import cli
 
 pytestmark = pytest.mark.slow
 
