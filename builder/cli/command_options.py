@@ -20,8 +20,8 @@ import typer
 from builder.image.serving_dockerfile import MAX_DRAIN_S
 from builder.job import BuildOptions
 from builder.job.build_options import KEYWORDS
+from builder.repository.request_limit import MIB
 
-MIB = 1024 * 1024
 KEYWORD_OF = {"drain_seconds": "drain_s", "env": "env_specs", "requirement": "requirements",
               "max_request_mb": "max_request_bytes", "platform": "platforms",
               "no_verify_platform": "no_verify_platforms"}

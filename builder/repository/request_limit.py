@@ -22,7 +22,7 @@ from typing import Any
 
 from builder.errors import BuildError
 from builder.pipeline.signature import PipelineSignature
-from builder.runtime.request_size import MAX_REQUEST_PARAMETER, tensor_bytes
+from builder.runtime.request_size import MAX_REQUEST_PARAMETER, shm_mib, tensor_bytes
 
 MIB = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 16 * MIB
@@ -30,9 +30,6 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * MIB
 ``/dev/shm``, beside the stubs' own regions (4 MiB each)."""
 EXAMPLE_HEADROOM = 64
 """How many times its largest example call a request may be (examples are small samples)."""
-SHM_PER_REQUEST = 4
-"""The ``/dev/shm`` a replica needs, in requests at the limit: the python backend copies a whole
-dynamic batch into its region before the pipeline sees it, and regions do not shrink."""
 DOCKER_SHM = 64 * MIB
 """What ``docker run`` gives a container without ``--shm-size``."""
 
@@ -62,5 +59,5 @@ def request_size(signature: PipelineSignature, call: Sequence[Any]) -> int:
 def shm_size(limit: int) -> str | None:
     """The ``docker run --shm-size`` a replica needs for requests up to ``limit``; ``None``
     where Docker's default is enough."""
-    needed = SHM_PER_REQUEST * limit
-    return None if needed <= DOCKER_SHM else f"{math.ceil(needed / MIB)}m"
+    needed = shm_mib(limit)
+    return None if needed * MIB <= DOCKER_SHM else f"{needed}m"

@@ -18,6 +18,15 @@ MAX_REQUEST_PARAMETER = "max_request_bytes"
 :mod:`builder.repository.request_limit`)."""
 MAX_REQUEST_ENV = "TRITON_BUILDER_MAX_REQUEST_BYTES"
 """Sets the limit at run (``docker run -e``), over the config's."""
+SHM_PER_REQUEST = 4
+"""The ``/dev/shm`` a replica needs, in requests at the limit: the python backend copies a whole
+dynamic batch into its region before the pipeline sees it, and regions do not shrink."""
+
+
+def shm_mib(limit: int) -> int:
+    """The ``/dev/shm`` a replica needs for requests up to ``limit`` bytes, in whole MiB: what
+    the build gives it (``--shm-size``) and what this model asks for when it has less."""
+    return -(-SHM_PER_REQUEST * limit // 2**20)
 
 
 class RequestTooLargeError(ValueError):
@@ -63,7 +72,7 @@ def check_shared_memory(limit: int | None, api: Any, path: str = "/dev/shm") -> 
             f"{path} holds {total / 2**20:.0f} MiB, too little for requests near the "
             f"{limit / 2**20:.3g} MiB limit: those fail in the python backend (INTERNAL, "
             f"'Failed to increase the shared memory pool size'). Give the container "
-            f"--shm-size={-(-4 * limit // 2**20)}m, or lower {MAX_REQUEST_ENV}")
+            f"--shm-size={shm_mib(limit)}m, or lower {MAX_REQUEST_ENV}")
 
 
 def check_size(arrays: dict[str, np.ndarray], limit: int) -> None:
