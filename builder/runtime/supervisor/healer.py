@@ -118,9 +118,11 @@ class Supervisor:
                 return False
             self.server_restarts += 1
             removed = remove_regions(self.watch.regions)
-        log(f"the server {why}; starting it again (server restart {self.server_restarts}, "
-            f"crash {len(self.server_crashes)} of {self.policy.max_failures} allowed within "
-            f"{self.policy.window_s:g}s; {removed} shared memory regions of its stubs removed)")
+            said = (f"the server {why}; starting it again (server restart "
+                    f"{self.server_restarts}, crash {len(self.server_crashes)} of "
+                    f"{self.policy.max_failures} allowed within {self.policy.window_s:g}s; "
+                    f"{removed} shared memory regions of its stubs removed)")
+        log(said)
         return True
 
     def run(self) -> None:
