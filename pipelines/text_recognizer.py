@@ -8,12 +8,16 @@ Python operator holding the decoder model operator: it starts every sequence wit
 calls the decoder on the tokens so far, appending the most probable next token until ``</s>``
 (or ``MAX_STEPS``). It implements ``call_batch``, so when served, each step makes *one* decoder
 call (a BLS request) for the still-running sequences of every request in the dynamic batch.
+
+``streaming_pipeline`` is the same recognizer sending each character as it is decoded
+(:class:`CharacterStream`): its pipeline model is decoupled, ``streaming_pipeline.stream(image)``
+yields the characters, ``streaming_pipeline(image)`` returns their list.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -97,6 +101,15 @@ class GreedyDecoder:
         return self.call_batch([(memory,)])[0]
 
     def call_batch(self, rows: Sequence[tuple[np.ndarray]]) -> list[str]:
+        texts = ["" for _ in rows]
+        for step in self.steps(rows):
+            for i, char in step.items():
+                texts[i] += char
+        return texts
+
+    def steps(self, rows: Sequence[tuple[np.ndarray]]) -> Iterator[dict[int, str]]:
+        """One decoder call per step for every running sequence; yields each one's new
+        character. The set sent back names the rows to stop (a cancelled stream)."""
         memories = [row[0] for row in rows]
         sequences = [[BOS] for _ in rows]
         running = list(range(len(rows)))
@@ -105,15 +118,26 @@ class GreedyDecoder:
                 break
             logits = self.decoder.call_batch(
                 [(np.array(sequences[i], dtype=np.int64), memories[i]) for i in running])
-            still = []
+            step = {}
             for i, scores in zip(running, logits, strict=True):
                 token = 1 + int(np.argmax(scores[1:]))  # never <s> again
-                if token == EOS:
-                    continue
-                sequences[i].append(token)
-                still.append(i)
-            running = still
-        return ["".join(VOCAB[t] for t in sequence[1:]) for sequence in sequences]
+                if token != EOS:
+                    sequences[i].append(token)
+                    step[i] = VOCAB[token]
+            stopped = yield step
+            running = [i for i in step if i not in (stopped or ())]
+
+
+class CharacterStream:
+    """The decoder's characters, each sent to its client the moment it is decoded: the
+    streaming form of :class:`GreedyDecoder` (``.stream(...)``), one decoder call per step for
+    every stream in the batch."""
+
+    def __init__(self, decoder: GreedyDecoder) -> None:
+        self.decoder = decoder
+
+    def call_batch(self, rows: Sequence[tuple[np.ndarray]]) -> Iterator[dict[int, str]]:
+        return (yield from self.decoder.steps(rows))
 
 
 def normalize(image: np.ndarray) -> np.ndarray:
@@ -160,7 +184,9 @@ def render(text: str, seed: int = 0) -> np.ndarray:
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
-def make_pipeline():
+def make_pipeline(streaming: bool = False):
+    """The recognizer answering with the whole text, or (``streaming``) each character as it
+    is decoded."""
     encoder_module = load_weights(Encoder, "recognizer_encoder", seed=2)
     decoder_module = load_weights(Decoder, "recognizer_decoder", seed=3)
     example_pixels = torch.from_numpy(normalize(render("0a1b"))[None])
@@ -176,14 +202,19 @@ def make_pipeline():
         name="recognizer_decoder",
         dynamic_axes={"tokens": [1]},
     )
-    return (
+    recognized = (
         pipe.input("image")
         .map("image", "pixels", normalize)
         .map("pixels", "memory", encoder)
-        .map("memory", "text", GreedyDecoder(decoder), name="greedy_decode")
-        .output("text")
-        .with_example(render("0a1b"))
     )
+    if streaming:
+        recognized = recognized.stream("memory", "char", CharacterStream(GreedyDecoder(decoder)),
+                                       name="greedy_decode").output("char")
+    else:
+        recognized = recognized.map("memory", "text", GreedyDecoder(decoder),
+                                    name="greedy_decode").output("text")
+    return recognized.with_example(render("0a1b"))
 
 
 pipeline = make_pipeline()
+streaming_pipeline = make_pipeline(streaming=True)

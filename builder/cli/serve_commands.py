@@ -57,6 +57,8 @@ def infer(
     url: str = typer.Argument(..., help="grpc://host:8001/model or http://host:8000/model"),
     input: list[str] = typer.Option([], "--input", "-i",
                                     help="name=value; JSON values parse, @file reads bytes."),
+    stream: bool = typer.Option(False, "--stream", help="Print each item of a streaming "
+                                "pipeline as it arrives, one JSON line each (gRPC)."),
 ) -> None:
     """Call a served model or pipeline once and print its outputs as JSON.
 
@@ -74,8 +76,22 @@ def infer(
             if missing or set(values) - set(columns):
                 fail("reading the inputs", f"the pipeline takes inputs {columns}; got "
                       f"{sorted(values)}: give each with -i name=value", EXIT_USAGE)
+            if stream:
+                items = run_step("starting the stream",
+                                 lambda: client.stream(*(values[c] for c in columns)))
+                run_step("streaming", lambda: _print_each(items))
+                return
             result = run_step("inference", lambda: client(*(values[c] for c in columns)))
+    if stream:
+        fail("reading the model", f"{url} is not a pipeline: --stream reads a streaming "
+             "pipeline's items", EXIT_USAGE)
     print(json.dumps(_jsonable(result), ensure_ascii=False))
+
+
+def _print_each(items: Any) -> None:
+    """Each item as one JSON line, flushed as it comes (a reader sees it at once)."""
+    for item in items:
+        print(json.dumps(_jsonable(item), ensure_ascii=False), flush=True)
 
 
 @app.command()

@@ -11,7 +11,7 @@ results, same retries) over ``tritonclient.grpc.aio`` and ``tritonclient.http.ai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +26,7 @@ from builder.client.pipeline import batch_calls
 from builder.client.remote_model import call_arguments, unbatch
 from builder.client.retry import acall_with_retry
 from builder.client.served_model import ServedModel, served_model
+from builder.errors import InputError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -73,6 +74,17 @@ class AsyncTritonRemoteModel(RemoteModelBase, AsyncClosing):
                                          self.retry_policy)
         return unbatch(outputs) if request.single else outputs
 
+    async def stream(self, request: Request) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Send a prepared request to a decoupled model; yield each response's outputs as it
+        comes. Leaving the iteration early cancels the request on the server."""
+        names = [output.name for output in (await self.spec()).outputs]
+        stream = self._transport.stream(request.tensors, names)
+        try:
+            async for outputs in stream:
+                yield unbatch(outputs) if request.single else outputs
+        finally:
+            await stream.aclose()
+
     async def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
         """One call per item, up to ``max_in_flight`` at a time; see ``TritonRemoteModel.batch``."""
         spec = await self.spec()
@@ -109,7 +121,25 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
 
     async def __call__(self, *values: Any) -> Any:
         """One pipeline call; see :meth:`builder.client.Client.__call__`."""
-        return await self._send((await self.codec()).encode(values))
+        codec = await self.codec()
+        if codec.signature.streamed:
+            return codec.whole([item async for item in self.stream(*values)])
+        return await self._send(codec.encode(values))
+
+    async def stream(self, *values: Any) -> AsyncIterator[Any]:
+        """One call of a streaming pipeline, each item as it arrives; see
+        :meth:`builder.client.Client.stream`."""
+        codec = await self.codec()
+        if not codec.signature.streamed:
+            raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
+                             "one answer")
+        request = prepare(await self.model.spec(), codec.encode(values))
+        stream = self.model.stream(request)
+        try:
+            async for outputs in stream:
+                yield codec.decode(outputs)
+        finally:
+            await stream.aclose()
 
     async def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
         """Many calls, ``max_in_flight`` at a time; see :meth:`builder.client.Client.batch`."""

@@ -9,13 +9,16 @@ they are created in, so they are created on first use inside the loop, not in ``
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
 from builder.client.endpoint import Endpoint
+from builder.client.errors import RemoteModelError, classify
+from builder.client.response_stream import stream_error
 from builder.client.transport import GRPC_MESSAGE_ARGS, GRPC_RECONNECT_ARGS, translated_errors
 
 
@@ -106,6 +109,46 @@ class AsyncGrpcTransport(_LazyClient):
                 client_timeout=self._timeout)
         return {name: result.as_numpy(name) for name in outputs}
 
+    async def stream(self, tensors: Mapping[str, np.ndarray],
+                     outputs: Sequence[str]) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One request's responses as they come (a decoupled model), on a stream of its own
+        that ends when the server has sent the last; leaving early cancels the request."""
+        import tritonclient.grpc as grpcclient
+
+        inputs = []
+        for name, array in tensors.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        request = {"model_name": self._endpoint.model, "inputs": inputs,
+                   "model_version": self._endpoint.version,
+                   "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs]}
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield request
+
+        what = f"stream from {self._endpoint.url}"
+        with translated_errors(what):
+            responses = self._get_client().stream_infer(one_request())
+        finished = False
+        try:
+            while True:
+                try:
+                    with translated_errors(what):
+                        result, error = await asyncio.wait_for(responses.__anext__(),
+                                                               self._timeout)
+                except StopAsyncIteration:
+                    finished = True
+                    return
+                if error is not None:
+                    error = stream_error(error)
+                    raise classify(error, what) or RemoteModelError(f"{what}: {error}")
+                if result.get_response().outputs:
+                    yield {name: result.as_numpy(name) for name in outputs}
+        finally:
+            if not finished:
+                responses.cancel()
+
 
 class AsyncHttpTransport(_LazyClient):
     """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections."""
@@ -141,3 +184,10 @@ class AsyncHttpTransport(_LazyClient):
             result = await self._get_client().infer(
                 self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
         return {name: result.as_numpy(name) for name in outputs}
+
+    async def stream(self, tensors: Mapping[str, np.ndarray],
+                     outputs: Sequence[str]) -> AsyncIterator[dict[str, np.ndarray]]:
+        raise RemoteModelError(
+            f"{self._endpoint.url}: a streaming pipeline (a decoupled model) answers over "
+            f"gRPC's stream; call it at grpc://{self._endpoint.address}/{self._endpoint.model}")
+        yield {}  # an async generator, like the gRPC transport's

@@ -67,6 +67,15 @@ class PipelineCodec:
         return values[0] if len(values) == 1 else values
 
 
+    def whole(self, items: Sequence[Any]) -> Any:
+        """A streaming pipeline's items (each as :meth:`decode` gives it) → what ``pipe(...)``
+        returns: each output the list of its items."""
+        if len(self.signature.outputs) == 1:
+            return list(items)
+        return tuple(list(column) for column in zip(*items, strict=True)) if items else tuple(
+            [] for _ in self.signature.outputs)
+
+
 def _check_served(served: ServedModel, signature: PipelineSignature) -> None:
     """The signature must describe the tensors the model really serves (same names, types)."""
     for what, specs, tensors in (("inputs", signature.inputs, served.inputs),

@@ -12,7 +12,7 @@ returns arrays by tensor name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from builder.client.codec import PipelineCodec, read_signature
@@ -20,6 +20,7 @@ from builder.client.coercion import prepare
 from builder.client.errors import RemoteModelError
 from builder.client.lifecycle import Closing, PipelineClientBase
 from builder.client.remote_model import TritonRemoteModel
+from builder.errors import InputError
 
 __all__ = ["Client", "TritonRemoteModel", "batch_calls"]
 
@@ -51,7 +52,27 @@ class Client(PipelineClientBase, Closing):
         :class:`builder.client.coercion.InputError` before anything is sent; a call the pipeline
         fails on raises :class:`builder.client.errors.RemoteModelError` with its message.
         """
-        return self._send(self.codec.encode(values))
+        codec = self.codec
+        if codec.signature.streamed:
+            return codec.whole(list(self.stream(*values)))
+        return self._send(codec.encode(values))
+
+    def stream(self, *values: Any) -> Iterator[Any]:
+        """Run one call of a streaming pipeline on the server (over gRPC) and yield each item
+        as it arrives: what ``pipe.stream(*values)`` yields. Closing the iterator early (a
+        ``break``) cancels the call on the server, which stops within one step. An error
+        mid-stream is raised where it comes, after the items before it."""
+        codec = self.codec
+        if not codec.signature.streamed:
+            raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
+                             "one answer")
+        request = prepare(self.model.spec, codec.encode(values))
+        stream = self.model.stream(request)
+        try:
+            for outputs in stream:
+                yield codec.decode(outputs)
+        finally:
+            stream.close()
 
     def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
         """Run many calls, up to ``max_in_flight`` requests at once; results in order.

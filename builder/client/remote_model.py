@@ -14,7 +14,7 @@ in-process pipeline returns, is :class:`builder.client.Client`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -82,6 +82,13 @@ class TritonRemoteModel(RemoteModelBase, Closing):
         outputs = call_with_retry(lambda: self._transport.infer(request.tensors, names),
                                   self.retry_policy)
         return unbatch(outputs) if request.single else outputs
+
+    def stream(self, request: Request) -> Iterator[dict[str, np.ndarray]]:
+        """Send a prepared request to a decoupled model; yield each response's outputs as it
+        comes. Closing the iterator early cancels the request on the server."""
+        names = [output.name for output in self.spec.outputs]
+        for outputs in self._transport.stream(request.tensors, names):
+            yield unbatch(outputs) if request.single else outputs
 
     def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
         """Call the model once per item, up to ``max_in_flight`` requests at a time.

@@ -18,7 +18,8 @@ import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
 from builder.client.endpoint import Endpoint
-from builder.client.errors import classify
+from builder.client.errors import RemoteModelError, classify
+from builder.client.response_stream import grpc_stream
 
 # gRPC channels back off up to 120 s between reconnection attempts by default, and every call
 # made meanwhile fails at once with UNAVAILABLE: a server that came back would stay unreachable
@@ -44,6 +45,9 @@ class Transport(Protocol):
 
     def infer(self, tensors: Mapping[str, np.ndarray],
               outputs: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def stream(self, tensors: Mapping[str, np.ndarray],
+               outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]: ...
 
     def close(self) -> None: ...
 
@@ -110,6 +114,12 @@ class GrpcTransport:
                 client_timeout=self._timeout)
         return {name: result.as_numpy(name) for name in outputs}
 
+    def stream(self, tensors: Mapping[str, np.ndarray],
+               outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        """One request's responses as they come (a decoupled model), on a stream of its own."""
+        return grpc_stream(self._endpoint, tensors, outputs, self._timeout,
+                           GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
+
     def close(self) -> None:
         self._client.close()
 
@@ -172,6 +182,12 @@ class HttpTransport:
             result = self._client().infer(
                 self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
         return {name: result.as_numpy(name) for name in outputs}
+
+    def stream(self, tensors: Mapping[str, np.ndarray],
+               outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        raise RemoteModelError(
+            f"{self._endpoint.url}: a streaming pipeline (a decoupled model) answers over "
+            f"gRPC's stream; call it at grpc://{self._endpoint.address}/{self._endpoint.model}")
 
     def close(self) -> None:
         with self._lock:

@@ -7,11 +7,12 @@ nodes), not necessarily the order they were declared in.
 
 Row streams ("domains"). One pipeline call starts as one row holding the input columns. ``map``
 keeps the rows it reads; ``flat_map`` turns each row into zero or more rows of a new stream;
-``filter`` keeps some rows in a new stream. A stream's rows each belong to one row of its parent
-stream, so a node may read columns of one stream *and of its ancestors* (a value from an ancestor
-row is shared by all the rows under it), never of two unrelated streams. A pipeline output from
-the call's own stream (the root) is one value per call; from any other stream it is the list of
-that call's rows, in order.
+``filter`` keeps some rows in a new stream; ``stream`` makes a new stream of the items it
+yields, sent as they come (:mod:`builder.pipeline.streaming`). A stream's rows each belong to
+one row of its parent stream, so a node may read columns of one stream *and of its ancestors*
+(a value from an ancestor row is shared by all the rows under it), never of two unrelated
+streams. A pipeline output from the call's own stream (the root) is one value per call; from
+any other stream it is the list of that call's rows, in order.
 
 Every check here runs when the pipeline is defined, before anything is built, and each error
 names the operator and the column.
@@ -27,7 +28,7 @@ from typing import Any
 from builder.errors import PipelineError
 from builder.pipeline.operators import operator_name
 
-NODE_KINDS = ("map", "flat_map", "filter")
+NODE_KINDS = ("map", "flat_map", "filter", "stream")
 ROOT = 0
 """The stream of the call itself: one row per call."""
 
@@ -36,7 +37,8 @@ _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 @dataclass(eq=False)
 class Node:
-    """One operator applied to columns: ``kind`` is ``map``, ``flat_map`` or ``filter``.
+    """One operator applied to columns: ``kind`` is ``map``, ``flat_map``, ``filter`` or
+    ``stream``.
 
     For ``filter``, ``op`` is called on ``filter_columns`` and, where it returns true, the row's
     ``inputs`` are passed on under the names ``outputs``.
@@ -148,7 +150,8 @@ def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tupl
     for node in nodes:
         if node.kind not in NODE_KINDS:
             raise PipelineError(f"operator {node.label}: unknown node kind {node.kind!r}")
-        if not callable(node.op):
+        batched = node.kind == "stream" and callable(getattr(node.op, "call_batch", None))
+        if not callable(node.op) and not batched:
             raise PipelineError(
                 f"operator {node.label} is not callable ({type(node.op).__name__})"
             )

@@ -15,6 +15,9 @@ Semantics (see :mod:`builder.pipeline.dag` for the row streams):
 * ``filter(inputs, outputs, filter_columns, op)`` — keeps the rows where ``op(*filter_columns)``
   is true, passing ``inputs`` on as ``outputs`` in a new stream. ``filter(inputs, outputs, op)``
   filters on the inputs themselves.
+* ``stream(inputs, outputs, op)`` — like ``flat_map``, but each item is the pipeline's answer
+  the moment it is made: ``p.stream(*inputs)`` yields them, served they are streamed (see
+  :mod:`builder.pipeline.streaming`); only ``map`` operators may follow, on each item.
 * ``output(*columns)`` — ``p(*inputs)`` returns the value of the only output column, or a tuple
   of them; an output after a ``flat_map``/``filter`` is the *list* of that call's rows.
 
@@ -25,13 +28,13 @@ prefix can grow several pipelines. Structure is validated by ``output()``; types
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.dag import Node, Plan, check_column, compile_plan
-from builder.pipeline.executor import CallResult, execute
+from builder.pipeline.executor import CallResult
 from builder.pipeline.model_discovery import find_model_ops
 from builder.pipeline.operators import ModelOp, fields_by_column
 from builder.pipeline.signature import (
@@ -41,6 +44,13 @@ from builder.pipeline.signature import (
     fits,
     infer_spec,
     merge_tensor_specs,
+)
+from builder.pipeline.streaming import (
+    StreamEvent,
+    StreamPart,
+    execute_stream,
+    run_plan,
+    stream_part,
 )
 
 Columns = str | Sequence[str]
@@ -60,6 +70,8 @@ class Pipeline:
         examples: Sequence[tuple[Any, ...]] = (),
     ) -> None:
         self.plan: Plan = compile_plan(inputs, nodes, outputs)
+        self.streaming: StreamPart | None = stream_part(self.plan)
+        """Where the pipeline streams its answer; ``None`` when it answers once."""
         self.input_schema = _schema(input_schema, self.plan.inputs, "input")
         self.output_schema = _schema(output_schema, self.plan.outputs, "output")
         self.examples: tuple[tuple[Any, ...], ...] = tuple(tuple(e) for e in examples)
@@ -102,10 +114,30 @@ class Pipeline:
     def __call__(self, *values: Any) -> Any:
         """Run one call in process and return its output value(s): the reference result."""
         self._check_arity(values)
-        result = execute(self.plan, [values])[0]
+        result = run_plan(self.plan, [values])[0]
         if not result.ok:
             raise result.error
         return self._shape_result(result)
+
+    def stream(self, *values: Any) -> Iterator[Any]:
+        """Run one call in process and yield each streamed item as it is made: the output
+        value(s) of that item, as ``pipe(*values)`` would return them for it alone.
+
+        Closing the iterator early stops the streaming operator (as a served stream cancelled).
+        """
+        self._check_arity(values)
+        if self.streaming is None:
+            raise PipelineError(f"{self!r} does not stream: no operator is added with "
+                                ".stream(...); call it, pipe(*values), for its one answer")
+        events = execute_stream(self.plan, self.streaming, [values])
+        try:
+            for event in events:
+                if event.error is not None:
+                    raise event.error
+                if not event.final:
+                    yield self._shape_result(event)
+        finally:
+            events.close()
 
     def batch(self, calls: Sequence[Sequence[Any]], *, return_exceptions: bool = False) -> list:
         """Run several calls together (model operators batch their rows), results in order.
@@ -132,9 +164,18 @@ class Pipeline:
             times: list[list[float]] | None = None) -> list[CallResult]:
         """Run calls and return each one's outputs or error (what the served model does);
         ``times``: see :func:`~builder.pipeline.executor.execute`."""
-        return execute(self.plan, calls, times)
+        return run_plan(self.plan, calls, times)
 
-    def _shape_result(self, result: CallResult) -> Any:
+    def run_stream(self, calls: Sequence[tuple[Any, ...]],
+                   times: list[list[float]] | None = None,
+                   stopped: Callable[[], Any] | None = None) -> Iterator[StreamEvent]:
+        """Run calls of a streaming pipeline, yielding their items as they are made (what the
+        served, decoupled model does); ``stopped()`` names the calls to end (cancelled)."""
+        if self.streaming is None:
+            raise PipelineError(f"{self!r} does not stream")
+        return execute_stream(self.plan, self.streaming, calls, times, stopped)
+
+    def _shape_result(self, result: Any) -> Any:
         values = tuple(result.outputs[c] for c in self.outputs)
         return values[0] if len(values) == 1 else values
 
@@ -174,7 +215,7 @@ class Pipeline:
                     "example call with pipeline.with_example(...) or declare them with "
                     "schema={...} in input()/output()"
                 )
-        results = execute(self.plan, self.examples)
+        results = run_plan(self.plan, self.examples)
         for number, (example, result) in enumerate(zip(self.examples, results, strict=True), 1):
             if not result.ok:
                 error = OperatorError(f"{result.error} (on example {number}: {_short(example)})")
@@ -188,14 +229,20 @@ class Pipeline:
         }
         outputs = {}
         for column in self.outputs:
-            ragged = self.plan.is_ragged(column)
             values = [r.outputs[column] for r in results]
-            if ragged:
+            if self.plan.is_ragged(column):
                 values = [row for rows in values for row in rows]
+            ragged = self.plan.is_ragged(column) and not self._streamed(column)
             outputs[column] = self._column_spec(
                 column, self.output_schema.get(column), ragged, values
             )
-        return PipelineSignature(inputs, outputs)
+        return PipelineSignature(inputs, outputs,
+                                 tuple(c for c in self.outputs if self._streamed(c)))
+
+    def _streamed(self, column: str) -> bool:
+        """Whether ``column`` is sent item by item (one value per response when served)."""
+        return self.streaming is not None and (
+            self.plan.column_stream[column] in self.streaming.streamed)
 
     def _column_spec(
         self, column: str, declared: TensorSpec | None, ragged: bool, values: list[Any]
@@ -245,6 +292,13 @@ class PipeBuilder:
                  name: str | None = None) -> PipeBuilder:
         """Each item of ``op(*inputs)`` becomes a row of a new stream."""
         return self._add(Node("flat_map", _columns(inputs), _columns(outputs), op, name=name))
+
+    def stream(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
+               name: str | None = None) -> PipeBuilder:
+        """Each item ``op(*inputs)`` yields is an answer of its own, sent as it is made: a
+        generator, or a generator ``call_batch`` yielding one step of every row at a time
+        (:mod:`builder.pipeline.streaming`)."""
+        return self._add(Node("stream", _columns(inputs), _columns(outputs), op, name=name))
 
     def filter(self, inputs: Columns, outputs: Columns, filter_columns: Columns | Callable,
                op: Callable[..., Any] | None = None, *, name: str | None = None) -> PipeBuilder:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.errors import InputError, OperatorError
+from builder.errors import InputError, OperatorError, PipelineError
 from builder.pipeline.dag import ROOT, Node, Plan
 from builder.pipeline.rejection import rejected, rejection
 
@@ -68,32 +68,10 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
     the served pipeline reports them as metrics. ``arguments`` collects
     each node's argument rows by node index (the build's row-independence check replays them).
     """
-    failed: dict[int, OperatorError] = {}
-    streams: dict[int, list[Row]] = {
-        ROOT: [Row(i, None, dict(zip(plan.inputs, call, strict=True))) for i, call in
-               enumerate(calls)]
-    }
-    for index in plan.order:
-        node = plan.nodes[index]
-        rows = streams.get(plan.node_stream[index], [])
-        if failed:
-            rows = [r for r in rows if r.call not in failed]
-        if arguments is not None:
-            arguments.setdefault(index, []).extend(_arguments(
-                rows, node.filter_columns if node.kind == "filter" else node.inputs))
-        if times is None:
-            produced = _run_node(node, rows, failed)
-        else:
-            started, before = time.perf_counter(), len(failed)
-            produced = _run_node(node, rows, failed)
-            spent = times[index]
-            spent[0] += time.perf_counter() - started
-            spent[1] += len(rows)
-            for error in list(failed.values())[before:]:  # this node's: failed only grows
-                spent[2 if isinstance(error, InputError) else 3] += 1
-        if node.kind != "map":
-            streams[plan.node_output_stream[index]] = produced
-
+    if any(node.kind == "stream" for node in plan.nodes):
+        raise PipelineError("a streaming plan runs through builder.pipeline.streaming.run_plan")
+    streams, failed = start_rows(plan, calls)
+    run_nodes(plan, plan.order, streams, failed, times, arguments)
     by_call: dict[int, dict[int, list[Row]]] = {}  # stream -> call -> its rows, in order
     for column in plan.outputs:
         stream = plan.column_stream[column]
@@ -118,6 +96,40 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
     return results
 
 
+def start_rows(plan: Plan, calls: Sequence[Sequence[Any]]
+               ) -> tuple[dict[int, list[Row]], dict[int, OperatorError]]:
+    """The root stream of ``calls`` (one row each) and the empty record of failed calls."""
+    return {ROOT: [Row(i, None, dict(zip(plan.inputs, call, strict=True)))
+                   for i, call in enumerate(calls)]}, {}
+
+
+def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
+              failed: dict[int, OperatorError], times: list[list[float]] | None = None,
+              arguments: dict[int, list[tuple]] | None = None) -> None:
+    """Run the nodes ``indices`` (in that order) over ``streams``, adding the streams they
+    make; a call that fails is recorded in ``failed`` and dropped from later nodes."""
+    for index in indices:
+        node = plan.nodes[index]
+        rows = streams.get(plan.node_stream[index], [])
+        if failed:
+            rows = [r for r in rows if r.call not in failed]
+        if arguments is not None:
+            arguments.setdefault(index, []).extend(_arguments(
+                rows, node.filter_columns if node.kind == "filter" else node.inputs))
+        if times is None:
+            produced = _run_node(node, rows, failed)
+        else:
+            started, before = time.perf_counter(), len(failed)
+            produced = _run_node(node, rows, failed)
+            spent = times[index]
+            spent[0] += time.perf_counter() - started
+            spent[1] += len(rows)
+            for error in list(failed.values())[before:]:  # this node's: failed only grows
+                spent[2 if isinstance(error, InputError) else 3] += 1
+        if node.kind != "map":
+            streams[plan.node_output_stream[index]] = produced
+
+
 def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> list[Row]:
     """Apply one node to its rows; return the rows of its new stream (flat_map, filter)."""
     columns = node.filter_columns if node.kind == "filter" else node.inputs
@@ -132,20 +144,20 @@ def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> 
         if row.call in failed:  # an earlier row of the same call failed in this node
             continue
         if index in errors:
-            failed[row.call] = _failure(node, errors[index])
+            failed[row.call] = failure(node, errors[index])
             continue
         try:
             if node.kind == "map":
-                row.values.update(_unpack(node, value))
+                row.values.update(unpack(node, value))
             elif node.kind == "flat_map":
-                produced.extend(Row(row.call, row, _unpack(node, item)) for item in
+                produced.extend(Row(row.call, row, unpack(node, item)) for item in
                                 _iterate(node, value))
             elif _truth(node, value):
                 passed = {out: row.get(col) for col, out in
                           zip(node.inputs, node.outputs, strict=True)}
                 produced.append(Row(row.call, row, passed))
         except Exception as error:  # noqa: BLE001 - e.g. a generator raising mid-way
-            failed[row.call] = _failure(node, error)
+            failed[row.call] = failure(node, error)
     return [r for r in produced if r.call not in failed]
 
 
@@ -201,7 +213,7 @@ def _attributed(message: str) -> OperatorError:
     return error
 
 
-def _failure(node: Node, error: BaseException) -> OperatorError:
+def failure(node: Node, error: BaseException) -> OperatorError:
     """The error a call reports: the operator, its columns and what it raised; a refusal of
     the input when the operator declared that exception as one."""
     if getattr(error, "attributed", False):
@@ -216,7 +228,7 @@ def _failure(node: Node, error: BaseException) -> OperatorError:
     return failure
 
 
-def _unpack(node: Node, value: Any) -> dict[str, Any]:
+def unpack(node: Node, value: Any) -> dict[str, Any]:
     if len(node.outputs) == 1:
         return {node.outputs[0]: value}
     if not isinstance(value, (tuple, list)) or len(value) != len(node.outputs):

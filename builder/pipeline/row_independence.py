@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from builder.errors import RowDependenceError
-from builder.pipeline.executor import execute
 from builder.pipeline.module_outputs import pick
 from builder.pipeline.operators import ModelFields, ModelOp
+from builder.pipeline.streaming import batch_stream, collect, run_plan
 from builder.pipeline.vectorized import Vectorized
 
 ROWS = 4
@@ -50,19 +50,32 @@ def check_row_independence(pipe: Any, tolerance: float = TOLERANCE) -> None:
     """
     arguments: dict[int, list[tuple]] = {}
     if pipe.examples:
-        execute(pipe.plan, pipe.examples, arguments=arguments)
+        run_plan(pipe.plan, pipe.examples, arguments=arguments)
     for index, node in enumerate(pipe.nodes):
         op, rows = node.op, arguments.get(index, [])
         if isinstance(op, (ModelOp, ModelFields)) or (isinstance(op, Vectorized)
                                                        and not op.batch):
             continue  # model operators: below, with those inside other operators
-        if callable(getattr(op, "call_batch", None)) and rows:
+        if batch_stream(op) and rows:
+            _check_call_batch(Collected(op), node.label, rows, tolerance)
+        elif callable(getattr(op, "call_batch", None)) and rows:
             _check_call_batch(op, node.label, rows, tolerance)
     node_rows = {id(node.op.model if isinstance(node.op, ModelFields) else node.op):
                  arguments.get(i, []) for i, node in enumerate(pipe.nodes)}
     for op in pipe.model_ops():
         if op.batches:
             check_model(op, node_rows.get(id(op), []), tolerance)
+
+
+class Collected:
+    """A streaming operator answered whole, each row's items as one answer: how its rows are
+    compared batched and alone."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def call_batch(self, rows: Sequence[tuple]) -> list[list[Any]]:
+        return collect(self.op, rows)
 
 
 def check_model(op: ModelOp, arguments: Sequence[tuple] = (),

@@ -446,6 +446,9 @@ class PipelineSignature:
 
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    streamed: tuple[str, ...] = ()
+    """The outputs sent item by item, one response each (a streaming pipeline); answered
+    whole, each is the list of the call's items."""
 
     def describe(self) -> str:
         return (f"inputs:\n{_indent(describe_specs(self.inputs))}\n"

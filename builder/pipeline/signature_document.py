@@ -11,7 +11,11 @@ from the server (:mod:`builder.client.codec`), never from local code::
     {"version": 1,
      "inputs":  {"<column>": {"dtype": "TYPE_STRING", "dims": [], "kind": "scalar",
                               "pytype": "str", "ragged": false}, ...},
-     "outputs": {"<column>": {...}, ...}}
+     "outputs": {"<column>": {...}, ...},
+     "streamed": ["<column>", ...]}
+
+``streamed`` (present for a streaming pipeline only) names the outputs sent one item per
+response (:mod:`builder.pipeline.streaming`).
 
 Columns are in pipeline order, each is the tensor of the same name, and one element of the
 batch dimension is one pipeline call (see :mod:`builder.pipeline.signature`).
@@ -40,6 +44,8 @@ def signature_parameter(signature: PipelineSignature) -> dict[str, str]:
         "inputs": {name: _spec_json(spec) for name, spec in signature.inputs.items()},
         "outputs": {name: _spec_json(spec) for name, spec in signature.outputs.items()},
     }
+    if signature.streamed:
+        document["streamed"] = list(signature.streamed)
     return {SIGNATURE_PARAMETER: json.dumps(document, separators=(",", ":"))}
 
 
@@ -54,6 +60,7 @@ def parse_signature(text: str) -> PipelineSignature:
         return PipelineSignature(
             inputs={name: _spec(entry) for name, entry in document["inputs"].items()},
             outputs={name: _spec(entry) for name, entry in document["outputs"].items()},
+            streamed=tuple(document.get("streamed", ())),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         if isinstance(error, SignatureError):

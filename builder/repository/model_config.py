@@ -63,6 +63,8 @@ class ModelConfigSpec:
     queue_policy: QueuePolicy | None = None
     """Rejects what waits too long or finds the queue full (needs dynamic batching)."""
     parameters: Mapping[str, str] = field(default_factory=dict)
+    decoupled: bool = False
+    """Several responses per request (a streaming pipeline): ``model_transaction_policy``."""
 
 
 def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
@@ -108,6 +110,8 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
             policy.max_queue_size = spec.queue_policy.max_queue_size
     for key, value in spec.parameters.items():
         config.parameters[key].string_value = str(value)
+    if spec.decoupled:
+        config.model_transaction_policy.decoupled = True
     return config
 
 

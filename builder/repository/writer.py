@@ -201,6 +201,7 @@ def build_pipeline_model(
         queue_policy=pipeline_policy,
         parameters={**signature_parameter(signature),  # lets any client rebuild the values
                     MAX_REQUEST_PARAMETER: str(limit)},
+        decoupled=pipe.streaming is not None,
     )
     check_config(build_config(pipeline_spec), name)
 

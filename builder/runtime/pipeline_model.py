@@ -80,6 +80,8 @@ class PythonBackendApi:
     ``MetricFamily``      no      yes     yes     no per-operator metrics
     ``TritonError`` code  no      no      yes     a bad request is answered as a server error
                                                   (``INTERNAL``); its message says "bad request"
+    ``is_cancelled``      no      no      yes     a stream runs to its end after its client
+                                                  has gone (``request.is_cancelled``, r23.10)
     ====================  ======  ======  ======  =================================================
 
     Read from the python_backend branches r22.12, r23.05 and r24.10; the error codes came in
@@ -91,6 +93,7 @@ class PythonBackendApi:
     preferred_memory: bool
     custom_metrics: bool
     error_codes: bool
+    cancellation: bool
 
     @classmethod
     def of(cls, pb: Any) -> PythonBackendApi:
@@ -101,6 +104,7 @@ class PythonBackendApi:
             and hasattr(pb, "TRITONSERVER_MEMORY_CPU"),
             custom_metrics=hasattr(pb, "MetricFamily"),
             error_codes=hasattr(getattr(pb, "TritonError", None), "INVALID_ARG"),
+            cancellation=hasattr(getattr(pb, "InferenceRequest", None), "is_cancelled"),
         )
 
     def missing(self) -> list[str]:
@@ -178,6 +182,16 @@ class TritonApi:
             code = error.INVALID_ARG if bad_request else error.UNAVAILABLE
             return self.pb.InferenceResponse(output_tensors=[], error=error(message, code))
         return self.pb.InferenceResponse(output_tensors=[], error=error(message))
+
+    def send(self, request: Any, response: Any = None, *, final: bool = False) -> None:
+        """Send one of a streamed request's responses; ``final`` ends its stream."""
+        sender = request.get_response_sender()
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        sender.send(response, flags=flags)
+
+    def cancelled(self, request: Any) -> bool:
+        """Whether the client has cancelled ``request`` (never, on releases before r23.10)."""
+        return self.features.cancellation and request.is_cancelled()
 
     def log_warning(self, message: str) -> None:
         if self.features.logger:
@@ -317,6 +331,74 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return responses
 
 
+def serve_stream(pipeline: Any, api: TritonApi, requests: Sequence[Any],
+                 times: list[list[float]] | None = None, limit: int | None = None) -> None:
+    """Stream a dynamic batch of requests through a streaming pipeline: each item as a response
+    of its own the moment it is made, then the final flag; the rows of every stream advance
+    together, one step at a time, so a model call inside the loop serves them all.
+
+    Each request is one call (a batch of one). A request the client has cancelled ends within
+    one step, with the final flag alone; errors end a stream as :func:`serve` words them."""
+    signature = pipeline.signature()
+    owners: list[Any] = []
+    calls: list[tuple] = []
+    for request in requests:
+        try:
+            values = decode_request(api, request, signature.inputs, limit)
+            if len(values) != 1:
+                raise ValueError(f"a streaming pipeline takes one call per request, this one "
+                                 f"holds {len(values)}: send them as requests of their own")
+        except Exception as error:  # noqa: BLE001 - this request's error response
+            api.send(request, stream_error(api, f"bad request: {error}", bad_request=True),
+                     final=True)
+            continue
+        owners.append(request)
+        calls.append(values[0])
+    ended: set[int] = set()
+
+    def stopped() -> set[int]:
+        return {call for call, request in enumerate(owners)
+                if call not in ended and api.cancelled(request)}
+
+    try:
+        for event in pipeline.run_stream(calls, times, stopped):
+            request = owners[event.call]
+            if event.error is not None:
+                ended.add(event.call)
+                api.send(request, stream_error(
+                    api, str(event.error), bad_request=_input_error(event.error),
+                    unavailable=getattr(event.error.__cause__, "unavailable", False)),
+                    final=True)
+            elif event.final:
+                ended.add(event.call)
+                api.send(request, final=True)
+            else:
+                api.send(request, _item_response(api, signature, event.outputs))
+    except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
+        message = f"pipeline failed: {type(error).__name__}: {error}"
+        for call, request in enumerate(owners):
+            if call not in ended:
+                api.send(request, stream_error(api, message), final=True)
+
+
+def stream_error(api: TritonApi, message: str, *, bad_request: bool = False,
+                 unavailable: bool = False) -> Any:
+    """An error response for a stream, its status written at the head of its message
+    (``[INVALID_ARGUMENT] …``): gRPC's ``ModelStreamInfer`` carries an error's message and
+    drops its code, so the client reads it there (:mod:`builder.client.response_stream`)."""
+    code = "INVALID_ARGUMENT" if bad_request else "UNAVAILABLE" if unavailable else "INTERNAL"
+    return api.error_response(f"[{code}] {message}", bad_request=bad_request,
+                              unavailable=unavailable)
+
+
+def _item_response(api: TritonApi, signature: Any, outputs: dict[str, Any]) -> Any:
+    try:
+        return api.response({name: spec.encode_batch([outputs[name]])
+                             for name, spec in signature.outputs.items()})
+    except Exception as error:  # noqa: BLE001 - an output that does not fit its type
+        return api.error_response(f"output does not fit its type: {error}")
+
+
 def _input_error(error: BaseException) -> bool:
     """Whether a call's error is ``builder.errors.InputError``, found by name along its classes:
     this module imports nothing from ``builder``."""
@@ -362,24 +444,32 @@ class TritonPythonModel:
         self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
         request_size.check_shared_memory(self.limit, self.api)
 
-    def execute(self, requests: list) -> list:
+    def execute(self, requests: list) -> list | None:
         """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
-        The requests are counted first and checked second (:class:`drain.InFlight`)."""
+        The requests are counted first and checked second (:class:`drain.InFlight`). A
+        streaming pipeline (a decoupled model) sends its responses itself and returns None."""
         if self.in_flight is None:
             return self._serve(requests)
         self.in_flight.add(len(requests))
         try:
             if drain.closing():
-                return [self.api.error_response(STOPPING, unavailable=True) for _ in requests]
+                if self.pipeline.streaming is None:
+                    return [self.api.error_response(STOPPING, unavailable=True)
+                            for _ in requests]
+                for request in requests:
+                    self.api.send(request, stream_error(self.api, STOPPING, unavailable=True),
+                                  final=True)
+                return None
             return self._serve(requests)
         finally:
             self.in_flight.add(-len(requests))
 
-    def _serve(self, requests: list) -> list:
+    def _serve(self, requests: list) -> list | None:
+        how = serve if self.pipeline.streaming is None else serve_stream
         if self.metrics is None:
-            return serve(self.pipeline, self.api, requests, limit=self.limit)
+            return how(self.pipeline, self.api, requests, limit=self.limit)
         with self.metrics.lock:
-            return serve(self.pipeline, self.api, requests, self.metrics.times, self.limit)
+            return how(self.pipeline, self.api, requests, self.metrics.times, self.limit)
 
     def finalize(self) -> None:
         if self.metrics is not None:

@@ -28,6 +28,7 @@ import torch
 import torch.utils.dlpack
 
 TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
 class TritonError:
@@ -101,10 +102,33 @@ class InferenceResponse:
 
 @dataclass
 class Request:
-    """What Triton hands ``execute``: named input tensors (in "GPU" memory if ``on_gpu``)."""
+    """What Triton hands ``execute``: named input tensors (in "GPU" memory if ``on_gpu``).
+
+    For a decoupled model, ``sent`` records what its response sender sent (a response or
+    ``None``, and the flags); the client cancels once ``cancel_after`` responses have come."""
 
     inputs: dict[str, np.ndarray]
     on_gpu: bool = False
+    cancel_after: int | None = None
+    sent: list[tuple[InferenceResponse | None, int]] = field(default_factory=list)
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+    def get_response_sender(self) -> ResponseSender:
+        return ResponseSender(self)
+
+
+class ResponseSender:
+    """``InferenceResponseSender``: nothing may be sent after the final flag."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if any(f & TRITONSERVER_RESPONSE_COMPLETE_FINAL for _, f in self.request.sent):
+            raise RuntimeError("a response was sent after the final flag")
+        self.request.sent.append((response, flags))
 
 
 def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
@@ -195,7 +219,9 @@ class Unavailable(Exception):
     queue policy rejects (``UNAVAILABLE``: "Request timeout expired")."""
 
 
-class InferenceRequest:
+class BlsRequest:
+    """``InferenceRequest`` as python_backend binds it before r23.10: no ``is_cancelled``."""
+
     def __init__(self, model_name: str, requested_output_names: list[str], inputs: list[Tensor],
                  preferred_memory: PreferredMemory | None = None) -> None:
         self.model_name = model_name
@@ -221,7 +247,14 @@ class InferenceRequest:
         ])
 
 
-class InferenceRequestR2212(InferenceRequest):
+class InferenceRequest(BlsRequest):
+    """From r23.10 a request can tell that its client cancelled it."""
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class InferenceRequestR2212(BlsRequest):
     """r22.12: no ``preferred_memory`` argument (``PreferredMemory`` came in r23.04)."""
 
     def __init__(self, model_name: str, requested_output_names: list[str],
@@ -232,7 +265,7 @@ class InferenceRequestR2212(InferenceRequest):
 GENERATIONS: dict[str, dict[str, Any]] = {
     "r24.10": {},
     "r23.05": {"TritonError": MessageOnlyTritonError,
-               "InferenceResponse": InferenceResponseR2212},
+               "InferenceResponse": InferenceResponseR2212, "InferenceRequest": BlsRequest},
     "r22.12": {"TritonError": MessageOnlyTritonError,
                "InferenceResponse": InferenceResponseR2212,
                "InferenceRequest": InferenceRequestR2212,
@@ -245,6 +278,7 @@ name → its class there, or ``None`` where that release binds no such name. Rea
 
 API_NAMES = ("TritonError", "Tensor", "InferenceRequest", "InferenceResponse", "Logger",
              "PreferredMemory", "TRITONSERVER_MEMORY_CPU", "MetricFamily",
+             "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
              "get_input_tensor_by_name", "get_output_tensor_by_name")
 
 

@@ -184,8 +184,8 @@ def test_a_failing_operator_is_a_server_error_not_a_bad_request(served, generati
 
 
 @pytest.mark.parametrize("release, missing", [
-    ("r22.12", ["preferred_memory", "custom_metrics", "error_codes"]),
-    ("r23.05", ["error_codes"]), ("r24.10", [])])
+    ("r22.12", ["preferred_memory", "custom_metrics", "error_codes", "cancellation"]),
+    ("r23.05", ["error_codes", "cancellation"]), ("r24.10", [])])
 def test_the_python_backend_api_of_each_release_is_found_by_its_names(release, missing):
     api = pipeline_model.PythonBackendApi.of(pb.generation(release))
     assert api.missing() == missing and api.logger

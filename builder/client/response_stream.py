@@ -1,0 +1,88 @@
+"""Reading a streaming pipeline's responses as they come: gRPC's ``ModelStreamInfer``.
+
+A streaming pipeline is served as a decoupled model (:mod:`builder.pipeline.streaming`): one
+request, then one response per item and a final flag. tritonclient reads such a stream on a
+thread of its own, through a callback, and allows one stream per client; here each stream gets
+its own client and a queue, and is read as an iterator. Closing the iterator before the end
+cancels the request on the server (``stop_stream(cancel_requests=True)``), which ends its
+generation within one step.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from builder.client.endpoint import Endpoint
+from builder.client.errors import RemoteModelError, classify
+
+FINAL_PARAMETER = "triton_final_response"
+"""The response parameter Triton sets on the last response of a request's stream."""
+_STATUS = re.compile(r"^\[([A-Z_]+)\] ")
+
+
+def stream_error(error: InferenceServerException) -> InferenceServerException:
+    """A stream's error response with its status: the pipeline model writes it at the head of
+    the message (``[INVALID_ARGUMENT] …``), since gRPC's stream drops the code of each
+    response; what has no such head keeps the status it came with."""
+    message = error.message() or ""
+    match = _STATUS.match(message)
+    if match is None or error.status():
+        return error
+    return InferenceServerException(msg=message[match.end():],
+                                    status=f"StatusCode.{match.group(1)}")
+
+
+def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: Sequence[str],
+                timeout: float, channel_args: Sequence[tuple[str, Any]] = ()
+                ) -> Iterator[dict[str, np.ndarray]]:
+    """Send one request on a stream of its own; yield each response's ``outputs`` by name.
+
+    ``timeout`` bounds the wait for each response. An error response, or a broken stream,
+    raises the error :func:`builder.client.errors.classify` gives; so does a stream that ends
+    without its final response.
+    """
+    import tritonclient.grpc as grpcclient
+
+    what = f"stream from {endpoint.url}"
+    client = grpcclient.InferenceServerClient(endpoint.address, ssl=endpoint.ssl,
+                                              channel_args=list(channel_args) or None)
+    responses: queue.Queue = queue.Queue()
+    finished = False
+    try:
+        client.start_stream(lambda result, error: responses.put((result, error)))
+        inputs = []
+        for name, array in tensors.items():
+            tensor = grpcclient.InferInput(name, list(array.shape),
+                                           np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        client.async_stream_infer(
+            endpoint.model, inputs, endpoint.version,
+            outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
+            enable_empty_final_response=True)
+        while True:
+            try:
+                result, error = responses.get(timeout=timeout)
+            except queue.Empty:
+                raise classify(TimeoutError(f"no response within {timeout} s"), what) from None
+            if error is not None:
+                error = stream_error(error)
+                raise classify(error, what) or RemoteModelError(f"{what}: {error}") from error
+            response = result.get_response()
+            final = response.parameters[FINAL_PARAMETER].bool_param
+            if response.outputs:
+                yield {name: result.as_numpy(name) for name in outputs}
+            if final:
+                finished = True
+                return
+    finally:
+        try:
+            client.stop_stream(cancel_requests=not finished)
+        finally:
+            client.close()

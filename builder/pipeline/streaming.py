@@ -1,0 +1,297 @@
+"""Streaming operators: each item sent the moment it is made, decoding loops batched per step.
+
+``pipe.input("image") ... .stream("memory", "char", decoder)`` declares an operator whose items
+are the pipeline's answer, one at a time: a text decoder's tokens, a captioner's words. The
+pipeline then answers as a stream (served: a decoupled model, one response per item and a final
+flag), and :func:`execute_stream` runs it step by step so that a slow loop shows its first item
+as soon as it is made, and a call that is no longer wanted (a cancelled request) stops within
+one step.
+
+An operator streams in one of two forms:
+
+* a function returning an iterator (a generator), called per row: each step advances every
+  running row by one item;
+* an object whose ``call_batch(rows)`` is a generator: each ``yield`` is one step, a mapping of
+  row position → item for every row still running; a row absent from a step has finished. The
+  value the ``yield`` returns is the set of row positions to stop (cancelled or failed), which
+  the operator drops from its loop. This is the form that batches a model call per step across
+  every stream of the batch (the decoder of all running sequences as one call).
+
+Only ``map`` operators may follow a streaming one (each applies to every item), and every
+pipeline output comes with each item; the streaming operator reads the call's own row, so a
+call's items come in one order, the same in process (:meth:`Pipeline.stream`) and served.
+Answered whole (``pipe(x)``), each output is the list of the call's items.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.errors import OperatorError, PipelineError
+from builder.pipeline.executor import (
+    CallResult,
+    Row,
+    execute,
+    failure,
+    run_nodes,
+    start_rows,
+    unpack,
+)
+
+STEP_KINDS = ("map",)
+"""What may follow a streaming operator: operators applied to each item."""
+
+
+def batch_stream(op: Any) -> bool:
+    """Whether ``op`` streams through a generator ``call_batch`` (one step per ``yield``)."""
+    return inspect.isgeneratorfunction(getattr(op, "call_batch", None))
+
+
+@dataclass
+class StreamEvent:
+    """One event of a call's stream: an item's ``outputs``, or its end (``final``), with the
+    ``error`` that stopped it or ``cancelled`` when the caller asked it to stop."""
+
+    call: int
+    outputs: dict[str, Any] | None = None
+    final: bool = False
+    error: OperatorError | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class StreamPart:
+    """Where a plan streams: the streaming node, what runs before it and on each of its items."""
+
+    node: int
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    streamed: frozenset[int] = field(default_factory=frozenset)
+    """The row streams made of the items (the streaming node's and those below it)."""
+
+
+def stream_part(plan: Any) -> StreamPart | None:
+    """The streaming part of ``plan``, checked: one streaming operator at most, reading the
+    call's own row, followed by ``map`` operators only; ``None`` when it streams nothing."""
+    streaming = [i for i in plan.order if plan.nodes[i].kind == "stream"]
+    if not streaming:
+        return None
+    if len(streaming) > 1:
+        first, second = (plan.nodes[i].label for i in streaming[:2])
+        raise PipelineError(f"operators {first} and {second} both stream: a pipeline streams "
+                            "one operator's items")
+    (index,) = streaming
+    node = plan.nodes[index]
+    if plan.node_stream[index] != 0:
+        raise PipelineError(
+            f"operator {node.label} streams rows made by a flat_map or filter: a streaming "
+            "operator reads the call's own columns, so that each call is one stream")
+    streamed = {plan.node_output_stream[index]}
+    after = []
+    for i in plan.order:
+        if plan.node_stream[i] in streamed and i != index:
+            other = plan.nodes[i]
+            if other.kind not in STEP_KINDS:
+                raise PipelineError(
+                    f"operator {other.label} follows the streaming operator {node.label}: only "
+                    "map operators apply to each streamed item")
+            after.append(i)
+    whole = [c for c in plan.outputs if plan.column_stream[c] not in streamed]
+    if whole:
+        raise PipelineError(
+            f"pipeline output {whole[0]!r} is one value per call, but operator {node.label} "
+            "streams: every output of a streaming pipeline comes with each item (to send a "
+            f"value of the call with every item, compute it with a map that reads an item's "
+            f"column too: .map((<item column>, {whole[0]!r}), ...))")
+    before = tuple(i for i in plan.order if i != index and i not in after)
+    return StreamPart(index, before, tuple(after), frozenset(streamed))
+
+
+class Steps:
+    """The rows of one streaming operator, advanced one step at a time."""
+
+    def __init__(self, op: Any, argument_rows: Sequence[tuple]) -> None:
+        self.running = set(range(len(argument_rows)))
+        self._batch = None
+        self._iterators: dict[int, Iterator[Any]] = {}
+        self._first = True
+        self.errors: dict[int, BaseException] = {}
+        if batch_stream(op):
+            self._batch = op.call_batch(list(argument_rows))
+            return
+        for position, args in enumerate(argument_rows):
+            try:
+                self._iterators[position] = iter(op(*args))
+            except Exception as error:  # noqa: BLE001 - this row's failure
+                self.errors[position] = error
+                self.running.discard(position)
+
+    def step(self, stop: Collection[int] = ()) -> dict[int, Any]:
+        """One step: the item of each row still running. ``stop``: rows to end first. Rows that
+        fail are moved to :attr:`errors`; a row that made no item has ended."""
+        stop = set(stop) & self.running
+        self.running -= stop
+        if self._batch is not None:
+            return self._batch_step(stop)
+        items = {}
+        for position in sorted(self.running):
+            try:
+                items[position] = next(self._iterators[position])
+            except StopIteration:
+                self.running.discard(position)
+            except Exception as error:  # noqa: BLE001 - this row's failure
+                self.errors[position] = error
+                self.running.discard(position)
+        for position in stop:
+            _close(self._iterators.pop(position, None))
+        return items
+
+    def _batch_step(self, stop: set[int]) -> dict[int, Any]:
+        try:
+            step = next(self._batch) if self._first else self._batch.send(stop)
+            self._first = False
+        except StopIteration:
+            self.running.clear()
+            return {}
+        except Exception as error:  # noqa: BLE001 - the batch's failure: every running row's
+            self.errors.update(dict.fromkeys(self.running, error))
+            self.running.clear()
+            return {}
+        if not isinstance(step, dict):
+            raise PipelineError(
+                f"a streaming call_batch yields, per step, a dict of row position -> item; got "
+                f"{type(step).__name__}")
+        items = {p: item for p, item in step.items() if p in self.running}
+        self.running = set(items)
+        return items
+
+    def close(self) -> None:
+        """End every row still running (the caller stops reading)."""
+        if self._batch is not None:
+            self._batch.close()
+        for iterator in self._iterators.values():
+            _close(iterator)
+        self.running.clear()
+
+
+def collect(op: Any, argument_rows: Sequence[tuple]) -> list[list[Any]]:
+    """Every row's items, in order: a streaming operator answered whole."""
+    steps = Steps(op, argument_rows)
+    items: list[list[Any]] = [[] for _ in argument_rows]
+    while steps.running:
+        for position, item in steps.step().items():
+            items[position].append(item)
+    if steps.errors:
+        raise next(iter(steps.errors.values()))
+    return items
+
+
+def _close(iterator: Any) -> None:
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        close()
+
+
+def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
+                   times: list[list[float]] | None = None,
+                   stopped: Callable[[], Collection[int]] | None = None,
+                   arguments: dict[int, list[tuple]] | None = None,
+                   ) -> Iterator[StreamEvent]:
+    """Run ``calls`` through a streaming ``plan``, yielding each item as it is made.
+
+    Events of different calls interleave, step by step; each call ends with one ``final``
+    event (with its error, or ``cancelled``). ``stopped()`` is asked before every step which
+    calls no longer want items: they end within that step. ``times``: as for
+    :func:`~builder.pipeline.executor.execute`; the streaming operator's row count is its rows,
+    its time the steps'. ``arguments``: as for ``execute``.
+    """
+    streams, failed = start_rows(plan, calls)
+    run_nodes(plan, part.before, streams, failed, times, arguments)
+    node = plan.nodes[part.node]
+    rows = [r for r in streams.get(0, []) if r.call not in failed]
+
+    def final(call: int, **state: Any) -> StreamEvent:
+        return StreamEvent(call, final=True, error=failed.get(call), **state)
+
+    ended = set(range(len(calls))) - {r.call for r in rows}
+    for call in sorted(ended):
+        yield final(call)
+    started = time.perf_counter()
+    argument_rows = _columns(rows, node.inputs)
+    if arguments is not None:
+        arguments.setdefault(part.node, []).extend(argument_rows)
+    steps = Steps(node.op, argument_rows)
+    _account(times, part.node, started, len(rows), 0)
+    try:
+        while steps.running:
+            cancelled = set(stopped()) if stopped is not None else set()
+            stop = {p for p in steps.running if rows[p].call in cancelled or rows[p].call in failed}
+            started = time.perf_counter()
+            items = steps.step(stop)
+            _account(times, part.node, started, 0, len(steps.errors))
+            for position, error in list(steps.errors.items()):
+                failed.setdefault(rows[position].call, failure(node, error))
+            steps.errors.clear()
+            made = [Row(rows[p].call, rows[p], unpack(node, item)) for p, item in items.items()]
+            out = {plan.node_output_stream[part.node]: made}
+            run_nodes(plan, part.after, out, failed, times, arguments)
+            for position in sorted(stop | (set(range(len(rows))) - steps.running)):
+                call = rows[position].call  # ended this step (no item), stopped, or failed
+                if call not in ended:
+                    ended.add(call)
+                    yield final(call, cancelled=call in cancelled and call not in failed)
+            for row in made:
+                if row.call not in failed:
+                    yield StreamEvent(row.call, {c: row.get(c) for c in plan.outputs})
+            for call in sorted({r.call for r in made} & set(failed) - ended):
+                ended.add(call)  # an item failed after the operator: the call ends now
+                yield final(call)
+    finally:
+        steps.close()
+
+
+def run_plan(plan: Any, calls: Sequence[Sequence[Any]],
+             times: list[list[float]] | None = None,
+             arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
+    """Any plan's calls answered whole: :func:`~builder.pipeline.executor.execute`, or for a
+    streaming plan its items collected (:func:`collect_stream`)."""
+    if any(node.kind == "stream" for node in plan.nodes):
+        return collect_stream(plan, calls, times, arguments)
+    return execute(plan, calls, times, arguments)
+
+
+def collect_stream(plan: Any, calls: Sequence[Sequence[Any]],
+                   times: list[list[float]] | None = None,
+                   arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
+    """A streaming plan answered whole (``pipe(x)``): each streamed output the list of the
+    call's items; what ``execute`` returns."""
+    part = stream_part(plan)
+    items: dict[int, dict[str, list[Any]]] = {i: {c: [] for c in plan.outputs}
+                                               for i in range(len(calls))}
+    results: list[CallResult] = [CallResult()] * len(calls)
+    for event in execute_stream(plan, part, calls, times, arguments=arguments):
+        if not event.final:
+            for column in plan.outputs:
+                items[event.call][column].append(event.outputs[column])
+        elif event.error is not None:
+            results[event.call] = CallResult(error=event.error)
+        else:
+            results[event.call] = CallResult(items[event.call])
+    return results
+
+
+def _columns(rows: Sequence[Any], columns: Sequence[str]) -> list[tuple]:
+    return [tuple(r.get(c) for c in columns) for r in rows]
+
+
+def _account(times: list[list[float]] | None, index: int, started: float, rows: int,
+             failed: int) -> None:
+    if times is not None:
+        spent = times[index]
+        spent[0] += time.perf_counter() - started
+        spent[1] += rows
+        spent[3] += failed

@@ -1,0 +1,149 @@
+"""Streaming operators in process: items in order, per step, cancellation within one step."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder import pipe
+from builder.errors import OperatorError, PipelineError
+from builder.pipeline.streaming import StreamEvent, collect, execute_stream
+
+
+def count_up(n: int):
+    yield from range(n)
+
+
+class Decoder:
+    """A decoding loop in the batched form: one step of every running row per ``yield``,
+    counting the rows it advanced (what a model call per step would cost)."""
+
+    def __init__(self) -> None:
+        self.advanced = 0
+
+    def call_batch(self, rows):
+        lengths = [row[0] for row in rows]
+        running = [i for i, n in enumerate(lengths) if n > 0]
+        step = 0
+        while running:
+            self.advanced += len(running)
+            made = {i: f"{i}:{step}" for i in running}
+            stopped = yield made
+            running = [i for i in running if step + 1 < lengths[i]
+                       and i not in (stopped or ())]
+            step += 1
+
+
+def test_a_generator_operator_streams_its_items_and_the_whole_answer_is_their_list():
+    p = (pipe.input("n").stream("n", "i", count_up).map("i", "square", lambda i: i * i)
+         .output("square"))
+    assert list(p.stream(4)) == [0, 1, 4, 9]
+    assert p(4) == [0, 1, 4, 9]
+    assert p.batch([3, 0, 2]) == [[0, 1, 4], [], [0, 1]]
+    assert p.streaming is not None
+
+
+def test_a_batched_streaming_operator_advances_every_row_per_step():
+    decoder = Decoder()
+    p = pipe.input("n").stream("n", "token", decoder).output("token")
+    assert p.batch([2, 3, 1]) == [["0:0", "0:1"], ["1:0", "1:1", "1:2"], ["2:0"]]
+    assert decoder.advanced == 6  # 3 rows, then 2, then 1: one step each
+
+
+def test_each_call_ends_in_the_step_its_row_makes_no_item():
+    p = pipe.input("n").stream("n", "token", Decoder()).output("token")
+    events = list(execute_stream(p.plan, p.streaming, [(1,), (3,)]))
+    finals = [i for i, e in enumerate(events) if e.final]
+    first_end = next(i for i, e in enumerate(events) if e.final and e.call == 0)
+    assert first_end < next(i for i, e in enumerate(events) if e.call == 1 and not e.final
+                            and e.outputs["token"] == "1:1")
+    assert len(finals) == 2
+
+
+def test_a_cancelled_call_stops_within_one_step_and_the_others_go_on():
+    decoder = Decoder()
+    p = pipe.input("n").stream("n", "token", decoder).output("token")
+    cancelled: set[int] = set()
+    events: list[StreamEvent] = []
+    for event in execute_stream(p.plan, p.streaming, [(12,), (12,)], stopped=lambda: cancelled):
+        events.append(event)
+        if event.call == 0 and not event.final:
+            cancelled.add(0)  # after its first item
+    mine = [e for e in events if e.call == 0]
+    assert [e.outputs["token"] for e in mine if not e.final] == ["0:0"]
+    assert mine[-1].final and mine[-1].cancelled
+    assert len([e for e in events if e.call == 1 and not e.final]) == 12
+    assert decoder.advanced == 1 + 12  # row 0 advanced once, never after its cancel
+
+
+def test_closing_the_in_process_stream_stops_the_operator():
+    decoder = Decoder()
+    p = pipe.input("n").stream("n", "token", decoder).output("token")
+    stream = p.stream(12)
+    assert next(stream) == "0:0"
+    stream.close()
+    assert decoder.advanced == 1
+
+
+def test_an_error_mid_stream_reaches_the_caller_after_the_items_before_it():
+    def breaks(n):
+        yield "a"
+        raise ValueError("step two broke")
+
+    p = pipe.input("n").stream("n", "item", breaks).output("item")
+    stream = p.stream(3)
+    assert next(stream) == "a"
+    with pytest.raises(OperatorError, match="step two broke"):
+        next(stream)
+    with pytest.raises(OperatorError, match="breaks' \\(stream n -> item\\) failed"):
+        p(3)
+
+
+def test_a_map_after_the_stream_that_fails_ends_only_its_call():
+    def check(i):
+        if i == 1:
+            raise ValueError("one is refused")
+        return i
+
+    p = pipe.input("n").stream("n", "i", count_up).map("i", "j", check).output("j")
+    results = p.batch([1, 3], return_exceptions=True)
+    assert results[0] == [0]
+    assert isinstance(results[1], OperatorError)
+
+
+def test_a_value_of_the_call_comes_with_every_item_through_a_map_after_the_stream():
+    p = (pipe.input("n").map("n", "label", lambda n: f"n={n}").stream("n", "i", count_up)
+         .map(("i", "label"), "tag", lambda i, label: label.upper()).output("tag", "i"))
+    assert list(p.stream(2)) == [("N=2", 0), ("N=2", 1)]
+    assert p(2) == (["N=2", "N=2"], [0, 1])
+    assert p(0) == ([], [])
+
+
+def test_the_signature_of_a_streamed_output_is_one_item():
+    p = pipe.input("n").stream("n", "i", count_up).output("i").with_example(3)
+    spec = p.signature().outputs["i"]
+    assert not spec.ragged
+
+
+def test_collect_answers_a_streaming_operator_whole():
+    assert collect(Decoder(), [(2,), (1,)]) == [["0:0", "0:1"], ["1:0"]]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: pipe.input("n").stream("n", "a", count_up).stream("a", "b", count_up)
+     .output("b"), "both stream"),
+    (lambda: pipe.input("n").flat_map("n", "m", lambda n: [n]).stream("m", "a", count_up)
+     .output("a"), "call's own columns"),
+    (lambda: pipe.input("n").stream("n", "a", count_up).flat_map("a", "b", lambda a: [a])
+     .output("b"), "only map operators"),
+    (lambda: pipe.input("n").map("n", "m", abs).stream("n", "a", count_up).output("m"),
+     "every output of a streaming pipeline comes with each item"),
+])
+def test_pipelines_that_cannot_stream_are_refused_naming_the_operator(build, message):
+    with pytest.raises(PipelineError, match=message):
+        build()
+
+
+def test_a_pipeline_that_does_not_stream_says_so():
+    p = pipe.input("n").map("n", "m", abs).output("m")
+    with pytest.raises(PipelineError, match="does not stream"):
+        list(p.stream(1))

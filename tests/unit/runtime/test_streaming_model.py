@@ -1,0 +1,154 @@
+"""The pipeline model of a streaming pipeline (decoupled): each item its own response as it is
+made, one BLS call per step for every stream of the batch, cancellation within one step.
+
+Triton's plumbing is the stand-in of :mod:`tests.support.pb_utils_standin` (response senders
+recording what they sent, requests a client cancels after N responses); the model the loop
+calls is the exported ONNX file, run by onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder import build_pipeline_model, pipe
+from builder.repository.model_config import read_config
+from builder.runtime import pipeline_model
+from tests.support import pb_utils_standin as pb
+from tests.support.tiny_models import affine_op
+from tests.unit.runtime.test_pipeline_model import _args, _wire_bls
+
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class Walk:
+    """``v[0]`` steps of the affine model, fed its own output: one model call per step for
+    every running row, each step's sum an item."""
+
+    def __init__(self, op) -> None:
+        self.op = op
+
+    def call_batch(self, rows):
+        states = [np.asarray(row[0], dtype=np.float32) for row in rows]
+        left = [int(row[0][0]) for row in rows]
+        running = [i for i in range(len(rows)) if left[i] > 0]
+        while running:
+            outputs = self.op.call_batch([(states[i],) for i in running])
+            step = {}
+            for i, y in zip(running, outputs, strict=True):
+                states[i] = np.concatenate([y, [1.0]]).astype(np.float32)
+                step[i] = round(float(y.sum()), 5)
+                left[i] -= 1
+            stopped = yield step
+            running = [i for i in running if left[i] > 0 and i not in (stopped or ())]
+
+
+def _fail_on_big(total):
+    if total > -0.65:
+        raise ValueError("too big")
+    return total
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streaming") / "models"
+    pipeline = (pipe.input("v").stream("v", "total", Walk(affine_op())).output("total")
+                .with_example([3.0, 1.0, 2.0, 0.5]))
+    build_pipeline_model(pipeline, root, in_process=False)
+    return pipeline, root
+
+
+@pytest.fixture
+def model(built, monkeypatch):
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    _, root = built
+    _wire_bls(root)
+    served = pipeline_model.TritonPythonModel()
+    served.initialize(_args(root / "pipeline"))
+    yield served
+    served.finalize()
+
+
+def _request(vector, cancel_after=None) -> pb.Request:
+    return pb.Request({"v": np.array([vector], dtype=np.float64)}, cancel_after=cancel_after)
+
+
+def _items(request) -> list[float]:
+    assert request.sent[-1] == (None, FINAL), request.sent[-1]
+    assert all(flags == 0 for _, flags in request.sent[:-1])
+    values = []
+    for response, _ in request.sent[:-1]:
+        assert not response.has_error(), response.error().message()
+        (tensor,) = response.output_tensors
+        values.append(float(tensor.as_numpy().item()))
+    return values
+
+
+def test_the_pipeline_model_is_decoupled(built):
+    _, root = built
+    assert read_config(root / "pipeline").model_transaction_policy.decoupled
+
+
+def test_each_item_is_a_response_and_one_bls_call_serves_every_stream_per_step(built, model):
+    pipeline, _ = built
+    vectors = [[3.0, 1.0, 2.0, 0.5], [1.0, -1.0, 0.0, 2.0], [5.0, 0.5, 0.5, 0.5]]
+    requests = [_request(v) for v in vectors]
+    assert model.execute(requests) is None  # decoupled: responses went through the senders
+    for request, vector in zip(requests, vectors, strict=True):
+        np.testing.assert_allclose(_items(request), list(pipeline.stream(vector)), atol=1e-4)
+    assert [c.batch_size for c in pb.Models.calls] == [3, 2, 2, 1, 1]
+
+
+def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(model):
+    cancelled = _request([12.0, 1.0, 1.0, 1.0], cancel_after=1)
+    other = _request([12.0, 0.0, 1.0, 0.0])
+    model.execute([cancelled, other])
+    assert len(cancelled.sent) == 2 and cancelled.sent[-1] == (None, FINAL)
+    assert len(_items(other)) == 12
+    # the first step served both; after the cancel, every step served the other stream alone
+    assert [c.batch_size for c in pb.Models.calls] == [2] + [1] * 11
+
+
+def test_a_request_of_several_calls_is_refused_as_the_clients_mistake(model):
+    request = pb.Request({"v": np.ones((2, 4))})
+    good = _request([2.0, 0.0, 0.0, 0.0])
+    model.execute([request, good])
+    ((response, flags),) = request.sent
+    assert flags == FINAL and response.error().code() == pb.TritonError.INVALID_ARG
+    assert response.error().message().startswith("[INVALID_ARGUMENT] bad request: a streaming")
+    assert len(_items(good)) == 2
+
+
+def test_an_error_mid_stream_ends_that_stream_after_its_items(tmp_path, monkeypatch):
+    pipeline = (pipe.input("v").stream("v", "total", Walk(affine_op()))
+                .map("total", "checked", _fail_on_big).output("checked")
+                .with_example([1.0, 0.0, 0.0, 0.0]))
+    root = tmp_path / "models"
+    build_pipeline_model(pipeline, root, in_process=False)
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    _wire_bls(root)
+    served = pipeline_model.TritonPythonModel()
+    served.initialize(_args(root / "pipeline"))
+    try:
+        request = _request([12.0, 3.0, 3.0, 3.0])
+        served.execute([request])
+    finally:
+        served.finalize()
+    *items, (error, flags) = request.sent
+    assert flags == FINAL and error.error().message().startswith("[INTERNAL] operator ")
+    assert "too big" in error.error().message()
+    assert len(items) == 2 and all(not r.has_error() for r, _ in items)  # -2.56, -0.71
+
+
+def test_before_23_10_a_stream_runs_to_its_end(built, monkeypatch):
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb.generation("r23.05"))
+    _, root = built
+    _wire_bls(root)
+    served = pipeline_model.TritonPythonModel()
+    served.initialize(_args(root / "pipeline"))
+    try:
+        request = _request([4.0, 1.0, 1.0, 1.0], cancel_after=1)
+        served.execute([request])
+    finally:
+        served.finalize()
+    assert len(request.sent) == 5  # four items and the final flag: nothing told it to stop
