@@ -169,10 +169,13 @@ def pipeline_check(model: str, pipe: Pipeline, calls: Sequence[tuple[Any, ...]],
                    timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Every call over gRPC and HTTP must answer what the in-process pipeline answered, each
     within ``timeout`` seconds; then the calls and perturbed copies of them, in flight together
-    (:mod:`builder.verify.concurrent`)."""
+    (:mod:`builder.verify.concurrent`). A streaming pipeline streams over gRPC only: each
+    call's items, collected, must be the items ``pipe.stream`` yields."""
+    schemes = ("grpc",) if pipe.streaming is not None else ("grpc", "http")
 
     def check(endpoint: ContainerEndpoint) -> None:
-        for scheme, address in (("grpc", endpoint.grpc_url), ("http", endpoint.http_url)):
+        addresses = {"grpc": endpoint.grpc_url, "http": endpoint.http_url}
+        for scheme, address in ((s, addresses[s]) for s in schemes):
             with Client(f"{scheme}://{address}/{model}", timeout=timeout) as client:
                 for call, reference in zip(calls, expected):
                     check_same(client(*call), reference, tolerance,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 
 STATE_DIR_VARIABLE = "TRITON_BUILDER_DRAIN_DIR"
@@ -84,11 +85,14 @@ class InFlight:
         finally:
             os.close(descriptor)
         self._count = 0
+        self._lock = threading.Lock()
 
     def add(self, requests: int) -> None:
-        """``requests`` more (negative: fewer) in execution."""
-        self._count += requests
-        _COUNT.pack_into(self._map, 0, self._count)
+        """``requests`` more (negative: fewer) in execution (streams end on threads of their
+        own: under a lock)."""
+        with self._lock:
+            self._count += requests
+            _COUNT.pack_into(self._map, 0, self._count)
 
     def close(self) -> None:
         self._map.close()

@@ -25,6 +25,7 @@ import os
 import pickle
 import platform
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -183,15 +184,18 @@ class TritonApi:
             return self.pb.InferenceResponse(output_tensors=[], error=error(message, code))
         return self.pb.InferenceResponse(output_tensors=[], error=error(message))
 
-    def send(self, request: Any, response: Any = None, *, final: bool = False) -> None:
-        """Send one of a streamed request's responses; ``final`` ends its stream."""
-        sender = request.get_response_sender()
+    def sender(self, request: Any) -> Any:
+        """The response sender of a streamed request (a decoupled model's)."""
+        return request.get_response_sender()
+
+    def send(self, sender: Any, response: Any = None, *, final: bool = False) -> None:
+        """Send one of a stream's responses; ``final`` ends it."""
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         sender.send(response, flags=flags)
 
-    def cancelled(self, request: Any) -> bool:
-        """Whether the client has cancelled ``request`` (never, on releases before r23.10)."""
-        return self.features.cancellation and request.is_cancelled()
+    def cancelled(self, sender: Any) -> bool:
+        """Whether the client has cancelled the stream (never, on releases before r23.10)."""
+        return self.features.cancellation and sender.is_cancelled()
 
     def log_warning(self, message: str) -> None:
         if self.features.logger:
@@ -331,54 +335,70 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return responses
 
 
-def serve_stream(pipeline: Any, api: TritonApi, requests: Sequence[Any],
-                 times: list[list[float]] | None = None, limit: int | None = None) -> None:
-    """Stream a dynamic batch of requests through a streaming pipeline: each item as a response
-    of its own the moment it is made, then the final flag; the rows of every stream advance
-    together, one step at a time, so a model call inside the loop serves them all.
+@dataclass
+class Streams:
+    """The calls of a dynamic batch of streamed requests, decoded, each with its response
+    sender: what :func:`run_streams` needs once ``execute`` has returned."""
 
-    Each request is one call (a batch of one). A request the client has cancelled ends within
-    one step, with the final flag alone; errors end a stream as :func:`serve` words them."""
+    calls: list[tuple]
+    senders: list[Any]
+
+
+def accept_streams(pipeline: Any, api: TritonApi, requests: Sequence[Any],
+                   limit: int | None = None) -> Streams:
+    """Decode a dynamic batch of streamed requests, in ``execute``: one call each (a batch of
+    one). A request that cannot be one is answered at once, its stream ended."""
     signature = pipeline.signature()
-    owners: list[Any] = []
-    calls: list[tuple] = []
+    streams = Streams([], [])
     for request in requests:
+        sender = api.sender(request)
         try:
             values = decode_request(api, request, signature.inputs, limit)
             if len(values) != 1:
                 raise ValueError(f"a streaming pipeline takes one call per request, this one "
                                  f"holds {len(values)}: send them as requests of their own")
         except Exception as error:  # noqa: BLE001 - this request's error response
-            api.send(request, stream_error(api, f"bad request: {error}", bad_request=True),
+            api.send(sender, stream_error(api, f"bad request: {error}", bad_request=True),
                      final=True)
             continue
-        owners.append(request)
-        calls.append(values[0])
+        streams.calls.append(values[0])
+        streams.senders.append(sender)
+    return streams
+
+
+def run_streams(pipeline: Any, api: TritonApi, streams: Streams,
+                times: list[list[float]] | None = None) -> None:
+    """Stream calls through a streaming pipeline: each item as a response of its own the
+    moment it is made, then the final flag. The rows of every stream advance together, one
+    step at a time, so a model call inside the loop serves them all. A stream whose client has
+    cancelled it ends within one step, with the final flag alone; errors end a stream as
+    :func:`serve` words them."""
+    signature = pipeline.signature()
     ended: set[int] = set()
 
     def stopped() -> set[int]:
-        return {call for call, request in enumerate(owners)
-                if call not in ended and api.cancelled(request)}
+        return {call for call, sender in enumerate(streams.senders)
+                if call not in ended and api.cancelled(sender)}
 
     try:
-        for event in pipeline.run_stream(calls, times, stopped):
-            request = owners[event.call]
+        for event in pipeline.run_stream(streams.calls, times, stopped):
+            sender = streams.senders[event.call]
             if event.error is not None:
                 ended.add(event.call)
-                api.send(request, stream_error(
+                api.send(sender, stream_error(
                     api, str(event.error), bad_request=_input_error(event.error),
                     unavailable=getattr(event.error.__cause__, "unavailable", False)),
                     final=True)
             elif event.final:
                 ended.add(event.call)
-                api.send(request, final=True)
+                api.send(sender, final=True)
             else:
-                api.send(request, _item_response(api, signature, event.outputs))
+                api.send(sender, _item_response(api, signature, event.outputs))
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
-        for call, request in enumerate(owners):
+        for call, sender in enumerate(streams.senders):
             if call not in ended:
-                api.send(request, stream_error(api, message), final=True)
+                api.send(sender, stream_error(api, message), final=True)
 
 
 def stream_error(api: TritonApi, message: str, *, bad_request: bool = False,
@@ -441,37 +461,79 @@ class TritonPythonModel:
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])
         self.in_flight = drain.InFlight() if drain.supervised() else None
+        self.streaming_threads: set[threading.Thread] = set()
         self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
         request_size.check_shared_memory(self.limit, self.api)
 
     def execute(self, requests: list) -> list | None:
         """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
         The requests are counted first and checked second (:class:`drain.InFlight`). A
-        streaming pipeline (a decoupled model) sends its responses itself and returns None."""
+        streaming pipeline (a decoupled model) answers through its senders (:meth:`_stream`)."""
+        if self.pipeline.streaming is not None:
+            return self._stream(requests)
         if self.in_flight is None:
             return self._serve(requests)
         self.in_flight.add(len(requests))
         try:
             if drain.closing():
-                if self.pipeline.streaming is None:
-                    return [self.api.error_response(STOPPING, unavailable=True)
-                            for _ in requests]
-                for request in requests:
-                    self.api.send(request, stream_error(self.api, STOPPING, unavailable=True),
-                                  final=True)
-                return None
+                return [self.api.error_response(STOPPING, unavailable=True) for _ in requests]
             return self._serve(requests)
         finally:
             self.in_flight.add(-len(requests))
 
-    def _serve(self, requests: list) -> list | None:
-        how = serve if self.pipeline.streaming is None else serve_stream
+    def _serve(self, requests: list) -> list:
         if self.metrics is None:
-            return how(self.pipeline, self.api, requests, limit=self.limit)
+            return serve(self.pipeline, self.api, requests, limit=self.limit)
         with self.metrics.lock:
-            return how(self.pipeline, self.api, requests, self.metrics.times, self.limit)
+            return serve(self.pipeline, self.api, requests, self.metrics.times, self.limit)
+
+    def _stream(self, requests: list) -> None:
+        """Decode the batch here, then stream it on a thread of its own and return: the
+        instance takes the next batch while this one streams (a long decode does not hold
+        the streams that come after it). Counted in flight until its last stream ends."""
+        self._count(len(requests))
+        try:
+            if self.in_flight is not None and drain.closing():
+                for request in requests:
+                    self.api.send(self.api.sender(request),
+                                  stream_error(self.api, STOPPING, unavailable=True), final=True)
+                streams = None
+            else:
+                streams = accept_streams(self.pipeline, self.api, requests, self.limit)
+        except BaseException:
+            self._count(-len(requests))
+            raise
+        if streams is None or not streams.calls:
+            self._count(-len(requests))
+            return None
+        worker = threading.Thread(target=self._run_streams, args=(streams, len(requests)),
+                                  name="triton-builder-streams", daemon=True)
+        self.streaming_threads.add(worker)
+        worker.start()
+        return None
+
+    def _run_streams(self, streams: Streams, count: int) -> None:
+        try:
+            if self.metrics is None:
+                run_streams(self.pipeline, self.api, streams)
+                return
+            times = [[0.0, 0, 0, 0] for _ in self.metrics.times]
+            run_streams(self.pipeline, self.api, streams, times)
+            with self.metrics.lock:
+                for total, spent in zip(self.metrics.times, times, strict=True):
+                    for k, value in enumerate(spent):
+                        total[k] += value
+        finally:
+            self._count(-count)
+            self.streaming_threads.discard(threading.current_thread())
+
+    def _count(self, requests: int) -> None:
+        if self.in_flight is not None:
+            self.in_flight.add(requests)
 
     def finalize(self) -> None:
+        for worker in list(self.streaming_threads):  # the streams in flight end first
+            worker.join()
         if self.metrics is not None:
             self.metrics.close()
         if self.in_flight is not None:

@@ -130,6 +130,9 @@ class ResponseSender:
             raise RuntimeError("a response was sent after the final flag")
         self.request.sent.append((response, flags))
 
+    def is_cancelled(self) -> bool:
+        return self.request.is_cancelled()
+
 
 def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
     if name not in request.inputs:

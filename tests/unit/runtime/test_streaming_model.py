@@ -69,6 +69,13 @@ def model(built, monkeypatch):
     served.finalize()
 
 
+def _execute(model, requests) -> None:
+    """``execute``, then wait for the streams it started on a thread of their own."""
+    assert model.execute(requests) is None  # decoupled: responses go through the senders
+    for worker in list(model.streaming_threads):
+        worker.join(30)
+
+
 def _request(vector, cancel_after=None) -> pb.Request:
     return pb.Request({"v": np.array([vector], dtype=np.float64)}, cancel_after=cancel_after)
 
@@ -93,7 +100,7 @@ def test_each_item_is_a_response_and_one_bls_call_serves_every_stream_per_step(b
     pipeline, _ = built
     vectors = [[3.0, 1.0, 2.0, 0.5], [1.0, -1.0, 0.0, 2.0], [5.0, 0.5, 0.5, 0.5]]
     requests = [_request(v) for v in vectors]
-    assert model.execute(requests) is None  # decoupled: responses went through the senders
+    _execute(model, requests)
     for request, vector in zip(requests, vectors, strict=True):
         np.testing.assert_allclose(_items(request), list(pipeline.stream(vector)), atol=1e-4)
     assert [c.batch_size for c in pb.Models.calls] == [3, 2, 2, 1, 1]
@@ -102,7 +109,7 @@ def test_each_item_is_a_response_and_one_bls_call_serves_every_stream_per_step(b
 def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(model):
     cancelled = _request([12.0, 1.0, 1.0, 1.0], cancel_after=1)
     other = _request([12.0, 0.0, 1.0, 0.0])
-    model.execute([cancelled, other])
+    _execute(model, [cancelled, other])
     assert len(cancelled.sent) == 2 and cancelled.sent[-1] == (None, FINAL)
     assert len(_items(other)) == 12
     # the first step served both; after the cancel, every step served the other stream alone
@@ -112,7 +119,7 @@ def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(model):
 def test_a_request_of_several_calls_is_refused_as_the_clients_mistake(model):
     request = pb.Request({"v": np.ones((2, 4))})
     good = _request([2.0, 0.0, 0.0, 0.0])
-    model.execute([request, good])
+    _execute(model, [request, good])
     ((response, flags),) = request.sent
     assert flags == FINAL and response.error().code() == pb.TritonError.INVALID_ARG
     assert response.error().message().startswith("[INVALID_ARGUMENT] bad request: a streaming")
@@ -131,7 +138,7 @@ def test_an_error_mid_stream_ends_that_stream_after_its_items(tmp_path, monkeypa
     served.initialize(_args(root / "pipeline"))
     try:
         request = _request([12.0, 3.0, 3.0, 3.0])
-        served.execute([request])
+        _execute(served, [request])
     finally:
         served.finalize()
     *items, (error, flags) = request.sent
@@ -148,7 +155,7 @@ def test_before_23_10_a_stream_runs_to_its_end(built, monkeypatch):
     served.initialize(_args(root / "pipeline"))
     try:
         request = _request([4.0, 1.0, 1.0, 1.0], cancel_after=1)
-        served.execute([request])
+        _execute(served, [request])
     finally:
         served.finalize()
     assert len(request.sent) == 5  # four items and the final flag: nothing told it to stop

@@ -1,0 +1,200 @@
+"""Streaming pipelines served (issue 41): the text recognizer's characters as they are decoded.
+
+The image of ``pipelines.text_recognizer.streaming_pipeline`` is built (its verification reads
+every example's stream over gRPC, one at a time and several in flight) and served: 16 concurrent
+streams over gRPC, blocking and asyncio, each equal to ``pipe.stream`` in process; the CLI
+prints each item as it comes; HTTP refuses with the way to stream. Cancellation runs on a host
+tritonserver with a loop slow enough (0.2 s a step) that a cancel cannot arrive after the end:
+the steps a stream made are counted server-side (the per-operator metrics of the map after the
+streaming operator: one row per item made).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder import build_docker_image, build_pipeline_model, pipe
+from builder.client import AsyncClient, Client, RemoteModelError
+from builder.tritonserver.host_process import TritonServer
+from builder.verify.container import ServingContainer
+from pipelines.text_recognizer import streaming_pipeline
+from tests.support.engine_images import remove_images_made
+from tests.support.example_inputs import text_lines
+
+pytestmark = pytest.mark.slow
+
+REFERENCE = "triton-builder-test/text-stream:1"
+STEP_S = 0.2
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def image(docker_client, cpu_base_image):
+    before = {each["Id"] for each in docker_client.api.images(all=True)}
+    lines = text_lines()
+    build_docker_image(streaming_pipeline, REFERENCE, client=docker_client,
+                       verify_calls=[(line,) for line in lines[:4]])
+    yield REFERENCE
+    remove_images_made(docker_client, before, [REFERENCE])
+
+
+@pytest.fixture(scope="module")
+def endpoint(docker_client, image):
+    with ServingContainer(docker_client, image) as served:
+        yield served
+
+
+def test_the_served_config_is_decoupled_and_its_signature_says_what_streams(endpoint):
+    with urllib.request.urlopen(f"http://{endpoint.http_url}/v2/models/pipeline/config") as r:
+        config = json.load(r)
+    assert config["model_transaction_policy"]["decoupled"] is True
+    document = json.loads(config["parameters"]["pipeline_signature"]["string_value"])
+    assert document["streamed"] == ["char"]
+
+
+def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint):
+    lines = text_lines()[:16]
+    expected = [list(streaming_pipeline.stream(line)) for line in lines]
+    assert len({len(e) for e in expected}) > 2  # sequences of different lengths share steps
+    got: list = [None] * len(lines)
+    arrivals: list = [None] * len(lines)
+    ready = threading.Barrier(len(lines))
+
+    def read(index: int) -> None:
+        with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+            client.codec  # noqa: B018 - the signature read before the clock: all start together
+            ready.wait(60)
+            items, times = [], []
+            for item in client.stream(lines[index]):
+                items.append(item)
+                times.append(time.monotonic())
+            got[index], arrivals[index] = items, times
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(lines))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert got == expected
+    assert all(times == sorted(times) for times in arrivals if times)
+    with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+        assert client(lines[0]) == streaming_pipeline(lines[0]) == expected[0]
+
+
+def test_the_asyncio_client_streams_the_same_items(endpoint):
+    lines = text_lines()[:8]
+
+    async def read_all() -> list:
+        async with AsyncClient(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+            async def one(line):
+                return [item async for item in client.stream(line)]
+
+            streamed = await asyncio.gather(*(one(line) for line in lines))
+            whole = await client(lines[0])
+            return [*streamed, whole]
+
+    *streamed, whole = asyncio.run(read_all())
+    assert streamed == [list(streaming_pipeline.stream(line)) for line in lines]
+    assert whole == streaming_pipeline(lines[0])
+
+
+def test_http_refuses_to_stream_naming_grpc(endpoint):
+    with Client(f"http://{endpoint.http_url}/pipeline") as client, pytest.raises(
+            RemoteModelError, match="grpc://"):
+        list(client.stream(text_lines()[0]))
+
+
+def test_infer_stream_prints_each_item_as_one_json_line(endpoint):
+    line = text_lines()[1]
+    program = Path(sys.executable).parent / "triton-builder"
+    done = subprocess.run(
+        [str(program), "infer", f"grpc://{endpoint.grpc_url}/pipeline", "--stream",
+         "-i", f"image={json.dumps(line.tolist())}"],
+        capture_output=True, text=True, timeout=120, check=True)
+    assert [json.loads(out) for out in done.stdout.splitlines()] == list(
+        streaming_pipeline.stream(line))
+
+
+# -- cancellation, on a host server ---------------------------------------------------------
+class SlowSteps:
+    """``STEPS`` items per stream, one step of every running stream each ``STEP_S``."""
+
+    def call_batch(self, rows):
+        running = list(range(len(rows)))
+        for step in range(STEPS):
+            time.sleep(STEP_S)
+            stopped = yield {i: float(rows[i][0]) * 100 + step for i in running}
+            running = [i for i in running if i not in (stopped or ())]
+            if not running:
+                return
+
+
+def as_item(value: float) -> float:
+    return value
+
+
+SLOW = (pipe.input("seed").stream("seed", "raw", SlowSteps(), name="slow_steps")
+        .map("raw", "item", as_item, name="count_items").output("item")
+        .with_example(1.0))
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slow-stream") / "models"
+    build_pipeline_model(SLOW, root, name="slow",
+                         dynamic_batching={"max_queue_delay_microseconds": 100_000})
+    with TritonServer(root) as server:
+        yield server
+
+
+def _items_made(server) -> float:
+    """Items the served pipeline has made (rows of the map after the streaming operator),
+    once the once-a-second metrics have settled."""
+    previous = -1.0
+    while True:
+        time.sleep(1.5)
+        address = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        with urllib.request.urlopen(address, timeout=10) as r:
+            text = r.read().decode()
+        value = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("triton_builder_operator_rows{")
+                    and "count_items" in line)
+        if value == previous:
+            return value
+        previous = value
+
+
+def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_server):
+    url = f"grpc://{slow_server.grpc_url}/slow"
+    before = _items_made(slow_server)
+    finished: list = []
+
+    def read_whole() -> None:
+        with Client(url) as client:
+            finished.append(list(client.stream(2.0)))
+
+    other = threading.Thread(target=read_whole)
+    with Client(url) as client:
+        client.codec  # noqa: B018 - connected: both requests reach one dynamic batch
+        other.start()
+        stream = client.stream(1.0)
+        assert next(stream) == 100.0
+        stream.close()  # the client cancels after its first item
+    other.join(60)
+    assert finished == [[200.0 + step for step in range(STEPS)]]
+    made = _items_made(slow_server) - before
+    # the other stream's 12 items, the cancelled one's first and at most one step in flight
+    assert STEPS + 1 <= made <= STEPS + 2, made
+    # the same pair without the cancel: 24 items, so the cancel freed 10 or 11 steps
+    with Client(url) as client:
+        assert list(client.stream(1.0)) == [100.0 + step for step in range(STEPS)]
