@@ -76,6 +76,7 @@ def infer(
             if missing or set(values) - set(columns):
                 fail("reading the inputs", f"the pipeline takes inputs {columns}; got "
                       f"{sorted(values)}: give each with -i name=value", EXIT_USAGE)
+            values = _as_arrays(values, client.codec.signature.inputs)
             if stream:
                 items = run_step("starting the stream",
                                  lambda: client.stream(*(values[c] for c in columns)))
@@ -136,6 +137,18 @@ def _pipeline_inputs(client) -> list[str] | None:
         return list(client.codec.signature.inputs)
     except NotAPipelineError:
         return None
+
+
+def _as_arrays(values: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    """JSON lists for the pipeline's array inputs as NumPy arrays of their type (an image
+    given as nested lists of numbers)."""
+    import numpy as np
+
+    from builder.pipeline.signature import numpy_dtype
+
+    return {name: np.asarray(value, dtype=numpy_dtype(specs[name].dtype))
+            if isinstance(value, list) and specs[name].pytype == "numpy" else value
+            for name, value in values.items()}
 
 
 def _parse_input(item: str) -> tuple[str, Any]:

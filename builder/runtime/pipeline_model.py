@@ -520,7 +520,7 @@ class TritonPythonModel:
             times = [[0.0, 0, 0, 0] for _ in self.metrics.times]
             run_streams(self.pipeline, self.api, streams, times)
             with self.metrics.lock:
-                for total, spent in zip(self.metrics.times, times, strict=True):
+                for total, spent in zip(self.metrics.times, times):
                     for k, value in enumerate(spent):
                         total[k] += value
         finally:
