@@ -38,6 +38,17 @@ def stream_error(error: InferenceServerException) -> InferenceServerException:
                                     status=f"StatusCode.{match.group(1)}")
 
 
+def _refusal(error: InferenceServerException, responses: queue.Queue, what: str) -> Exception:
+    """Why a stream could not be opened: tritonclient says only that the stream is broken and
+    hands the cause (a server not there: ``UNAVAILABLE``) to the callback."""
+    try:
+        _, cause = responses.get(timeout=1.0)
+    except queue.Empty:
+        cause = None
+    cause = cause if isinstance(cause, InferenceServerException) else error
+    return classify(cause, what) or RemoteModelError(f"{what}: {cause}")
+
+
 def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: Sequence[str],
                 timeout: float, channel_args: Sequence[tuple[str, Any]] = ()
                 ) -> Iterator[dict[str, np.ndarray]]:
@@ -55,17 +66,20 @@ def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: 
     responses: queue.Queue = queue.Queue()
     finished = False
     try:
-        client.start_stream(lambda result, error: responses.put((result, error)))
         inputs = []
         for name, array in tensors.items():
             tensor = grpcclient.InferInput(name, list(array.shape),
                                            np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
-        client.async_stream_infer(
-            endpoint.model, inputs, endpoint.version,
-            outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
-            enable_empty_final_response=True)
+        try:
+            client.start_stream(lambda result, error: responses.put((result, error)))
+            client.async_stream_infer(
+                endpoint.model, inputs, endpoint.version,
+                outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
+                enable_empty_final_response=True)
+        except InferenceServerException as error:
+            raise _refusal(error, responses, what) from error
         while True:
             try:
                 result, error = responses.get(timeout=timeout)

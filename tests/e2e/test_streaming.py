@@ -12,6 +12,7 @@ streaming operator: one row per item made).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from builder import build_docker_image, build_pipeline_model, pipe
-from builder.client import AsyncClient, Client, RemoteModelError
+from builder.client import AsyncClient, Client, RemoteModelError, ServerUnavailableError
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.container import ServingContainer
 from pipelines.text_recognizer import streaming_pipeline
@@ -123,6 +124,63 @@ def test_infer_stream_prints_each_item_as_one_json_line(endpoint):
     assert done.returncode == 0, done.stderr[-2000:]
     assert [json.loads(out) for out in done.stdout.splitlines()] == list(
         streaming_pipeline.stream(line))
+
+
+def test_a_container_stopped_during_16_streams_cuts_none(docker_client, image):
+    """``docker stop`` while 16 clients stream back to back: each stream either completes,
+    equal to ``pipe.stream``, or is refused ``UNAVAILABLE`` before its first item."""
+    lines = text_lines()
+    expected = {i: list(streaming_pipeline.stream(line)) for i, line in enumerate(lines)}
+    outcomes: list[tuple[str, str]] = []
+    lock, stop = threading.Lock(), threading.Event()
+    container = ServingContainer(docker_client, image,
+                                 environment={"TRITON_BUILDER_DRAIN_S": "2"})
+
+    def loop(url: str, offset: int) -> None:
+        with Client(url, retries=0, timeout=30) as client:
+            for index in itertools.cycle(range(offset, offset + len(lines))):
+                if stop.is_set():
+                    return
+                index %= len(lines)
+                items: list = []
+                try:
+                    items.extend(client.stream(lines[index]))
+                    outcome = ("ok", "") if items == expected[index] else (
+                        "mismatch", f"{items} against {expected[index]}")
+                except ServerUnavailableError as error:
+                    outcome = ("unavailable" if not items else "cut", str(error)[:200])
+                    time.sleep(0.01)
+                except Exception as error:  # noqa: BLE001 - counted, then asserted on
+                    outcome = ("error" if not items else "cut",
+                               f"{type(error).__name__}: {error}"[:200])
+                with lock:
+                    outcomes.append(outcome)
+
+    try:
+        endpoint = container.start()
+        url = f"grpc://{endpoint.grpc_url}/pipeline"
+        threads = [threading.Thread(target=loop, args=(url, i), daemon=True) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while sum(k == "ok" for k, _ in list(outcomes)) < 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        container.container.stop(timeout=15)
+        time.sleep(1.0)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        container.container.reload()
+        state = container.container.attrs["State"]
+    finally:
+        stop.set()
+        container.remove()
+    kinds = {kind: sum(k == kind for k, _ in outcomes) for kind, _ in outcomes}
+    bad = [(k, d) for k, d in outcomes if k not in ("ok", "unavailable")]
+    print(f"streams during the stop: {kinds}")
+    assert kinds.get("ok", 0) >= 200, kinds
+    assert not bad, f"{kinds}: {bad[:5]}"
+    assert state["ExitCode"] == 0, state
 
 
 # -- cancellation, on a host server ---------------------------------------------------------

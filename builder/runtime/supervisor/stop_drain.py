@@ -25,6 +25,10 @@ enough that Docker's default 10 s before SIGKILL still fits the whole stop."""
 FINISH_S = 20.0
 """How long the requests a closing replica holds may take to be answered before the server is
 killed anyway. The grace periods of the manifests cover ``DRAIN_S + FINISH_S``."""
+FLUSH_S = 0.3
+"""After the last request in flight is answered, how long the server lives on before it is
+killed: a model hands its responses to the server, whose frontends write them to the sockets
+on threads of their own (a stream's last items and its final flag among them)."""
 
 
 def drain_periods(environ: dict[str, str] | os._Environ) -> tuple[float, float]:
@@ -71,6 +75,8 @@ class Drain:
         while held > 0 and time.monotonic() < deadline:
             time.sleep(0.01)
             held = drain.in_flight(self.directory)
+        if held == 0:
+            time.sleep(FLUSH_S)
         log(("every request in flight answered" if held == 0 else
              f"{held} requests still in flight after {self.finish_s:g}s")
             + f"; stopping the server {time.monotonic() - began:.1f}s after the stop began")
