@@ -1,0 +1,232 @@
+"""Streaming: time to the first item and items per second, beside the same pipeline answered whole.
+
+The text recognizer twice on one host tritonserver: ``pipeline`` (the whole text in one answer)
+and ``streaming_pipeline`` (each character sent as it is decoded, a decoupled model). Inputs are
+text lines whose decode takes 12 steps (11 characters and the end token, or 12 characters), so
+the whole answer waits for 12 decoder calls and the first item for one. Load: asyncio clients in
+the benchmark process, ``N`` requests in flight at 1, 8 and 32, each sending the next line as
+soon as its last answer ended; every streamed sequence equal to ``pipe.stream(...)`` and every
+whole answer to ``pipe(...)``. Medians of ``--runs`` runs.
+
+    python benchmarks/bench_streaming.py [--requests 256] [--runs 3] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_serving import machine_speed_ms  # noqa: E402
+from benchmarks.report import machine, publish  # noqa: E402
+from builder import build_pipeline_model  # noqa: E402
+from builder.client import AsyncClient  # noqa: E402
+from builder.tritonserver.host_process import TritonServer  # noqa: E402
+from pipelines import text_recognizer  # noqa: E402
+
+SECTION = "## Streaming: time to the first item, beside the whole answer"
+IN_FLIGHT = (1, 8, 32)
+STEPS = 12
+CHART = ROOT / "benchmarks" / "streaming_latency.png"
+
+
+def twelve_step_lines(count: int = 24) -> list[np.ndarray]:
+    """Rendered text lines whose greedy decode runs the full 12 steps."""
+    rng = np.random.default_rng(7)
+    lines: list[np.ndarray] = []
+    seed = 0
+    while len(lines) < count:
+        seed += 1
+        text = "".join(rng.choice(list(text_recognizer.ALPHABET), int(rng.integers(3, 8))))
+        line = text_recognizer.render(text, seed)
+        if len(text_recognizer.pipeline(line)) >= STEPS - 1:
+            lines.append(line)
+    return lines
+
+
+@dataclass
+class Run:
+    """One run at one concurrency: per request, first item and end (ms); items per second."""
+
+    first_ms: list[float]
+    total_ms: list[float]
+    items_per_s: float
+
+
+async def _stream_run(url: str, lines: list[np.ndarray], expected: list[list[str]],
+                      in_flight: int, requests: int) -> Run:
+    first_ms, total_ms = [], []
+    items = 0
+    order = [i % len(lines) for i in range(requests)]
+
+    async def worker(share: list[int], client: AsyncClient) -> None:
+        nonlocal items
+        for index in share:
+            sent = time.perf_counter()
+            got, first = [], None
+            async for item in client.stream(lines[index]):
+                if first is None:
+                    first = time.perf_counter()
+                got.append(item)
+            ended = time.perf_counter()
+            if got != expected[index]:
+                raise AssertionError(f"stream {index}: {got} against {expected[index]}")
+            first_ms.append((first - sent) * 1000)
+            total_ms.append((ended - sent) * 1000)
+            items += len(got)
+
+    async with AsyncClient(url, timeout=60) as client:
+        await client.codec()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(order[k::in_flight], client) for k in range(in_flight)))
+        wall = time.perf_counter() - started
+    return Run(first_ms, total_ms, items / wall)
+
+
+async def _whole_run(url: str, lines: list[np.ndarray], expected: list[str], in_flight: int,
+                     requests: int) -> Run:
+    total_ms = []
+    items = 0
+    order = [i % len(lines) for i in range(requests)]
+
+    async def worker(share: list[int], client: AsyncClient) -> None:
+        nonlocal items
+        for index in share:
+            sent = time.perf_counter()
+            text = await client(lines[index])
+            total_ms.append((time.perf_counter() - sent) * 1000)
+            if text != expected[index]:
+                raise AssertionError(f"whole {index}: {text!r} against {expected[index]!r}")
+            items += len(text)
+
+    async with AsyncClient(url, timeout=60) as client:
+        await client.codec()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(order[k::in_flight], client) for k in range(in_flight)))
+        wall = time.perf_counter() - started
+    return Run(total_ms, total_ms, items / wall)
+
+
+def _p(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def _median_runs(runs: list[Run]) -> dict[str, float]:
+    return {
+        "first_p50": statistics.median(_p(r.first_ms, 50) for r in runs),
+        "first_p99": statistics.median(_p(r.first_ms, 99) for r in runs),
+        "total_p50": statistics.median(_p(r.total_ms, 50) for r in runs),
+        "items_per_s": statistics.median(r.items_per_s for r in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=256, help="requests per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+
+    lines = twelve_step_lines()
+    whole_expected = [text_recognizer.pipeline(line) for line in lines]
+    stream_expected = [list(text_recognizer.streaming_pipeline.stream(line)) for line in lines]
+    assert ["".join(s) for s in stream_expected] == whole_expected
+    speed = [machine_speed_ms()]
+    rows: dict[tuple[str, int], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-streaming-") as workdir:
+        roots = []
+        for name, pipe in (("whole", text_recognizer.pipeline),
+                           ("stream", text_recognizer.streaming_pipeline)):
+            root = Path(workdir) / name
+            build_pipeline_model(pipe, root, name=name)
+            roots.append(root)
+        # the model operators are the same two models: one repository holds both pipelines
+        shutil.copytree(roots[1] / "stream", roots[0] / "stream")
+        with TritonServer(roots[0]) as server:
+            whole_url = f"grpc://{server.grpc_url}/whole"
+            stream_url = f"grpc://{server.grpc_url}/stream"
+            asyncio.run(_whole_run(whole_url, lines, whole_expected, 8, 64))  # warm both
+            asyncio.run(_stream_run(stream_url, lines, stream_expected, 8, 64))
+            for in_flight in IN_FLIGHT:
+                whole, streamed = [], []
+                for _ in range(args.runs):  # side by side, alternating
+                    whole.append(asyncio.run(_whole_run(
+                        whole_url, lines, whole_expected, in_flight, args.requests)))
+                    streamed.append(asyncio.run(_stream_run(
+                        stream_url, lines, stream_expected, in_flight, args.requests)))
+                rows["whole", in_flight] = _median_runs(whole)
+                rows["stream", in_flight] = _median_runs(streamed)
+                print(in_flight, rows["whole", in_flight], rows["stream", in_flight], flush=True)
+    speed.append(machine_speed_ms())
+    _chart(rows)
+    publish(SECTION, _report(rows, args, speed), write=not args.no_write)
+
+
+def _report(rows: dict, args: argparse.Namespace, speed: list[float]) -> str:
+    command = "python benchmarks/bench_streaming.py" + (
+        f" --requests {args.requests}" if args.requests != 256 else "") + (
+        f" --runs {args.runs}" if args.runs != 3 else "")
+    lines = [
+        SECTION, "",
+        f"`{command}` — {machine()}; {args.requests} requests per run, median of {args.runs} "
+        "runs, whole and streamed runs alternating; host tritonserver, the CPU defaults "
+        "(models in the pipeline model through ONNX Runtime); asyncio gRPC clients in the "
+        f"benchmark process. The text recognizer on lines whose decode takes {STEPS} steps; "
+        "every streamed sequence equal to `pipe.stream(...)`, every whole answer to `pipe(...)`. "
+        "Machine speed (the same fixed work before and after, lower is faster): "
+        f"{speed[0]:.1f}, {speed[1]:.1f} ms ({max(speed) / min(speed) - 1:.0%} apart).", "",
+        f"![time to the first item and to the whole answer]({CHART.relative_to(ROOT)})", "",
+        "| in flight | whole: p50 ms | streamed: first item p50 ms | first item p99 ms | "
+        "streamed: last item p50 ms | first / whole | items/s whole | items/s streamed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for in_flight in IN_FLIGHT:
+        whole, streamed = rows["whole", in_flight], rows["stream", in_flight]
+        lines.append(
+            f"| {in_flight} | {whole['total_p50']:.2f} | {streamed['first_p50']:.2f} | "
+            f"{streamed['first_p99']:.2f} | {streamed['total_p50']:.2f} | "
+            f"{streamed['first_p50'] / whole['total_p50']:.2f} | {whole['items_per_s']:.0f} | "
+            f"{streamed['items_per_s']:.0f} |")
+    ratio = rows["stream", 1]["first_p50"] / rows["whole", 1]["total_p50"]
+    lines += ["", f"Goal (issue 41): the first item at 1 in flight within 1/5 of the whole "
+              f"answer's latency for a {STEPS}-step decode: {ratio:.2f} "
+              f"({'met' if ratio <= 0.2 else 'missed'})."]
+    return "\n".join(lines) + "\n"
+
+
+def _chart(rows: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(IN_FLIGHT))
+    width = 0.27
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(x - width, [rows["whole", n]["total_p50"] for n in IN_FLIGHT], width,
+           label="whole answer")
+    ax.bar(x, [rows["stream", n]["first_p50"] for n in IN_FLIGHT], width,
+           label="streamed: first item")
+    ax.bar(x + width, [rows["stream", n]["total_p50"] for n in IN_FLIGHT], width,
+           label="streamed: last item")
+    ax.set_xticks(x, [str(n) for n in IN_FLIGHT])
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("p50 ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(CHART, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
