@@ -76,12 +76,13 @@ class AsyncTritonRemoteModel(RemoteModelBase, AsyncClosing):
 
     async def stream(self, request: Request) -> AsyncIterator[dict[str, np.ndarray]]:
         """Send a prepared request to a decoupled model; yield each response's outputs as it
-        comes. Leaving the iteration early cancels the request on the server."""
+        comes, with their batch axis (see ``TritonRemoteModel.stream``). Leaving the iteration
+        early cancels the request on the server."""
         names = [output.name for output in (await self.spec()).outputs]
         stream = self._transport.stream(request.tensors, names)
         try:
             async for outputs in stream:
-                yield unbatch(outputs) if request.single else outputs
+                yield outputs
         finally:
             await stream.aclose()
 
@@ -137,7 +138,8 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
         stream = self.model.stream(request)
         try:
             async for outputs in stream:
-                yield codec.decode(outputs)
+                for item in codec.decode_rows(outputs):
+                    yield item
         finally:
             await stream.aclose()
 

@@ -67,6 +67,15 @@ class PipelineCodec:
         return values[0] if len(values) == 1 else values
 
 
+    def decode_rows(self, outputs: Mapping[str, np.ndarray]) -> list[Any]:
+        """Output tensors holding several rows (a streamed response may carry several items)
+        → each row as :meth:`decode` gives one."""
+        columns = [spec.decode_batch(outputs[name]) for name, spec in
+                   self.signature.outputs.items()]
+        if len(columns) == 1:
+            return list(columns[0])
+        return [tuple(row) for row in zip(*columns, strict=True)]
+
     def whole(self, items: Sequence[Any]) -> Any:
         """A streaming pipeline's items (each as :meth:`decode` gives it) → what ``pipe(...)``
         returns: each output the list of its items."""

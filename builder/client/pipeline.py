@@ -70,7 +70,7 @@ class Client(PipelineClientBase, Closing):
         stream = self.model.stream(request)
         try:
             for outputs in stream:
-                yield codec.decode(outputs)
+                yield from codec.decode_rows(outputs)
         finally:
             stream.close()
 

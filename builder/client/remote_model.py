@@ -85,10 +85,11 @@ class TritonRemoteModel(RemoteModelBase, Closing):
 
     def stream(self, request: Request) -> Iterator[dict[str, np.ndarray]]:
         """Send a prepared request to a decoupled model; yield each response's outputs as it
-        comes. Closing the iterator early cancels the request on the server."""
+        comes, with their batch axis (a response may hold several rows: a streaming pipeline
+        sends the items made while its last response was on the way in one). Closing the
+        iterator early cancels the request on the server."""
         names = [output.name for output in self.spec.outputs]
-        for outputs in self._transport.stream(request.tensors, names):
-            yield unbatch(outputs) if request.single else outputs
+        yield from self._transport.stream(request.tensors, names)
 
     def batch(self, items: Iterable[Any]) -> list[dict[str, np.ndarray]]:
         """Call the model once per item, up to ``max_in_flight`` requests at a time.

@@ -116,12 +116,14 @@ class Steps:
 
     def __init__(self, op: Any, argument_rows: Sequence[tuple]) -> None:
         self.running = set(range(len(argument_rows)))
-        self._batch = None
+        self._batch: Any = None
         self._iterators: dict[int, Iterator[Any]] = {}
-        self._first = True
         self.errors: dict[int, BaseException] = {}
+        self._op: Any = None
         if batch_stream(op):
-            self._batch = op.call_batch(list(argument_rows))
+            self._op, self._rows = op, list(argument_rows)
+            self._positions: list[int] = []
+            """The row positions the generator was started with, by its own index."""
             return
         for position, args in enumerate(argument_rows):
             try:
@@ -135,7 +137,7 @@ class Steps:
         fail are moved to :attr:`errors`; a row that made no item has ended."""
         stop = set(stop) & self.running
         self.running -= stop
-        if self._batch is not None:
+        if self._op is not None:
             return self._batch_step(stop)
         items = {}
         for position in sorted(self.running):
@@ -151,9 +153,16 @@ class Steps:
         return items
 
     def _batch_step(self, stop: set[int]) -> dict[int, Any]:
+        """One ``yield`` of the generator; it starts at the first step with the rows still
+        running then, so a row stopped before it never enters its batch."""
         try:
-            step = next(self._batch) if self._first else self._batch.send(stop)
-            self._first = False
+            if self._batch is None:
+                self._positions = sorted(self.running)
+                self._batch = self._op.call_batch([self._rows[p] for p in self._positions])
+                step = next(self._batch) if self._positions else {}
+            else:
+                own = {i for i, p in enumerate(self._positions) if p in stop}
+                step = self._batch.send(own)
         except StopIteration:
             self.running.clear()
             return {}
@@ -165,7 +174,8 @@ class Steps:
             raise PipelineError(
                 f"a streaming call_batch yields, per step, a dict of row position -> item; got "
                 f"{type(step).__name__}")
-        items = {p: item for p, item in step.items() if p in self.running}
+        items = {self._positions[i]: item for i, item in step.items()
+                 if self._positions[i] in self.running}
         self.running = set(items)
         return items
 

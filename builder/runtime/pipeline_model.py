@@ -26,6 +26,7 @@ import pickle
 import platform
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -43,8 +44,9 @@ try:  # in Triton: beside model.py, which the stub imports as the module "<versi
     from . import triton_builder_model_calls as model_calls
     from . import triton_builder_operator_metrics as operator_metrics
     from . import triton_builder_request_size as request_size
+    from . import triton_builder_stream_outbox as stream_outbox
 except ImportError:  # in the builder's package: builder.runtime.drain & co
-    from . import drain, model_calls, operator_metrics, request_size
+    from . import drain, model_calls, operator_metrics, request_size, stream_outbox
 
 BlsError = model_calls.BlsError
 
@@ -366,39 +368,69 @@ def accept_streams(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return streams
 
 
+CANCEL_POLL_S = 0.005
+"""How often a batch of streams asks whether its clients cancelled (each question is a round
+trip to the server): every step, or every 5 ms where steps are shorter."""
+
+
 def run_streams(pipeline: Any, api: TritonApi, streams: Streams,
                 times: list[list[float]] | None = None) -> None:
-    """Stream calls through a streaming pipeline: each item as a response of its own the
-    moment it is made, then the final flag. The rows of every stream advance together, one
-    step at a time, so a model call inside the loop serves them all. A stream whose client has
-    cancelled it ends within one step, with the final flag alone; errors end a stream as
-    :func:`serve` words them."""
+    """Stream calls through a streaming pipeline: each item sent as it is made, then the final
+    flag. The rows of every stream advance together, one step at a time, so a model call inside
+    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`). A
+    stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
+    final flag alone; errors end a stream as :func:`serve` words them."""
     signature = pipeline.signature()
+    senders = streams.senders
     ended: set[int] = set()
+    polled = [0.0]
 
     def stopped() -> set[int]:
-        return {call for call, sender in enumerate(streams.senders)
+        now = time.monotonic()
+        if now - polled[0] < CANCEL_POLL_S:
+            return set()
+        polled[0] = now
+        return {call for call, sender in enumerate(senders)
                 if call not in ended and api.cancelled(sender)}
 
+    outbox = stream_outbox.Outbox(
+        lambda call, items: _send_items(api, signature, senders[call], items),
+        lambda call, response: api.send(senders[call], response, final=True),
+        api.log_warning)
     try:
         for event in pipeline.run_stream(streams.calls, times, stopped):
-            sender = streams.senders[event.call]
             if event.error is not None:
                 ended.add(event.call)
-                api.send(sender, stream_error(
+                outbox.end(event.call, stream_error(
                     api, str(event.error), bad_request=_input_error(event.error),
-                    unavailable=getattr(event.error.__cause__, "unavailable", False)),
-                    final=True)
+                    unavailable=getattr(event.error.__cause__, "unavailable", False)))
             elif event.final:
                 ended.add(event.call)
-                api.send(sender, final=True)
+                outbox.end(event.call)
             else:
-                api.send(sender, _item_response(api, signature, event.outputs))
+                outbox.item(event.call, event.outputs)
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
-        for call, sender in enumerate(streams.senders):
+        for call in range(len(senders)):
             if call not in ended:
-                api.send(sender, stream_error(api, message), final=True)
+                outbox.end(call, stream_error(api, message))
+    finally:
+        outbox.close()
+
+
+def _send_items(api: TritonApi, signature: Any, sender: Any, items: list[dict]) -> None:
+    """One response holding ``items`` (a batch of them: the client reads each row as one
+    item); items whose shapes differ, one response each."""
+    try:
+        response = api.response({name: spec.encode_batch([item[name] for item in items])
+                                 for name, spec in signature.outputs.items()})
+    except Exception as error:  # noqa: BLE001 - shapes that do not stack, or a wrong type
+        if len(items) > 1:
+            for item in items:
+                _send_items(api, signature, sender, [item])
+            return
+        response = api.error_response(f"output does not fit its type: {error}")
+    api.send(sender, response)
 
 
 def stream_error(api: TritonApi, message: str, *, bad_request: bool = False,
@@ -409,14 +441,6 @@ def stream_error(api: TritonApi, message: str, *, bad_request: bool = False,
     code = "INVALID_ARGUMENT" if bad_request else "UNAVAILABLE" if unavailable else "INTERNAL"
     return api.error_response(f"[{code}] {message}", bad_request=bad_request,
                               unavailable=unavailable)
-
-
-def _item_response(api: TritonApi, signature: Any, outputs: dict[str, Any]) -> Any:
-    try:
-        return api.response({name: spec.encode_batch([outputs[name]])
-                             for name, spec in signature.outputs.items()})
-    except Exception as error:  # noqa: BLE001 - an output that does not fit its type
-        return api.error_response(f"output does not fit its type: {error}")
 
 
 def _input_error(error: BaseException) -> bool:

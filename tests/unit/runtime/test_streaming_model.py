@@ -8,12 +8,15 @@ calls is the exported ONNX file, run by onnxruntime.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from builder import build_pipeline_model, pipe
 from builder.repository.model_config import read_config
 from builder.runtime import pipeline_model
+from builder.runtime.stream_outbox import Outbox
 from tests.support import pb_utils_standin as pb
 from tests.support.tiny_models import affine_op
 from tests.unit.runtime.test_pipeline_model import _args, _wire_bls
@@ -84,10 +87,10 @@ def _items(request) -> list[float]:
     assert request.sent[-1] == (None, FINAL), request.sent[-1]
     assert all(flags == 0 for _, flags in request.sent[:-1])
     values = []
-    for response, _ in request.sent[:-1]:
-        assert not response.has_error(), response.error().message()
+    for response, _ in request.sent[:-1]:  # a response holds the items made while the last
+        assert not response.has_error(), response.error().message()  # one was being sent
         (tensor,) = response.output_tensors
-        values.append(float(tensor.as_numpy().item()))
+        values.extend(float(v) for v in tensor.as_numpy().reshape(-1))
     return values
 
 
@@ -106,14 +109,14 @@ def test_each_item_is_a_response_and_one_bls_call_serves_every_stream_per_step(b
     assert [c.batch_size for c in pb.Models.calls] == [3, 2, 2, 1, 1]
 
 
-def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(model):
-    cancelled = _request([12.0, 1.0, 1.0, 1.0], cancel_after=1)
+def test_a_cancelled_stream_stops_before_its_next_step_and_frees_its_place(model):
+    cancelled = _request([12.0, 1.0, 1.0, 1.0], cancel_after=0)  # cancelled as it arrives
     other = _request([12.0, 0.0, 1.0, 0.0])
     _execute(model, [cancelled, other])
-    assert len(cancelled.sent) == 2 and cancelled.sent[-1] == (None, FINAL)
+    assert cancelled.sent == [(None, FINAL)]
     assert len(_items(other)) == 12
-    # the first step served both; after the cancel, every step served the other stream alone
-    assert [c.batch_size for c in pb.Models.calls] == [2] + [1] * 11
+    # the cancelled stream never took a place in the batch: every step served the other alone
+    assert [c.batch_size for c in pb.Models.calls] == [1] * 12
 
 
 def test_a_request_of_several_calls_is_refused_as_the_clients_mistake(model):
@@ -144,7 +147,9 @@ def test_an_error_mid_stream_ends_that_stream_after_its_items(tmp_path, monkeypa
     *items, (error, flags) = request.sent
     assert flags == FINAL and error.error().message().startswith("[INTERNAL] operator ")
     assert "too big" in error.error().message()
-    assert len(items) == 2 and all(not r.has_error() for r, _ in items)  # -2.56, -0.71
+    assert all(not r.has_error() for r, _ in items)
+    made = [float(v) for r, _ in items for v in r.output_tensors[0].as_numpy().reshape(-1)]
+    assert np.allclose(made, [-2.5579, -0.71029], atol=1e-4)  # the two before the failing one
 
 
 def test_before_23_10_a_stream_runs_to_its_end(built, monkeypatch):
@@ -154,8 +159,29 @@ def test_before_23_10_a_stream_runs_to_its_end(built, monkeypatch):
     served = pipeline_model.TritonPythonModel()
     served.initialize(_args(root / "pipeline"))
     try:
-        request = _request([4.0, 1.0, 1.0, 1.0], cancel_after=1)
+        request = _request([4.0, 1.0, 1.0, 1.0], cancel_after=0)
         _execute(served, [request])
     finally:
         served.finalize()
-    assert len(request.sent) == 5  # four items and the final flag: nothing told it to stop
+    assert len(_items(request)) == 4  # nothing told it to stop
+
+
+def test_the_outbox_sends_items_while_the_loop_goes_on_and_a_streams_end_last():
+    sent: list = []
+    entered, release = threading.Event(), threading.Event()
+
+    def send_items(call, items):
+        entered.set()
+        release.wait(5)  # a slow send: the loop makes more meanwhile
+        sent.append((call, list(items)))
+
+    box = Outbox(send_items, lambda call, response: sent.append((call, "end")))
+    box.item(0, "a")
+    entered.wait(5)
+    box.item(0, "b")
+    box.item(1, "x")
+    box.item(0, "c")
+    box.end(0)
+    release.set()
+    box.close()
+    assert sent == [(0, ["a"]), (0, ["b", "c"]), (1, ["x"]), (0, "end")]
