@@ -64,8 +64,30 @@ class Run:
     items_per_s: float
 
 
-async def _stream_run(url: str, lines: list[np.ndarray], expected: list[list[str]],
-                      in_flight: int, requests: int) -> Run:
+async def _streamed(client: AsyncClient, line: np.ndarray, expected: list[str]
+                    ) -> tuple[float, int]:
+    """One stream: when its first item came (perf_counter), how many items it had."""
+    got, first = [], 0.0
+    async for item in client.stream(line):
+        first = first or time.perf_counter()
+        got.append(item)
+    if got != expected:
+        raise AssertionError(f"streamed {got} against {expected}")
+    return first, len(got)
+
+
+async def _whole(client: AsyncClient, line: np.ndarray, expected: str) -> tuple[float, int]:
+    """One whole answer: when it came, how many items (characters) it held."""
+    text = await client(line)
+    if text != expected:
+        raise AssertionError(f"whole {text!r} against {expected!r}")
+    return time.perf_counter(), len(text)
+
+
+async def _run(url: str, call, lines: list[np.ndarray], expected: list, in_flight: int,
+               requests: int) -> Run:
+    """``requests`` calls, ``in_flight`` at a time, each client sending its next as soon as
+    its last ended; ``call(client, line, expected) -> (first item's time, items)``."""
     first_ms, total_ms = [], []
     items = 0
     order = [i % len(lines) for i in range(requests)]
@@ -74,17 +96,10 @@ async def _stream_run(url: str, lines: list[np.ndarray], expected: list[list[str
         nonlocal items
         for index in share:
             sent = time.perf_counter()
-            got, first = [], None
-            async for item in client.stream(lines[index]):
-                if first is None:
-                    first = time.perf_counter()
-                got.append(item)
-            ended = time.perf_counter()
-            if got != expected[index]:
-                raise AssertionError(f"stream {index}: {got} against {expected[index]}")
+            first, count = await call(client, lines[index], expected[index])
             first_ms.append((first - sent) * 1000)
-            total_ms.append((ended - sent) * 1000)
-            items += len(got)
+            total_ms.append((time.perf_counter() - sent) * 1000)
+            items += count
 
     async with AsyncClient(url, timeout=60) as client:
         await client.codec()
@@ -92,30 +107,6 @@ async def _stream_run(url: str, lines: list[np.ndarray], expected: list[list[str
         await asyncio.gather(*(worker(order[k::in_flight], client) for k in range(in_flight)))
         wall = time.perf_counter() - started
     return Run(first_ms, total_ms, items / wall)
-
-
-async def _whole_run(url: str, lines: list[np.ndarray], expected: list[str], in_flight: int,
-                     requests: int) -> Run:
-    total_ms = []
-    items = 0
-    order = [i % len(lines) for i in range(requests)]
-
-    async def worker(share: list[int], client: AsyncClient) -> None:
-        nonlocal items
-        for index in share:
-            sent = time.perf_counter()
-            text = await client(lines[index])
-            total_ms.append((time.perf_counter() - sent) * 1000)
-            if text != expected[index]:
-                raise AssertionError(f"whole {index}: {text!r} against {expected[index]!r}")
-            items += len(text)
-
-    async with AsyncClient(url, timeout=60) as client:
-        await client.codec()
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(order[k::in_flight], client) for k in range(in_flight)))
-        wall = time.perf_counter() - started
-    return Run(total_ms, total_ms, items / wall)
 
 
 def _p(values: list[float], q: float) -> float:
@@ -156,15 +147,16 @@ def main() -> None:
         with TritonServer(roots[0]) as server:
             whole_url = f"grpc://{server.grpc_url}/whole"
             stream_url = f"grpc://{server.grpc_url}/stream"
-            asyncio.run(_whole_run(whole_url, lines, whole_expected, 8, 64))  # warm both
-            asyncio.run(_stream_run(stream_url, lines, stream_expected, 8, 64))
+            asyncio.run(_run(whole_url, _whole, lines, whole_expected, 8, 64))  # warm both
+            asyncio.run(_run(stream_url, _streamed, lines, stream_expected, 8, 64))
             for in_flight in IN_FLIGHT:
                 whole, streamed = [], []
                 for _ in range(args.runs):  # side by side, alternating
-                    whole.append(asyncio.run(_whole_run(
-                        whole_url, lines, whole_expected, in_flight, args.requests)))
-                    streamed.append(asyncio.run(_stream_run(
-                        stream_url, lines, stream_expected, in_flight, args.requests)))
+                    whole.append(asyncio.run(_run(
+                        whole_url, _whole, lines, whole_expected, in_flight, args.requests)))
+                    streamed.append(asyncio.run(_run(
+                        stream_url, _streamed, lines, stream_expected, in_flight,
+                        args.requests)))
                 rows["whole", in_flight] = _median_runs(whole)
                 rows["stream", in_flight] = _median_runs(streamed)
                 print(in_flight, rows["whole", in_flight], rows["stream", in_flight], flush=True)
