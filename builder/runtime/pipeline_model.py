@@ -368,6 +368,9 @@ def accept_streams(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return streams
 
 
+STREAM_BATCHES = 4
+"""Dynamic batches of streams one instance runs at once (each on a thread of its own); more
+wait in Triton's queue."""
 CANCEL_POLL_S = 0.005
 """How often a batch of streams asks whether its clients cancelled (each question is a round
 trip to the server): every step, or every 5 ms where steps are shorter."""
@@ -486,6 +489,7 @@ class TritonPythonModel:
             [node.label for node in self.pipeline.plan.nodes])
         self.in_flight = drain.InFlight() if drain.supervised() else None
         self.streaming_threads: set[threading.Thread] = set()
+        self.stream_slots = threading.BoundedSemaphore(STREAM_BATCHES)
         self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
         request_size.check_shared_memory(self.limit, self.api)
 
@@ -514,7 +518,21 @@ class TritonPythonModel:
     def _stream(self, requests: list) -> None:
         """Decode the batch here, then stream it on a thread of its own and return: the
         instance takes the next batch while this one streams (a long decode does not hold
-        the streams that come after it). Counted in flight until its last stream ends."""
+        the streams that come after it). Counted in flight until its last stream ends. At most
+        :data:`STREAM_BATCHES` batches stream at once: the next waits here, so requests queue
+        in Triton again, where the queue policy (the latency budget) refuses what would be
+        late to its first item."""
+        self.stream_slots.acquire()
+        started = False
+        try:
+            started = self._start_streams(requests)
+        finally:
+            if not started:
+                self.stream_slots.release()
+        return None
+
+    def _start_streams(self, requests: list) -> bool:
+        """Whether a thread now streams the batch (it releases the slot when done)."""
         self._count(len(requests))
         try:
             if self.in_flight is not None and drain.closing():
@@ -529,12 +547,12 @@ class TritonPythonModel:
             raise
         if streams is None or not streams.calls:
             self._count(-len(requests))
-            return None
+            return False
         worker = threading.Thread(target=self._run_streams, args=(streams, len(requests)),
                                   name="triton-builder-streams", daemon=True)
         self.streaming_threads.add(worker)
         worker.start()
-        return None
+        return True
 
     def _run_streams(self, streams: Streams, count: int) -> None:
         try:
@@ -550,6 +568,7 @@ class TritonPythonModel:
         finally:
             self._count(-count)
             self.streaming_threads.discard(threading.current_thread())
+            self.stream_slots.release()
 
     def _count(self, requests: int) -> None:
         if self.in_flight is not None:

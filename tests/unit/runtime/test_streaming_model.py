@@ -185,3 +185,45 @@ def test_the_outbox_sends_items_while_the_loop_goes_on_and_a_streams_end_last():
     release.set()
     box.close()
     assert sent == [(0, ["a"]), (0, ["b", "c"]), (1, ["x"]), (0, "end")]
+
+
+def test_batches_beyond_the_instances_slots_wait_in_execute(tmp_path, monkeypatch):
+    """STREAM_BATCHES batches stream at once; the next ``execute`` waits for a slot (so
+    Triton's queue, and its queue policy, hold the requests meanwhile)."""
+    gate = tmp_path / "open"  # the pickled operator waits for this file to exist
+
+    def held(v):
+        import pathlib
+        import time
+
+        deadline = time.monotonic() + 10
+        while v[1] == 0.5 and not pathlib.Path(str(gate)).exists() and (
+                time.monotonic() < deadline):  # a request of the test, not the example
+            time.sleep(0.01)
+        yield float(v[0])
+
+    pipeline = (pipe.input("v").stream("v", "x", held).output("x")
+                .with_example([1.0, 0.0, 0.0, 0.0]))
+    root = tmp_path / "models"
+    build_pipeline_model(pipeline, root)
+    monkeypatch.setattr(pipeline_model, "pb_utils", pb)
+    monkeypatch.setattr(pipeline_model, "STREAM_BATCHES", 2)
+    served = pipeline_model.TritonPythonModel()
+    served.initialize(_args(root / "pipeline"))
+    requests = [_request([float(i), 0.5, 0.0, 0.0]) for i in range(3)]
+    try:
+        served.execute([requests[0]])
+        served.execute([requests[1]])
+        third = threading.Thread(target=served.execute, args=([requests[2]],))
+        third.start()
+        third.join(0.5)
+        assert third.is_alive()  # no slot: it waits
+        gate.touch()
+        third.join(10)
+        assert not third.is_alive()
+        for worker in list(served.streaming_threads):
+            worker.join(10)
+    finally:
+        gate.touch()
+        served.finalize()
+    assert [_items(r) for r in requests] == [[0.0], [1.0], [2.0]]
