@@ -122,10 +122,7 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
 
     async def __call__(self, *values: Any) -> Any:
         """One pipeline call; see :meth:`builder.client.Client.__call__`."""
-        codec = await self.codec()
-        if codec.signature.streamed:
-            return codec.whole([item async for item in self.stream(*values)])
-        return await self._send(codec.encode(values))
+        return await self._send((await self.codec()).encode(values))
 
     async def stream(self, *values: Any) -> AsyncIterator[Any]:
         """One call of a streaming pipeline, each item as it arrives; see
@@ -134,14 +131,8 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
         if not codec.signature.streamed:
             raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
                              "one answer")
-        request = prepare(await self.model.spec(), codec.encode(values))
-        stream = self.model.stream(request)
-        try:
-            async for outputs in stream:
-                for item in codec.decode_rows(outputs):
-                    yield item
-        finally:
-            await stream.aclose()
+        async for item in self._stream(codec.encode(values)):
+            yield item
 
     async def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
         """Many calls, ``max_in_flight`` at a time; see :meth:`builder.client.Client.batch`."""
@@ -164,6 +155,19 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
         await self.model.close()
 
     async def _send(self, tensors: dict) -> Any:
+        """One encoded call's answer: a streaming pipeline's items collected."""
         spec = await self.model.spec()
         codec = await self.codec()
+        if codec.signature.streamed:
+            return codec.whole([item async for item in self._stream(tensors)])
         return codec.decode(await self.model.send(prepare(spec, tensors)))
+
+    async def _stream(self, tensors: dict) -> AsyncIterator[Any]:
+        codec = await self.codec()
+        stream = self.model.stream(prepare(await self.model.spec(), tensors))
+        try:
+            async for outputs in stream:
+                for item in codec.decode_rows(outputs):
+                    yield item
+        finally:
+            await stream.aclose()

@@ -52,10 +52,7 @@ class Client(PipelineClientBase, Closing):
         :class:`builder.client.coercion.InputError` before anything is sent; a call the pipeline
         fails on raises :class:`builder.client.errors.RemoteModelError` with its message.
         """
-        codec = self.codec
-        if codec.signature.streamed:
-            return codec.whole(list(self.stream(*values)))
-        return self._send(codec.encode(values))
+        return self._send(self.codec.encode(values))
 
     def stream(self, *values: Any) -> Iterator[Any]:
         """Run one call of a streaming pipeline on the server (over gRPC) and yield each item
@@ -66,13 +63,7 @@ class Client(PipelineClientBase, Closing):
         if not codec.signature.streamed:
             raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
                              "one answer")
-        request = prepare(self.model.spec, codec.encode(values))
-        stream = self.model.stream(request)
-        try:
-            for outputs in stream:
-                yield from codec.decode_rows(outputs)
-        finally:
-            stream.close()
+        yield from self._stream(codec.encode(values))
 
     def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
         """Run many calls, up to ``max_in_flight`` requests at once; results in order.
@@ -100,8 +91,19 @@ class Client(PipelineClientBase, Closing):
         self.model.close()
 
     def _send(self, tensors: dict) -> Any:
+        """One encoded call's answer: a streaming pipeline's items collected."""
+        if self.codec.signature.streamed:
+            return self.codec.whole(list(self._stream(tensors)))
         # prepare() checks the encoded tensors against the served config once more
         return self.codec.decode(self.model.send(prepare(self.model.spec, tensors)))
+
+    def _stream(self, tensors: dict) -> Iterator[Any]:
+        stream = self.model.stream(prepare(self.model.spec, tensors))
+        try:
+            for outputs in stream:
+                yield from self.codec.decode_rows(outputs)
+        finally:
+            stream.close()
 
 
 def batch_calls(calls: Iterable[Any], input_count: int) -> list[tuple[Any, ...]]:

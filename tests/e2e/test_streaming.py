@@ -89,6 +89,7 @@ def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint):
     assert all(times == sorted(times) for times in arrivals if times)
     with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
         assert client(lines[0]) == streaming_pipeline(lines[0]) == expected[0]
+        assert client.batch(lines[:6]) == expected[:6]  # each call's items, collected
 
 
 def test_the_asyncio_client_streams_the_same_items(endpoint):
