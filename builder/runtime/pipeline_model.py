@@ -26,7 +26,6 @@ import pickle
 import platform
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -44,9 +43,9 @@ try:  # in Triton: beside model.py, which the stub imports as the module "<versi
     from . import triton_builder_model_calls as model_calls
     from . import triton_builder_operator_metrics as operator_metrics
     from . import triton_builder_request_size as request_size
-    from . import triton_builder_stream_outbox as stream_outbox
+    from . import triton_builder_stream_serving as stream_serving
 except ImportError:  # in the builder's package: builder.runtime.drain & co
-    from . import drain, model_calls, operator_metrics, request_size, stream_outbox
+    from . import drain, model_calls, operator_metrics, request_size, stream_serving
 
 BlsError = model_calls.BlsError
 
@@ -337,115 +336,6 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return responses
 
 
-@dataclass
-class Streams:
-    """The calls of a dynamic batch of streamed requests, decoded, each with its response
-    sender: what :func:`run_streams` needs once ``execute`` has returned."""
-
-    calls: list[tuple]
-    senders: list[Any]
-
-
-def accept_streams(pipeline: Any, api: TritonApi, requests: Sequence[Any],
-                   limit: int | None = None) -> Streams:
-    """Decode a dynamic batch of streamed requests, in ``execute``: one call each (a batch of
-    one). A request that cannot be one is answered at once, its stream ended."""
-    signature = pipeline.signature()
-    streams = Streams([], [])
-    for request in requests:
-        sender = api.sender(request)
-        try:
-            values = decode_request(api, request, signature.inputs, limit)
-            if len(values) != 1:
-                raise ValueError(f"a streaming pipeline takes one call per request, this one "
-                                 f"holds {len(values)}: send them as requests of their own")
-        except Exception as error:  # noqa: BLE001 - this request's error response
-            api.send(sender, stream_error(api, f"bad request: {error}", bad_request=True),
-                     final=True)
-            continue
-        streams.calls.append(values[0])
-        streams.senders.append(sender)
-    return streams
-
-
-STREAM_BATCHES = 4
-"""Dynamic batches of streams one instance runs at once (each on a thread of its own); more
-wait in Triton's queue."""
-CANCEL_POLL_S = 0.005
-"""How often a batch of streams asks whether its clients cancelled (each question is a round
-trip to the server): every step, or every 5 ms where steps are shorter."""
-
-
-def run_streams(pipeline: Any, api: TritonApi, streams: Streams,
-                times: list[list[float]] | None = None) -> None:
-    """Stream calls through a streaming pipeline: each item sent as it is made, then the final
-    flag. The rows of every stream advance together, one step at a time, so a model call inside
-    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`). A
-    stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
-    final flag alone; errors end a stream as :func:`serve` words them."""
-    signature = pipeline.signature()
-    senders = streams.senders
-    ended: set[int] = set()
-    polled = [0.0]
-
-    def stopped() -> set[int]:
-        now = time.monotonic()
-        if now - polled[0] < CANCEL_POLL_S:
-            return set()
-        polled[0] = now
-        return {call for call, sender in enumerate(senders)
-                if call not in ended and api.cancelled(sender)}
-
-    outbox = stream_outbox.Outbox(
-        lambda call, items: _send_items(api, signature, senders[call], items),
-        lambda call, response: api.send(senders[call], response, final=True),
-        api.log_warning)
-    try:
-        for event in pipeline.run_stream(streams.calls, times, stopped):
-            if event.error is not None:
-                ended.add(event.call)
-                outbox.end(event.call, stream_error(
-                    api, str(event.error), bad_request=_input_error(event.error),
-                    unavailable=getattr(event.error.__cause__, "unavailable", False)))
-            elif event.final:
-                ended.add(event.call)
-                outbox.end(event.call)
-            else:
-                outbox.item(event.call, event.outputs)
-    except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
-        message = f"pipeline failed: {type(error).__name__}: {error}"
-        for call in range(len(senders)):
-            if call not in ended:
-                outbox.end(call, stream_error(api, message))
-    finally:
-        outbox.close()
-
-
-def _send_items(api: TritonApi, signature: Any, sender: Any, items: list[dict]) -> None:
-    """One response holding ``items`` (a batch of them: the client reads each row as one
-    item); items whose shapes differ, one response each."""
-    try:
-        response = api.response({name: spec.encode_batch([item[name] for item in items])
-                                 for name, spec in signature.outputs.items()})
-    except Exception as error:  # noqa: BLE001 - shapes that do not stack, or a wrong type
-        if len(items) > 1:
-            for item in items:
-                _send_items(api, signature, sender, [item])
-            return
-        response = api.error_response(f"output does not fit its type: {error}")
-    api.send(sender, response)
-
-
-def stream_error(api: TritonApi, message: str, *, bad_request: bool = False,
-                 unavailable: bool = False) -> Any:
-    """An error response for a stream, its status written at the head of its message
-    (``[INVALID_ARGUMENT] …``): gRPC's ``ModelStreamInfer`` carries an error's message and
-    drops its code, so the client reads it there (:mod:`builder.client.response_stream`)."""
-    code = "INVALID_ARGUMENT" if bad_request else "UNAVAILABLE" if unavailable else "INTERNAL"
-    return api.error_response(f"[{code}] {message}", bad_request=bad_request,
-                              unavailable=unavailable)
-
-
 def _input_error(error: BaseException) -> bool:
     """Whether a call's error is ``builder.errors.InputError``, found by name along its classes:
     this module imports nothing from ``builder``."""
@@ -489,7 +379,7 @@ class TritonPythonModel:
             [node.label for node in self.pipeline.plan.nodes])
         self.in_flight = drain.InFlight() if drain.supervised() else None
         self.streaming_threads: set[threading.Thread] = set()
-        self.stream_slots = threading.BoundedSemaphore(STREAM_BATCHES)
+        self.stream_slots = threading.BoundedSemaphore(stream_serving.STREAM_BATCHES)
         self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
         request_size.check_shared_memory(self.limit, self.api)
 
@@ -519,9 +409,9 @@ class TritonPythonModel:
         """Decode the batch here, then stream it on a thread of its own and return: the
         instance takes the next batch while this one streams (a long decode does not hold
         the streams that come after it). Counted in flight until its last stream ends. At most
-        :data:`STREAM_BATCHES` batches stream at once: the next waits here, so requests queue
-        in Triton again, where the queue policy (the latency budget) refuses what would be
-        late to its first item."""
+        ``stream_serving.STREAM_BATCHES`` batches stream at once: the next waits here, so
+        requests queue in Triton again, where the queue policy (the latency budget) refuses
+        what would be late to its first item."""
         self.stream_slots.acquire()
         started = False
         try:
@@ -538,10 +428,13 @@ class TritonPythonModel:
             if self.in_flight is not None and drain.closing():
                 for request in requests:
                     self.api.send(self.api.sender(request),
-                                  stream_error(self.api, STOPPING, unavailable=True), final=True)
+                                  stream_serving.stream_error(self.api, STOPPING,
+                                                              unavailable=True), final=True)
                 streams = None
             else:
-                streams = accept_streams(self.pipeline, self.api, requests, self.limit)
+                inputs = self.pipeline.signature().inputs
+                streams = stream_serving.accept_streams(self.api, requests, lambda request: (
+                    decode_request(self.api, request, inputs, self.limit)))
         except BaseException:
             self._count(-len(requests))
             raise
@@ -554,13 +447,14 @@ class TritonPythonModel:
         worker.start()
         return True
 
-    def _run_streams(self, streams: Streams, count: int) -> None:
+    def _run_streams(self, streams: stream_serving.Streams, count: int) -> None:
         try:
             if self.metrics is None:
-                run_streams(self.pipeline, self.api, streams)
+                stream_serving.run_streams(self.pipeline, self.api, streams,
+                                           input_error=_input_error)
                 return
             times = [[0.0, 0, 0, 0] for _ in self.metrics.times]
-            run_streams(self.pipeline, self.api, streams, times)
+            stream_serving.run_streams(self.pipeline, self.api, streams, times, _input_error)
             with self.metrics.lock:
                 for total, spent in zip(self.metrics.times, times):
                     for k, value in enumerate(spent):

@@ -60,7 +60,9 @@ def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(re
         "pipeline", "pipeline/1", "pipeline/1/model.py", "pipeline/1/pipe.pickle",
         "pipeline/1/pipe.versions.json", "pipeline/1/triton_builder_drain.py",
         "pipeline/1/triton_builder_model_calls.py", "pipeline/1/triton_builder_operator_metrics.py",
-        "pipeline/1/triton_builder_request_size.py", "pipeline/config.pbtxt",
+        "pipeline/1/triton_builder_request_size.py",
+        "pipeline/1/triton_builder_stream_outbox.py", "pipeline/1/triton_builder_stream_serving.py",
+        "pipeline/config.pbtxt",
     ]
     runtime = REPO_ROOT / "builder" / "runtime"
     assert (root / "pipeline" / "1" / "model.py").read_bytes() == (

@@ -15,7 +15,7 @@ import pytest
 
 from builder import build_pipeline_model, pipe
 from builder.repository.model_config import read_config
-from builder.runtime import pipeline_model
+from builder.runtime import pipeline_model, stream_serving
 from builder.runtime.stream_outbox import Outbox
 from tests.support import pb_utils_standin as pb
 from tests.support.tiny_models import affine_op
@@ -207,7 +207,7 @@ def test_batches_beyond_the_instances_slots_wait_in_execute(tmp_path, monkeypatc
     root = tmp_path / "models"
     build_pipeline_model(pipeline, root)
     monkeypatch.setattr(pipeline_model, "pb_utils", pb)
-    monkeypatch.setattr(pipeline_model, "STREAM_BATCHES", 2)
+    monkeypatch.setattr(stream_serving, "STREAM_BATCHES", 2)
     served = pipeline_model.TritonPythonModel()
     served.initialize(_args(root / "pipeline"))
     requests = [_request([float(i), 0.5, 0.0, 0.0]) for i in range(3)]

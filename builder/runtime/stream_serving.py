@@ -1,0 +1,131 @@
+"""Serving a streaming pipeline (a decoupled model): each dynamic batch of streams decoded in
+``execute``, then streamed step by step on a thread of its own.
+
+Copied beside the pipeline's ``model.py`` as ``triton_builder_stream_serving.py``, which it
+imports; like it, imports nothing from ``builder`` and loads on Python 3.8. What it needs of
+Triton comes through the pipeline model's ``TritonApi`` (``sender``, ``send``, ``cancelled``,
+``response``, ``error_response``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:  # in Triton: beside model.py
+    from . import triton_builder_stream_outbox as stream_outbox
+except ImportError:  # in the builder's package
+    from . import stream_outbox
+
+
+@dataclass
+class Streams:
+    """The calls of a dynamic batch of streamed requests, decoded, each with its response
+    sender: what :func:`run_streams` needs once ``execute`` has returned."""
+
+    calls: list[tuple]
+    senders: list[Any]
+
+
+def accept_streams(api: Any, requests: Sequence[Any],
+                   decode: Callable[[Any], list[tuple]]) -> Streams:
+    """Decode a dynamic batch of streamed requests, in ``execute``: one call each (a batch of
+    one; ``decode`` reads a request's calls). A request that cannot be one is answered at
+    once, its stream ended."""
+    streams = Streams([], [])
+    for request in requests:
+        sender = api.sender(request)
+        try:
+            values = decode(request)
+            if len(values) != 1:
+                raise ValueError(f"a streaming pipeline takes one call per request, this one "
+                                 f"holds {len(values)}: send them as requests of their own")
+        except Exception as error:  # noqa: BLE001 - this request's error response
+            api.send(sender, stream_error(api, f"bad request: {error}", bad_request=True),
+                     final=True)
+            continue
+        streams.calls.append(values[0])
+        streams.senders.append(sender)
+    return streams
+
+
+STREAM_BATCHES = 4
+"""Dynamic batches of streams one instance runs at once (each on a thread of its own); more
+wait in Triton's queue."""
+CANCEL_POLL_S = 0.005
+"""How often a batch of streams asks whether its clients cancelled (each question is a round
+trip to the server): every step, or every 5 ms where steps are shorter."""
+
+
+def run_streams(pipeline: Any, api: Any, streams: Streams,
+                times: list[list[float]] | None = None,
+                input_error: Callable[[BaseException], bool] = lambda error: False) -> None:
+    """Stream calls through a streaming pipeline: each item sent as it is made, then the final
+    flag. The rows of every stream advance together, one step at a time, so a model call inside
+    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`). A
+    stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
+    final flag alone; errors end a stream as the pipeline model's ``serve`` words them
+    (``input_error`` tells the client's mistakes)."""
+    signature = pipeline.signature()
+    senders = streams.senders
+    ended: set[int] = set()
+    polled = [0.0]
+
+    def stopped() -> set[int]:
+        now = time.monotonic()
+        if now - polled[0] < CANCEL_POLL_S:
+            return set()
+        polled[0] = now
+        return {call for call, sender in enumerate(senders)
+                if call not in ended and api.cancelled(sender)}
+
+    outbox = stream_outbox.Outbox(
+        lambda call, items: _send_items(api, signature, senders[call], items),
+        lambda call, response: api.send(senders[call], response, final=True),
+        api.log_warning)
+    try:
+        for event in pipeline.run_stream(streams.calls, times, stopped):
+            if event.error is not None:
+                ended.add(event.call)
+                outbox.end(event.call, stream_error(
+                    api, str(event.error), bad_request=input_error(event.error),
+                    unavailable=getattr(event.error.__cause__, "unavailable", False)))
+            elif event.final:
+                ended.add(event.call)
+                outbox.end(event.call)
+            else:
+                outbox.item(event.call, event.outputs)
+    except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
+        message = f"pipeline failed: {type(error).__name__}: {error}"
+        for call in range(len(senders)):
+            if call not in ended:
+                outbox.end(call, stream_error(api, message))
+    finally:
+        outbox.close()
+
+
+def _send_items(api: Any, signature: Any, sender: Any, items: list[dict]) -> None:
+    """One response holding ``items`` (a batch of them: the client reads each row as one
+    item); items whose shapes differ, one response each."""
+    try:
+        response = api.response({name: spec.encode_batch([item[name] for item in items])
+                                 for name, spec in signature.outputs.items()})
+    except Exception as error:  # noqa: BLE001 - shapes that do not stack, or a wrong type
+        if len(items) > 1:
+            for item in items:
+                _send_items(api, signature, sender, [item])
+            return
+        response = api.error_response(f"output does not fit its type: {error}")
+    api.send(sender, response)
+
+
+def stream_error(api: Any, message: str, *, bad_request: bool = False,
+                 unavailable: bool = False) -> Any:
+    """An error response for a stream, its status written at the head of its message
+    (``[INVALID_ARGUMENT] …``): gRPC's ``ModelStreamInfer`` carries an error's message and
+    drops its code, so the client reads it there (:mod:`builder.client.response_stream`)."""
+    code = "INVALID_ARGUMENT" if bad_request else "UNAVAILABLE" if unavailable else "INTERNAL"
+    return api.error_response(f"[{code}] {message}", bad_request=bad_request,
+                              unavailable=unavailable)
