@@ -126,7 +126,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256, help="requests per run")
     parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
-    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only (no BENCHMARKS.md section, no chart)")
     args = parser.parse_args()
 
     lines = twelve_step_lines()
@@ -161,7 +162,8 @@ def main() -> None:
                 rows["stream", in_flight] = _median_runs(streamed)
                 print(in_flight, rows["whole", in_flight], rows["stream", in_flight], flush=True)
     speed.append(machine_speed_ms())
-    _chart(rows)
+    if not args.no_write:
+        _chart(rows)
     publish(SECTION, _report(rows, args, speed), write=not args.no_write)
 
 
