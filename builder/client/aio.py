@@ -26,7 +26,6 @@ from builder.client.pipeline import batch_calls
 from builder.client.remote_model import call_arguments, unbatch
 from builder.client.retry import acall_with_retry
 from builder.client.served_model import ServedModel, served_model
-from builder.errors import InputError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -127,11 +126,7 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
     async def stream(self, *values: Any) -> AsyncIterator[Any]:
         """One call of a streaming pipeline, each item as it arrives; see
         :meth:`builder.client.Client.stream`."""
-        codec = await self.codec()
-        if not codec.signature.streamed:
-            raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
-                             "one answer")
-        async for item in self._stream(codec.encode(values)):
+        async for item in self._stream((await self.codec()).encode_stream(values)):
             yield item
 
     async def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:

@@ -17,9 +17,14 @@ import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
 from builder.client.endpoint import Endpoint
-from builder.client.errors import RemoteModelError, classify
-from builder.client.response_stream import stream_error
-from builder.client.transport import GRPC_MESSAGE_ARGS, GRPC_RECONNECT_ARGS, translated_errors
+from builder.client.response_stream import stream_failure
+from builder.client.transport import (
+    GRPC_MESSAGE_ARGS,
+    GRPC_RECONNECT_ARGS,
+    grpc_inputs,
+    streams_over_grpc,
+    translated_errors,
+)
 
 
 class AsyncTransport(Protocol):
@@ -97,14 +102,9 @@ class AsyncGrpcTransport(_LazyClient):
                     outputs: Sequence[str]) -> dict[str, np.ndarray]:
         import tritonclient.grpc as grpcclient
 
-        inputs = []
-        for name, array in tensors.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
         with translated_errors(f"inference on {self._endpoint.url}"):
             result = await self._get_client().infer(
-                self._endpoint.model, inputs, self._endpoint.version,
+                self._endpoint.model, grpc_inputs(tensors), self._endpoint.version,
                 outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
                 client_timeout=self._timeout)
         return {name: result.as_numpy(name) for name in outputs}
@@ -115,12 +115,7 @@ class AsyncGrpcTransport(_LazyClient):
         that ends when the server has sent the last; leaving early cancels the request."""
         import tritonclient.grpc as grpcclient
 
-        inputs = []
-        for name, array in tensors.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        request = {"model_name": self._endpoint.model, "inputs": inputs,
+        request = {"model_name": self._endpoint.model, "inputs": grpc_inputs(tensors),
                    "model_version": self._endpoint.version,
                    "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs]}
 
@@ -141,8 +136,7 @@ class AsyncGrpcTransport(_LazyClient):
                     finished = True
                     return
                 if error is not None:
-                    error = stream_error(error)
-                    raise classify(error, what) or RemoteModelError(f"{what}: {error}")
+                    raise stream_failure(error, what)
                 if result.get_response().outputs:
                     yield {name: result.as_numpy(name) for name in outputs}
         finally:
@@ -187,7 +181,5 @@ class AsyncHttpTransport(_LazyClient):
 
     async def stream(self, tensors: Mapping[str, np.ndarray],
                      outputs: Sequence[str]) -> AsyncIterator[dict[str, np.ndarray]]:
-        raise RemoteModelError(
-            f"{self._endpoint.url}: a streaming pipeline (a decoupled model) answers over "
-            f"gRPC's stream; call it at grpc://{self._endpoint.address}/{self._endpoint.model}")
+        raise streams_over_grpc(self._endpoint)
         yield {}  # an async generator, like the gRPC transport's

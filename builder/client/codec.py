@@ -67,6 +67,14 @@ class PipelineCodec:
         return values[0] if len(values) == 1 else values
 
 
+    def encode_stream(self, values: Sequence[Any]) -> dict[str, np.ndarray]:
+        """:meth:`encode` for a call whose items are to be streamed; a pipeline that does not
+        stream refuses before anything is sent."""
+        if not self.signature.streamed:
+            raise InputError(f"the pipeline {self.model!r} does not stream: call it for its "
+                             "one answer")
+        return self.encode(values)
+
     def decode_rows(self, outputs: Mapping[str, np.ndarray]) -> list[Any]:
         """Output tensors holding several rows (a streamed response may carry several items)
         → each row as :meth:`decode` gives one."""

@@ -20,7 +20,6 @@ from builder.client.coercion import prepare
 from builder.client.errors import RemoteModelError
 from builder.client.lifecycle import Closing, PipelineClientBase
 from builder.client.remote_model import TritonRemoteModel
-from builder.errors import InputError
 
 __all__ = ["Client", "TritonRemoteModel", "batch_calls"]
 
@@ -59,11 +58,7 @@ class Client(PipelineClientBase, Closing):
         as it arrives: what ``pipe.stream(*values)`` yields. Closing the iterator early (a
         ``break``) cancels the call on the server, which stops within one step. An error
         mid-stream is raised where it comes, after the items before it."""
-        codec = self.codec
-        if not codec.signature.streamed:
-            raise InputError(f"the pipeline {codec.model!r} does not stream: call it for its "
-                             "one answer")
-        yield from self._stream(codec.encode(values))
+        yield from self._stream(self.codec.encode_stream(values))
 
     def batch(self, calls: Iterable[Any], *, return_exceptions: bool = False) -> list[Any]:
         """Run many calls, up to ``max_in_flight`` requests at once; results in order.

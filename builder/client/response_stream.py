@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import queue
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from builder.client.endpoint import Endpoint
 from builder.client.errors import RemoteModelError, classify
@@ -38,6 +38,13 @@ def stream_error(error: InferenceServerException) -> InferenceServerException:
                                     status=f"StatusCode.{match.group(1)}")
 
 
+def stream_failure(error: InferenceServerException, what: str) -> Exception:
+    """The client's error for a stream's error response (:func:`stream_error`'s status read
+    back, then :func:`~builder.client.errors.classify`)."""
+    error = stream_error(error)
+    return classify(error, what) or RemoteModelError(f"{what}: {error}")
+
+
 def _refusal(error: InferenceServerException, responses: queue.Queue, what: str) -> Exception:
     """Why a stream could not be opened: tritonclient says only that the stream is broken and
     hands the cause (a server not there: ``UNAVAILABLE``) to the callback."""
@@ -49,10 +56,11 @@ def _refusal(error: InferenceServerException, responses: queue.Queue, what: str)
     return classify(cause, what) or RemoteModelError(f"{what}: {cause}")
 
 
-def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: Sequence[str],
+def grpc_stream(endpoint: Endpoint, inputs: Sequence[Any], outputs: Sequence[str],
                 timeout: float, channel_args: Sequence[tuple[str, Any]] = ()
                 ) -> Iterator[dict[str, np.ndarray]]:
-    """Send one request on a stream of its own; yield each response's ``outputs`` by name.
+    """Send one request (its ``InferInput`` list) on a stream of its own; yield each
+    response's ``outputs`` by name.
 
     ``timeout`` bounds the wait for each response. An error response, or a broken stream,
     raises the error :func:`builder.client.errors.classify` gives; so does a stream that ends
@@ -66,12 +74,6 @@ def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: 
     responses: queue.Queue = queue.Queue()
     finished = False
     try:
-        inputs = []
-        for name, array in tensors.items():
-            tensor = grpcclient.InferInput(name, list(array.shape),
-                                           np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
         try:
             client.start_stream(lambda result, error: responses.put((result, error)))
             client.async_stream_infer(
@@ -86,8 +88,7 @@ def grpc_stream(endpoint: Endpoint, tensors: Mapping[str, np.ndarray], outputs: 
             except queue.Empty:
                 raise classify(TimeoutError(f"no response within {timeout} s"), what) from None
             if error is not None:
-                error = stream_error(error)
-                raise classify(error, what) or RemoteModelError(f"{what}: {error}") from error
+                raise stream_failure(error, what) from error
             response = result.get_response()
             final = response.parameters[FINAL_PARAMETER].bool_param
             if response.outputs:

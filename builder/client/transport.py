@@ -75,6 +75,26 @@ def translated_errors(what: str) -> Iterator[None]:
         raise replacement from error
 
 
+def grpc_inputs(tensors: Mapping[str, np.ndarray]) -> list[Any]:
+    """``tritonclient.grpc.InferInput`` of each named array: what a gRPC request carries (the
+    asyncio client takes the same)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, array in tensors.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def streams_over_grpc(endpoint: Endpoint) -> RemoteModelError:
+    """The refusal of an HTTP client asked to stream, naming the URL that streams."""
+    return RemoteModelError(
+        f"{endpoint.url}: a streaming pipeline (a decoupled model) answers over gRPC's stream; "
+        f"call it at grpc://{endpoint.address}/{endpoint.model}")
+
+
 class GrpcTransport:
     """One gRPC channel shared by all threads (it multiplexes concurrent calls)."""
 
@@ -102,14 +122,9 @@ class GrpcTransport:
 
     def infer(self, tensors: Mapping[str, np.ndarray],
               outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        inputs = []
-        for name, array in tensors.items():
-            tensor = self._grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
         with translated_errors(f"inference on {self._endpoint.url}"):
             result = self._client.infer(
-                self._endpoint.model, inputs, self._endpoint.version,
+                self._endpoint.model, grpc_inputs(tensors), self._endpoint.version,
                 outputs=[self._grpc.InferRequestedOutput(name) for name in outputs],
                 client_timeout=self._timeout)
         return {name: result.as_numpy(name) for name in outputs}
@@ -117,7 +132,7 @@ class GrpcTransport:
     def stream(self, tensors: Mapping[str, np.ndarray],
                outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
         """One request's responses as they come (a decoupled model), on a stream of its own."""
-        return grpc_stream(self._endpoint, tensors, outputs, self._timeout,
+        return grpc_stream(self._endpoint, grpc_inputs(tensors), outputs, self._timeout,
                            GRPC_MESSAGE_ARGS + GRPC_RECONNECT_ARGS)
 
     def close(self) -> None:
@@ -185,9 +200,7 @@ class HttpTransport:
 
     def stream(self, tensors: Mapping[str, np.ndarray],
                outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        raise RemoteModelError(
-            f"{self._endpoint.url}: a streaming pipeline (a decoupled model) answers over "
-            f"gRPC's stream; call it at grpc://{self._endpoint.address}/{self._endpoint.model}")
+        raise streams_over_grpc(self._endpoint)
 
     def close(self) -> None:
         with self._lock:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import PipelineError
-from builder.pipeline.operators import operator_name
+from builder.pipeline.operators import batch_stream, operator_name
 
 NODE_KINDS = ("map", "flat_map", "filter", "stream")
 ROOT = 0
@@ -150,8 +150,7 @@ def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tupl
     for node in nodes:
         if node.kind not in NODE_KINDS:
             raise PipelineError(f"operator {node.label}: unknown node kind {node.kind!r}")
-        batched = node.kind == "stream" and callable(getattr(node.op, "call_batch", None))
-        if not callable(node.op) and not batched:
+        if not callable(node.op) and not (node.kind == "stream" and batch_stream(node.op)):
             raise PipelineError(
                 f"operator {node.label} is not callable ({type(node.op).__name__})"
             )

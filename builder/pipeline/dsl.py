@@ -114,7 +114,7 @@ class Pipeline:
     def __call__(self, *values: Any) -> Any:
         """Run one call in process and return its output value(s): the reference result."""
         self._check_arity(values)
-        result = run_plan(self.plan, [values])[0]
+        result = run_plan(self.plan, self.streaming, [values])[0]
         if not result.ok:
             raise result.error
         return self._shape_result(result)
@@ -164,7 +164,7 @@ class Pipeline:
             times: list[list[float]] | None = None) -> list[CallResult]:
         """Run calls and return each one's outputs or error (what the served model does);
         ``times``: see :func:`~builder.pipeline.executor.execute`."""
-        return run_plan(self.plan, calls, times)
+        return run_plan(self.plan, self.streaming, calls, times)
 
     def run_stream(self, calls: Sequence[tuple[Any, ...]],
                    times: list[list[float]] | None = None,
@@ -215,7 +215,7 @@ class Pipeline:
                     "example call with pipeline.with_example(...) or declare them with "
                     "schema={...} in input()/output()"
                 )
-        results = run_plan(self.plan, self.examples)
+        results = run_plan(self.plan, self.streaming, self.examples)
         for number, (example, result) in enumerate(zip(self.examples, results, strict=True), 1):
             if not result.ok:
                 error = OperatorError(f"{result.error} (on example {number}: {_short(example)})")
@@ -242,7 +242,7 @@ class Pipeline:
     def _streamed(self, column: str) -> bool:
         """Whether ``column`` is sent item by item (one value per response when served)."""
         return self.streaming is not None and (
-            self.plan.column_stream[column] in self.streaming.streamed)
+            self.plan.column_stream[column] == self.streaming.items)
 
     def _column_spec(
         self, column: str, declared: TensorSpec | None, ragged: bool, values: list[Any]

@@ -114,7 +114,7 @@ def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
         if failed:
             rows = [r for r in rows if r.call not in failed]
         if arguments is not None:
-            arguments.setdefault(index, []).extend(_arguments(
+            arguments.setdefault(index, []).extend(argument_rows(
                 rows, node.filter_columns if node.kind == "filter" else node.inputs))
         if times is None:
             produced = _run_node(node, rows, failed)
@@ -133,7 +133,7 @@ def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
 def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> list[Row]:
     """Apply one node to its rows; return the rows of its new stream (flat_map, filter)."""
     columns = node.filter_columns if node.kind == "filter" else node.inputs
-    values, errors = _call(node, _arguments(rows, columns))
+    values, errors = _call(node, argument_rows(rows, columns))
     if node.kind == "map" and len(node.outputs) == 1 and not errors:  # the common case
         (column,) = node.outputs
         for row, value in zip(rows, values, strict=True):
@@ -161,7 +161,7 @@ def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> 
     return [r for r in produced if r.call not in failed]
 
 
-def _arguments(rows: list[Row], columns: Sequence[str]) -> list[tuple]:
+def argument_rows(rows: Sequence[Row], columns: Sequence[str]) -> list[tuple]:
     """Each row's values of ``columns``, as the operator's arguments."""
     if len(columns) == 1:
         (column,) = columns

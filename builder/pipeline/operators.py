@@ -396,6 +396,12 @@ class LocalRunner:
 
 
 # -- naming and discovery --------------------------------------------------------------------
+def batch_stream(op: Any) -> bool:
+    """Whether ``op`` streams through a generator ``call_batch`` (one step of every row per
+    ``yield``: :mod:`builder.pipeline.streaming`)."""
+    return inspect.isgeneratorfunction(getattr(op, "call_batch", None))
+
+
 def operator_name(op: Any) -> str:
     """A readable name for error messages: the model name, function or class name."""
     if isinstance(op, ModelOp):

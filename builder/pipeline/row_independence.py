@@ -25,8 +25,8 @@ import numpy as np
 
 from builder.errors import RowDependenceError
 from builder.pipeline.module_outputs import pick
-from builder.pipeline.operators import ModelFields, ModelOp
-from builder.pipeline.streaming import batch_stream, collect, run_plan
+from builder.pipeline.operators import ModelFields, ModelOp, batch_stream
+from builder.pipeline.streaming import collect, run_plan
 from builder.pipeline.vectorized import Vectorized
 
 ROWS = 4
@@ -50,7 +50,7 @@ def check_row_independence(pipe: Any, tolerance: float = TOLERANCE) -> None:
     """
     arguments: dict[int, list[tuple]] = {}
     if pipe.examples:
-        run_plan(pipe.plan, pipe.examples, arguments=arguments)
+        run_plan(pipe.plan, pipe.streaming, pipe.examples, arguments=arguments)
     for index, node in enumerate(pipe.nodes):
         op, rows = node.op, arguments.get(index, [])
         if isinstance(op, (ModelOp, ModelFields)) or (isinstance(op, Vectorized)

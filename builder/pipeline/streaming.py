@@ -25,30 +25,26 @@ Answered whole (``pipe(x)``), each output is the list of the call's items.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import OperatorError, PipelineError
 from builder.pipeline.executor import (
     CallResult,
     Row,
+    argument_rows,
     execute,
     failure,
     run_nodes,
     start_rows,
     unpack,
 )
+from builder.pipeline.operators import batch_stream
 
 STEP_KINDS = ("map",)
 """What may follow a streaming operator: operators applied to each item."""
-
-
-def batch_stream(op: Any) -> bool:
-    """Whether ``op`` streams through a generator ``call_batch`` (one step per ``yield``)."""
-    return inspect.isgeneratorfunction(getattr(op, "call_batch", None))
 
 
 @dataclass
@@ -70,8 +66,8 @@ class StreamPart:
     node: int
     before: tuple[int, ...]
     after: tuple[int, ...]
-    streamed: frozenset[int] = field(default_factory=frozenset)
-    """The row streams made of the items (the streaming node's and those below it)."""
+    items: int
+    """The row stream of the items: the streaming node's, which the maps after it keep."""
 
 
 def stream_part(plan: Any) -> StreamPart | None:
@@ -90,17 +86,17 @@ def stream_part(plan: Any) -> StreamPart | None:
         raise PipelineError(
             f"operator {node.label} streams rows made by a flat_map or filter: a streaming "
             "operator reads the call's own columns, so that each call is one stream")
-    streamed = {plan.node_output_stream[index]}
+    items = plan.node_output_stream[index]
     after = []
     for i in plan.order:
-        if plan.node_stream[i] in streamed and i != index:
+        if plan.node_stream[i] == items and i != index:
             other = plan.nodes[i]
             if other.kind not in STEP_KINDS:
                 raise PipelineError(
                     f"operator {other.label} follows the streaming operator {node.label}: only "
                     "map operators apply to each streamed item")
             after.append(i)
-    whole = [c for c in plan.outputs if plan.column_stream[c] not in streamed]
+    whole = [c for c in plan.outputs if plan.column_stream[c] != items]
     if whole:
         raise PipelineError(
             f"pipeline output {whole[0]!r} is one value per call, but operator {node.label} "
@@ -108,7 +104,7 @@ def stream_part(plan: Any) -> StreamPart | None:
             f"value of the call with every item, compute it with a map that reads an item's "
             f"column too: .map((<item column>, {whole[0]!r}), ...))")
     before = tuple(i for i in plan.order if i != index and i not in after)
-    return StreamPart(index, before, tuple(after), frozenset(streamed))
+    return StreamPart(index, before, tuple(after), items)
 
 
 class Steps:
@@ -231,10 +227,10 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
     for call in sorted(ended):
         yield final(call)
     started = time.perf_counter()
-    argument_rows = _columns(rows, node.inputs)
+    node_arguments = argument_rows(rows, node.inputs)
     if arguments is not None:
-        arguments.setdefault(part.node, []).extend(argument_rows)
-    steps = Steps(node.op, argument_rows)
+        arguments.setdefault(part.node, []).extend(node_arguments)
+    steps = Steps(node.op, node_arguments)
     _account(times, part.node, started, len(rows), 0)
     try:
         while steps.running:
@@ -247,7 +243,7 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
                 failed.setdefault(rows[position].call, failure(node, error))
             steps.errors.clear()
             made = [Row(rows[p].call, rows[p], unpack(node, item)) for p, item in items.items()]
-            out = {plan.node_output_stream[part.node]: made}
+            out = {part.items: made}
             run_nodes(plan, part.after, out, failed, times, arguments)
             for position in sorted(stop | (set(range(len(rows))) - steps.running)):
                 call = rows[position].call  # ended this step (no item), stopped, or failed
@@ -264,22 +260,14 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
         steps.close()
 
 
-def run_plan(plan: Any, calls: Sequence[Sequence[Any]],
+def run_plan(plan: Any, part: StreamPart | None, calls: Sequence[Sequence[Any]],
              times: list[list[float]] | None = None,
              arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
     """Any plan's calls answered whole: :func:`~builder.pipeline.executor.execute`, or for a
-    streaming plan its items collected (:func:`collect_stream`)."""
-    if any(node.kind == "stream" for node in plan.nodes):
-        return collect_stream(plan, calls, times, arguments)
-    return execute(plan, calls, times, arguments)
-
-
-def collect_stream(plan: Any, calls: Sequence[Sequence[Any]],
-                   times: list[list[float]] | None = None,
-                   arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
-    """A streaming plan answered whole (``pipe(x)``): each streamed output the list of the
-    call's items; what ``execute`` returns."""
-    part = stream_part(plan)
+    streaming plan (``part``, the pipeline's :func:`stream_part`) its items collected, each
+    output the list of the call's items."""
+    if part is None:
+        return execute(plan, calls, times, arguments)
     items: dict[int, dict[str, list[Any]]] = {i: {c: [] for c in plan.outputs}
                                                for i in range(len(calls))}
     results: list[CallResult] = [CallResult()] * len(calls)
@@ -292,10 +280,6 @@ def collect_stream(plan: Any, calls: Sequence[Sequence[Any]],
         else:
             results[event.call] = CallResult(items[event.call])
     return results
-
-
-def _columns(rows: Sequence[Any], columns: Sequence[str]) -> list[tuple]:
-    return [tuple(r.get(c) for c in columns) for r in rows]
 
 
 def _account(times: list[list[float]] | None, index: int, started: float, rows: int,

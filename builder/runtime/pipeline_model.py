@@ -320,9 +320,8 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
         failed = next((r for r in own if not r.ok), None)
         if failed is not None:
             where = f" (call {own.index(failed)} of the request's batch)" if count > 1 else ""
-            responses[index] = api.error_response(
-                f"{failed.error}{where}", bad_request=_input_error(failed.error),
-                unavailable=getattr(failed.error.__cause__, "unavailable", False))
+            responses[index] = api.error_response(f"{failed.error}{where}",
+                                                  **failure_kind(failed.error))
             continue
         try:
             outputs = {
@@ -336,11 +335,14 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
     return responses
 
 
-def _input_error(error: BaseException) -> bool:
-    """Whether a call's error is ``builder.errors.InputError``, found by name along its classes:
-    this module imports nothing from ``builder``."""
-    return any(cls.__name__ == "InputError" and cls.__module__ == "builder.errors"
-               for cls in type(error).__mro__)
+def failure_kind(error: BaseException) -> dict[str, bool]:
+    """How a failed call is answered: ``bad_request`` where an operator rejected its input
+    (``builder.errors.InputError``, found by name along its classes: this module imports
+    nothing from ``builder``), ``unavailable`` where a model it called refused the request for
+    now; else neither, the server's fault."""
+    return {"bad_request": any(cls.__name__ == "InputError" and cls.__module__ == "builder.errors"
+                               for cls in type(error).__mro__),
+            "unavailable": getattr(error.__cause__, "unavailable", False)}
 
 
 class TritonPythonModel:
@@ -451,10 +453,10 @@ class TritonPythonModel:
         try:
             if self.metrics is None:
                 stream_serving.run_streams(self.pipeline, self.api, streams,
-                                           input_error=_input_error)
+                                           failure_kind=failure_kind)
                 return
             times = [[0.0, 0, 0, 0] for _ in self.metrics.times]
-            stream_serving.run_streams(self.pipeline, self.api, streams, times, _input_error)
+            stream_serving.run_streams(self.pipeline, self.api, streams, times, failure_kind)
             with self.metrics.lock:
                 for total, spent in zip(self.metrics.times, times):
                     for k, value in enumerate(spent):

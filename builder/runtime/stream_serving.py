@@ -61,13 +61,14 @@ trip to the server): every step, or every 5 ms where steps are shorter."""
 
 def run_streams(pipeline: Any, api: Any, streams: Streams,
                 times: list[list[float]] | None = None,
-                input_error: Callable[[BaseException], bool] = lambda error: False) -> None:
+                failure_kind: Callable[[BaseException], dict[str, bool]] = lambda error: {},
+                ) -> None:
     """Stream calls through a streaming pipeline: each item sent as it is made, then the final
     flag. The rows of every stream advance together, one step at a time, so a model call inside
     the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`). A
     stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
-    final flag alone; errors end a stream as the pipeline model's ``serve`` words them
-    (``input_error`` tells the client's mistakes)."""
+    final flag alone; errors end a stream as the pipeline model's ``serve`` answers them
+    (``failure_kind``: the client's mistake, a refusal for now, or the server's fault)."""
     signature = pipeline.signature()
     senders = streams.senders
     ended: set[int] = set()
@@ -89,9 +90,8 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
         for event in pipeline.run_stream(streams.calls, times, stopped):
             if event.error is not None:
                 ended.add(event.call)
-                outbox.end(event.call, stream_error(
-                    api, str(event.error), bad_request=input_error(event.error),
-                    unavailable=getattr(event.error.__cause__, "unavailable", False)))
+                outbox.end(event.call, stream_error(api, str(event.error),
+                                                    **failure_kind(event.error)))
             elif event.final:
                 ended.add(event.call)
                 outbox.end(event.call)
