@@ -39,6 +39,7 @@ from builder.errors import (
     SerializationError,
     SignatureError,
     TritonBuilderError,
+    TuneError,
 )
 from builder.image import ImageOptions
 from builder.job import (
@@ -60,6 +61,7 @@ from builder.pipeline import (
 )
 from builder.push import PushError
 from builder.repository import BuildResult, build_pipeline_model
+from builder.tune import Tuning, tune
 from builder.verify import VerifyOptions
 from builder.verify.verification import NothingToVerifyError, VerificationError
 
@@ -100,6 +102,8 @@ __all__ = [
     "TensorSpec",
     "TritonBuilderError",
     "TritonRemoteModel",
+    "TuneError",
+    "Tuning",
     "UnsupportedCudaError",
     "VerificationError",
     "VerifyOptions",
@@ -109,5 +113,6 @@ __all__ = [
     "pipe",
     "rejects",
     "requires",
+    "tune",
     "vectorized",
 ]

@@ -67,3 +67,8 @@ class RowDependenceError(PipelineError):
 
 class BuildError(PipelineError):
     """``build_pipeline_model`` could not write the repository (invalid options, I/O, ...)."""
+
+
+class TuneError(TritonBuilderError, RuntimeError):
+    """``tune`` could not find a setting within the latency budget, or could not measure one;
+    the message says the best p99 it saw."""

@@ -3,7 +3,8 @@
 ``app`` holds the application, the console and the exit codes; ``command_options`` the build
 commands' options, defined once with the library's defaults; ``build_commands`` (build, image,
 push), ``serve_commands`` (serve, infer, inspect), ``base_commands`` (base os, base cpu),
-``deploy_commands`` (deploy swarm, deploy k8s) and ``doctor_command`` the commands.
+``deploy_commands`` (deploy swarm, deploy k8s), ``doctor_command`` and ``tune_command`` the
+commands.
 """
 
 from builder.cli import (  # noqa: F401 - importing a command module registers its commands
@@ -12,6 +13,7 @@ from builder.cli import (  # noqa: F401 - importing a command module registers i
     deploy_commands,
     doctor_command,
     serve_commands,
+    tune_command,
 )
 from builder.cli.app import app, main
 from builder.cli.pipeline_loading import load_pipeline

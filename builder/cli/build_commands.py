@@ -29,6 +29,7 @@ from builder.cli.command_options import (
     SLIM,
     TRITON_SOURCES,
     TRITON_VERSION,
+    TUNING,
     USER,
     VERIFY,
     build_keywords,
@@ -89,6 +90,7 @@ def image(
     triton_sources: Path = TRITON_SOURCES,
     platform: list[str] = PLATFORM,
     no_verify_platform: list[str] = NO_VERIFY_PLATFORM,
+    tuning: Path = TUNING,
 ) -> None:
     """Build (and verify, and push) the serving image of a pipeline.
 

@@ -82,6 +82,8 @@ PARALLELISM = typer.Option(library_default("parallelism"), min=1,
                            help=library_help("parallelism"))
 FORMAT = typer.Option(list(library_default("format_priority")), "--format",
                       help=library_help("format_priority", "(repeatable)"))
+TUNING = typer.Option(library_default("tuning"), exists=True, dir_okay=False,
+                      help=library_help("tuning"))
 LATENCY_BUDGET_MS = typer.Option(library_default("latency_budget_ms"), min=0.001,
                                  help=library_help("latency_budget_ms"))
 MAX_REQUEST_MB = typer.Option(library_default("max_request_bytes"), min=0.001,

@@ -24,6 +24,7 @@ from builder.bridge import BridgeOptions
 from builder.environment import EnvironmentOptions
 from builder.errors import BuildError
 from builder.image import ImageOptions
+from builder.tune import Tuning, read_tuning
 from builder.verify import VerifyOptions
 
 
@@ -52,6 +53,7 @@ class RepositoryOptions:
     max_request_bytes: int | None = field(default=None, metadata={"help": (
         "The largest request served; a larger one is answered INVALID_ARGUMENT / "
         "400 (default: 16 MiB, or 64 times the largest example).")})
+    model_settings: Mapping[str, Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format_priority", tuple(self.format_priority))
@@ -105,6 +107,9 @@ class BuildOptions:
         "index at push); default linux/amd64.")})
     no_verify_platforms: tuple[str, ...] = field(default=(), metadata={"help": (
         "Platforms built without verifying them (a warning).")})
+    tuning: Tuning | None = field(default=None, metadata={"help": (
+        "A tuning file written by triton-builder tune: its settings (instances, "
+        "batching, the latency budget) are applied to this build.")})
 
     def __post_init__(self) -> None:
         if self.platforms is not None:
@@ -121,7 +126,8 @@ def keyword_fields() -> MappingProxyType:
             if each.name not in INTERNAL.get(group, ()):
                 table[each.name] = (group, each.name)
     table.update(ALIASES)
-    table.update({name: (None, name) for name in ("platforms", "no_verify_platforms")})
+    table.update({name: (None, name) for name in ("platforms", "no_verify_platforms",
+                                                  "tuning")})
     return MappingProxyType(table)
 
 
@@ -141,6 +147,8 @@ def build_options(options: BuildOptions | Sequence[StageOptions] | None = None,
     """
     chosen, given = _given(options)
     shared = isinstance(options, BuildOptions)
+    if keywords.get("tuning") is not None:
+        keywords = _tuned(keywords)
     changes: dict[str | None, dict[str, Any]] = {}
     for keyword, value in keywords.items():
         if keyword in OWNED:
@@ -159,6 +167,23 @@ def build_options(options: BuildOptions | Sequence[StageOptions] | None = None,
     stages = {group: replace(getattr(chosen, group), **values)
               for group, values in changes.items() if group is not None}
     return replace(chosen, **stages, **changes.get(None, {}))
+
+
+def _tuned(keywords: dict[str, Any]) -> dict[str, Any]:
+    """``keywords`` with a tuning file's settings added; one that a keyword sets otherwise
+    than the tuning (and than the library's default, which a command line passes) is refused."""
+    tuning = keywords["tuning"]
+    if not isinstance(tuning, Tuning):
+        tuning = read_tuning(tuning)
+    merged = {**keywords, "tuning": tuning}
+    for keyword, value in tuning.build_keywords().items():
+        group, name = KEYWORDS[keyword]
+        default = getattr(GROUPS[group](), name)
+        if keyword in keywords and keywords[keyword] not in (default, value):
+            raise BuildError(f"{keyword}={keywords[keyword]!r} and the tuning file's "
+                             f"{value!r} differ: give one of them")
+        merged[keyword] = value
+    return merged
 
 
 def _given(options: BuildOptions | Sequence[StageOptions] | None

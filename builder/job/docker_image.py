@@ -59,6 +59,9 @@ def build_docker_image(
     """
     started = time.monotonic()
     chosen = build_options(options, **keywords)
+    mismatch = chosen.tuning.machine_warning() if chosen.tuning else None
+    if mismatch:
+        (on_log or stderr_line)(mismatch)
     plan = plan_build(pipe, image_name, tags, chosen)
     client = client or docker_client()
     support = require_platforms(client, plan.targets)

@@ -133,6 +133,7 @@ def build_pipeline_model(
     latency_budget_ms: float | None = None,
     max_queue_size: int | None = None,
     max_request_bytes: int | None = None,
+    model_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
@@ -153,7 +154,9 @@ def build_pipeline_model(
     would wait longer is refused at once with ``UNAVAILABLE``; each such model gets two instances at
     least); ``max_queue_size`` bounds the pipeline model's queue. ``max_request_bytes`` is the
     largest request the pipeline model serves (default: :mod:`builder.repository.request_limit`);
-    one over it is answered ``INVALID_ARGUMENT`` before it is decoded. Raises a
+    one over it is answered ``INVALID_ARGUMENT`` before it is decoded. ``model_settings`` maps a
+    model operator's name to an ``op_config`` that overrides its own (a tuning file's settings,
+    :mod:`builder.tune`); a name that is no model operator is refused. Raises a
     :class:`PipelineError` subclass, before anything is written, for a bad pipeline or option.
     """
     if isinstance(pipe, PipeBuilder):
@@ -179,7 +182,9 @@ def build_pipeline_model(
     limit = max_request_bytes_for(max_request_bytes, signature, pipe.examples)
     check_row_independence(pipe, tolerance)
     model_ops = pipe.model_ops()
-    plans = {op.name: _model_plan(op, defaults, format_priority) for op in model_ops}
+    overrides = _model_settings(model_settings or {}, model_ops)
+    plans = {op.name: _model_plan(op, defaults, format_priority, overrides.get(op.name, {}))
+             for op in model_ops}
     placements = {name: placement(config, target, name) for name, (_, config) in plans.items()}
     if name in plans:
         raise BuildError(
@@ -277,9 +282,20 @@ def _instances(count: int, policy: QueuePolicy | None) -> int:
     return max(count, MIN_INSTANCES) if policy is not None else count
 
 
-def _model_plan(op: ModelOp, defaults: dict[str, Any],
-                format_priority: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
-    config = {**defaults, **op.op_config}
+def _model_settings(settings: Mapping[str, Mapping[str, Any]],
+                    model_ops: Sequence[ModelOp]) -> dict[str, dict[str, Any]]:
+    known = sorted(op.name for op in model_ops)
+    unknown = sorted(set(settings).difference(known))
+    if unknown:
+        raise BuildError(f"model_settings names {unknown}, which are no model operators of this "
+                         f"pipeline (it has {known})")
+    return {name: validate_op_config(config, f"model_settings[{name!r}]")
+            for name, config in settings.items()}
+
+
+def _model_plan(op: ModelOp, defaults: dict[str, Any], format_priority: Sequence[str],
+                override: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    config = {**defaults, **op.op_config, **override}
     formats = check_formats(config.pop("format_priority", format_priority),
                             f"model operator {op.name!r}")
     return formats, config

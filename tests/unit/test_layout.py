@@ -26,7 +26,7 @@ LAYERS = [
     "tritonserver",
     "pipeline", "client",
     "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",
-    "job", "doctor", "cli", "builder",
+    "tune", "job", "doctor", "cli", "builder",
 ]
 STAGES = ["pipeline", "base", "bridge", "repository", "environment", "image", "verify", "push"]
 

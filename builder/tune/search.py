@@ -1,0 +1,203 @@
+"""The search: one knob at a time, from where the time goes, until a pass finds nothing better.
+
+Why coordinate descent and not a product of every knob's values (Model Analyzer's brute force:
+5^12 runs for twelve models, MA#805): the runs grow with the number of knobs, not with the
+product of their values, and a time budget bounds them. The knobs are visited in the order the
+baseline's statistics suggest (the model whose requests spend most time queued or computing
+first, its instances first), and each is walked from its current value in the direction that
+pays while it pays.
+
+Why ties are measured again: two settings whose req/s differ by less than the run-to-run spread
+(measured by serving the builder's defaults twice, widened whenever a setting measured again
+differs more) are not told apart by one run each; they are
+measured once more and compared on their medians, and if they still are within the spread the
+one with fewer resources wins (fewer instances, then less queue delay); otherwise the search
+keeps what it had.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from builder.tune.settings import (
+    BATCH_SIZES,
+    PREFERRED_BATCH_SIZES,
+    QUEUE_DELAYS_US,
+    ModelSetting,
+    Setting,
+)
+from builder.tune.tuning_file import Trial
+
+MIN_SPREAD = 0.05
+"""The spread assumed at least, however close the two baseline runs came."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One model's one setting, and the values it may take, in order."""
+
+    model: str
+    name: str
+    values: tuple
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What serving one setting showed: its best load within the budget, and per model, the
+    µs a request spent queued and computing (Triton's statistics) — where the time goes."""
+
+    rate: float
+    p99_ms: float
+    concurrency: int
+    within_budget: bool
+    time_us: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    rates: Mapping[int, float] = field(default_factory=dict)
+    """req/s at each load (requests in flight) measured within the budget."""
+
+
+Measure = Callable[[Setting, int], Measured]
+"""Serve a setting and find its best load, starting the concurrency search at the int."""
+
+
+def knobs(setting: Setting, time_us: Mapping[str, tuple[float, float]],
+          minimum_instances: Mapping[str, int], maximum_instances: int) -> list[Knob]:
+    """The knobs of ``setting``'s models, the busiest model's first (queue plus compute time per
+    request in ``time_us``), each model's instances, then its queue delay, then (the pipeline
+    model's) batch size, then preferred batch sizes."""
+    order = sorted((name for name, _ in setting.models),
+                   key=lambda name: -sum(time_us.get(name, (0.0, 0.0))))
+    found = []
+    for name in order:
+        lowest = minimum_instances.get(name, 1)
+        found.append(Knob(name, "instances", tuple(range(lowest, max(lowest,
+                                                                     maximum_instances) + 1))))
+        found.append(Knob(name, "max_queue_delay_us", QUEUE_DELAYS_US))
+        if name == setting.pipeline:
+            found.append(Knob(name, "max_batch_size", BATCH_SIZES))
+        found.append(Knob(name, "preferred_batch_size", PREFERRED_BATCH_SIZES))
+    return found
+
+
+@dataclass
+class Search:
+    """Coordinate descent over :func:`knobs`, bounded by ``deadline`` (``time.monotonic()``)."""
+
+    measure: Measure
+    deadline: float
+    spread: float = MIN_SPREAD
+    trials: dict[Setting, list[Measured]] = field(default_factory=dict)
+    log: Callable[[str], None] = lambda line: None
+    stopped_by_time: bool = False
+
+    def run(self, start: Setting, knob_list: Sequence[Knob]) -> Setting:
+        """The best setting found from ``start``: passes over every knob until one pass moves
+        none, or the time is up."""
+        best = start
+        moved = True
+        while moved and not self._out_of_time():
+            moved = False
+            for knob in knob_list:
+                if self._out_of_time():
+                    break
+                found = self._walk(best, knob)
+                if found != best:
+                    best, moved = found, True
+        return best
+
+    def result(self, setting: Setting) -> Trial:
+        """``setting`` as a :class:`Trial` (its median rate over its measurements)."""
+        runs = self.trials[setting]
+        middle = sorted(runs, key=lambda m: m.rate)[len(runs) // 2]
+        return Trial(setting, statistics.median(m.rate for m in runs), middle.p99_ms,
+                     middle.concurrency, middle.within_budget, len(runs))
+
+    def measured(self, setting: Setting, start: int = 1) -> Measured:
+        """Serve ``setting`` once more and keep what it showed."""
+        shown = self.measure(setting, start)
+        runs = self.trials.setdefault(setting, [])
+        for earlier in runs:  # the spread is the widest any setting showed between two runs
+            self.spread = max(self.spread, spread_of(earlier, shown))
+        runs.append(shown)
+        self.log(f"{setting.describe()}: {shown.rate:.0f} req/s, p99 {shown.p99_ms:.1f} ms at "
+                 f"{shown.concurrency} in flight" + ("" if shown.within_budget else
+                                                     " (over the budget)"))
+        return shown
+
+    def better(self, candidate: Setting, best: Setting) -> bool:
+        """Whether ``candidate`` beats ``best``: by more than the spread, or within it after one
+        more run of each, on fewer resources."""
+        if self._tell(candidate, best) is None and not self._out_of_time():
+            for setting in (candidate, best):
+                if len(self.trials[setting]) < 2:
+                    self.measured(setting, self.result(setting).concurrency)
+        verdict = self._tell(candidate, best)
+        if verdict is not None:
+            return verdict
+        return candidate.resources() < best.resources()
+
+    def _tell(self, candidate: Setting, best: Setting) -> bool | None:
+        """True/False where the two differ by more than the spread, ``None`` within it."""
+        a, b = self.result(candidate), self.result(best)
+        if a.within_budget != b.within_budget:
+            return a.within_budget
+        if not a.within_budget:
+            a_value, b_value = 1 / a.p99_ms, 1 / b.p99_ms
+        else:
+            a_value, b_value = a.rate, b.rate
+        if a_value > b_value * (1 + self.spread):
+            return True
+        if b_value > a_value * (1 + self.spread):
+            return False
+        return None
+
+    def _walk(self, best: Setting, knob: Knob) -> Setting:
+        """Move ``knob`` from ``best``'s value up while that pays, else down while that pays."""
+        current = getattr(best[knob.model], knob.name)
+        if current not in knob.values:
+            return best
+        index = knob.values.index(current)
+        for step in (1, -1):
+            moved = best
+            position = index + step
+            while 0 <= position < len(knob.values) and not self._out_of_time():
+                candidate = _changed(moved, knob, knob.values[position])
+                if candidate is None:
+                    break
+                if candidate not in self.trials:
+                    self.measured(candidate, self.result(moved).concurrency)
+                if not self.better(candidate, moved):
+                    break
+                moved, position = candidate, position + step
+            if moved != best:
+                return moved
+        return best
+
+    def _out_of_time(self) -> bool:
+        if time.monotonic() >= self.deadline:
+            self.stopped_by_time = True
+        return self.stopped_by_time
+
+
+def _changed(setting: Setting, knob: Knob, value: object) -> Setting | None:
+    """``setting`` with ``knob`` at ``value``; ``None`` where that means nothing (preferred batch
+    sizes without a queue delay to wait for them, or larger than the model's batch)."""
+    model: ModelSetting = setting[knob.model]
+    if knob.name == "preferred_batch_size" and value and (
+            model.max_queue_delay_us == 0 or max(value) > model.max_batch_size):
+        return None
+    return setting.with_model(knob.model, **{knob.name: value})
+
+
+def spread_of(first: Measured, second: Measured) -> float:
+    """The run-to-run spread two runs of one setting show at the highest load both measured
+    (at least :data:`MIN_SPREAD`): the same load, so the spread is the machine's and not the
+    load's."""
+    common = set(first.rates).intersection(second.rates)
+    if not common:
+        return MIN_SPREAD
+    load = max(common)
+    a, b = first.rates[load], second.rates[load]
+    return max(MIN_SPREAD, abs(a - b) / max(a, b) if max(a, b) else 0.0)

@@ -1,0 +1,136 @@
+"""One trial of the search: a setting written into the built repository, served by a real
+``tritonserver`` on this machine, and loaded by perf_analyzer until the latency budget says stop.
+
+Why the concurrency is searched for each setting: the objective is the most requests/s whose
+p99 stays within the budget, and the load that reaches it differs by setting (two instances
+take twice the requests in flight before they queue). The load doubles from where the last
+setting peaked while the p99 stays within the budget and the rate does not fall, or halves
+until it fits. A request the server refuses under the budget's queue policy (``UNAVAILABLE``, it
+would have been late) counts as that load missing the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.tritonserver.host_process import TritonServer
+from builder.tune.perf_analyzer import LoadPoint, PerfAnalyzer, PerfAnalyzerError, measure_load
+from builder.tune.search import Measured
+from builder.tune.settings import Setting, apply_setting
+
+MAX_CONCURRENCY = 128
+FALLING = 0.95
+"""A load whose rate falls this far below the best so far ends the search upward: more requests
+in flight then only queue."""
+REFUSALS = ("Request timeout expired", "Exceeds maximum queue size")
+"""Triton's words for a request its queue policy refused
+(:mod:`builder.repository.queue_policy`)."""
+
+
+@dataclass
+class HostTrial:
+    """Serves settings of one built repository and measures each (a :data:`~.search.Measure`)."""
+
+    model_root: Path
+    pipeline: str
+    analyzer: PerfAnalyzer
+    input_data: Path
+    budget_ms: float
+    measurement_ms: int = 2000
+    max_concurrency: int = MAX_CONCURRENCY
+    server_env: Mapping[str, str] | None = None
+    log: Callable[[str], None] = lambda line: None
+    check: Callable[[TritonServer], None] | None = None
+    """Called on the server after each setting's load (a benchmark checks the answers)."""
+
+    def __call__(self, setting: Setting, start: int) -> Measured:
+        apply_setting(self.model_root, setting)
+        models = [name for name, _ in setting.models]
+        with TritonServer(self.model_root, env=dict(self.server_env or {})) as server:
+            before = model_statistics(server.http_url, models)
+            within, floor = self._load(server, max(1, min(start, self.max_concurrency)))
+            after = model_statistics(server.http_url, models)
+            if self.check is not None:
+                self.check(server)
+        time_us = {name: _per_request(before[name], after[name]) for name in models}
+        if not within:
+            return Measured(0.0, floor.p99_ms, floor.concurrency, False, time_us)
+        best = max(within, key=lambda p: p.rate)
+        return Measured(best.rate, best.p99_ms, best.concurrency, True, time_us,
+                        {p.concurrency: p.rate for p in within})
+
+    def _load(self, server: TritonServer, start: int) -> tuple[list[LoadPoint], LoadPoint]:
+        """Every load measured within the budget, and the lowest load measured."""
+        concurrency, point = start, self._point(server, start)
+        lowest = point
+        if not self._fits(point):
+            while concurrency > 1:
+                concurrency //= 2
+                point = lowest = self._point(server, concurrency)
+                if self._fits(point):
+                    return [point], lowest
+            return [], lowest
+        within = [point]
+        while concurrency * 2 <= self.max_concurrency:
+            concurrency *= 2
+            point = self._point(server, concurrency)
+            if not self._fits(point):
+                break
+            within.append(point)
+            if point.rate < max(p.rate for p in within) * FALLING:
+                break
+        return within, lowest
+
+    def _fits(self, point: LoadPoint) -> bool:
+        return point.p99_ms <= self.budget_ms and point.rate > 0
+
+    def _point(self, server: TritonServer, concurrency: int) -> LoadPoint:
+        """One load, measured; measured again with looser stability where its windows did not
+        agree (a server just started, a machine with other work)."""
+        try:
+            try:
+                return measure_load(self.analyzer, server.grpc_url, self.pipeline,
+                                    self.input_data, concurrency,
+                                    measurement_ms=self.measurement_ms)
+            except PerfAnalyzerError as error:
+                if "did not stabilize" not in str(error):
+                    raise
+                self.log(f"{concurrency} in flight: unstable, measured again")
+                return measure_load(self.analyzer, server.grpc_url, self.pipeline,
+                                    self.input_data, concurrency,
+                                    measurement_ms=self.measurement_ms, stability_percent=50,
+                                    max_trials=12)
+        except PerfAnalyzerError as error:
+            if not any(refusal in str(error) for refusal in REFUSALS):
+                raise
+            self.log(f"{concurrency} in flight: requests refused under the latency budget")
+            return LoadPoint(concurrency, 0.0, float("inf"), float("inf"), 0)
+
+
+def model_statistics(http_url: str, models: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Per model: (requests served, ns queued, ns computing) so far, from Triton's statistics
+    extension."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/stats", timeout=10) as response:
+        stats = json.load(response)["model_stats"]
+    found = {name: (0, 0, 0) for name in models}
+    for model in stats:
+        if model["name"] in found:
+            inference = model["inference_stats"]
+            compute = sum(inference[key]["ns"] for key in
+                          ("compute_input", "compute_infer", "compute_output"))
+            found[model["name"]] = (inference["success"]["count"], inference["queue"]["ns"],
+                                    compute)
+    return found
+
+
+def _per_request(before: tuple[int, int, int], after: tuple[int, int, int]
+                 ) -> tuple[float, float]:
+    """µs queued and computing per request between two readings."""
+    count = after[0] - before[0]
+    if count <= 0:
+        return (0.0, 0.0)
+    return ((after[1] - before[1]) / count / 1000, (after[2] - before[2]) / count / 1000)

@@ -1,0 +1,103 @@
+"""``tune`` end to end: the example pipelines served by a real tritonserver, loaded by NVIDIA's
+perf_analyzer with their own examples, searched under a latency budget; the tuning file applied
+to a rebuilt image. Bounded: a minute of search per example (the search stops at the first
+setting measured after its time is up).
+
+Searched without the budget's queue policy (``queue_policy=False``) so one pipeline instance is
+a setting it may choose: under the policy every model keeps two instances at least
+(``builder/repository/queue_policy.py``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builder import TuneError, build_docker_image, tune
+from builder.tune import read_tuning
+from pipelines import image_classification, text_embedding
+
+pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
+BUDGET_MS = 50
+MINUTES = 1.0
+TUNED_IMAGE = "triton-builder-test/tuned-image-classification:1"
+
+
+@pytest.fixture(scope="module")
+def image_tuning(tmp_path_factory):
+    where = tmp_path_factory.mktemp("tune-image")
+    tuning = tune(image_classification.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
+                  measurement_ms=1000, output=where / "tuning.json", report_dir=where / "report",
+                  subject="pipelines/image_classification.py:pipeline")
+    return tuning, where
+
+
+def test_tune_gives_the_image_example_two_pipeline_instances(image_tuning):
+    tuning, where = image_tuning
+    assert tuning.default.setting["pipeline"].instances == 1
+    assert tuning.chosen.setting["pipeline"].instances == 2, tuning.chosen.setting.describe()
+    assert tuning.chosen.within_budget and tuning.chosen.p99_ms <= BUDGET_MS
+    assert tuning.chosen.rate > tuning.default.rate * (1 + tuning.spread)
+    assert [name for name, _ in tuning.chosen.setting.models] == ["pipeline"], (
+        "on the CPU base the classifier runs inside the pipeline model: nothing of its own to tune")
+    assert read_tuning(where / "tuning.json").as_json() == tuning.as_json()
+    table = (where / "report" / "tuning.md").read_text()
+    assert table.count("\n| pipeline") == len(tuning.trials) >= 2
+    assert (where / "report" / "tuning.png").stat().st_size > 0
+
+
+def test_tune_keeps_the_text_examples_defaults_unless_it_measures_better(tmp_path):
+    tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
+                  measurement_ms=1000)
+    chosen, default = tuning.chosen, tuning.default
+    assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
+    assert chosen.setting == default.setting or chosen.rate > default.rate * (1 + tuning.spread), (
+        f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
+        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}")
+
+
+def test_the_tuning_file_applied_to_a_rebuild_gives_an_image_whose_config_carries_it(
+        image_tuning, docker_client, cpu_base_image):
+    tuning, where = image_tuning
+    try:
+        build_docker_image(image_classification.pipeline, TUNED_IMAGE,
+                           tuning=where / "tuning.json")
+        config = text_format.Parse(docker_client.containers.run(
+            TUNED_IMAGE, ["cat", "/models/pipeline/config.pbtxt"], entrypoint=[],
+            remove=True).decode(), mc.ModelConfig())
+    finally:
+        try:
+            docker_client.images.remove(TUNED_IMAGE, force=True)
+        except Exception:  # noqa: BLE001 - the build may have failed before tagging
+            pass
+    chosen = tuning.chosen.setting["pipeline"]
+    assert config.instance_group[0].count == chosen.instances == 2
+    assert config.max_batch_size == chosen.max_batch_size
+    assert config.dynamic_batching.max_queue_delay_microseconds == chosen.max_queue_delay_us
+    assert list(config.dynamic_batching.preferred_batch_size) == list(
+        chosen.preferred_batch_size)
+    assert not config.dynamic_batching.HasField("default_queue_policy"), (
+        "tuned without the queue policy: the tuning sets no budget")
+
+
+def test_tune_refuses_a_budget_no_setting_meets_and_says_the_best_p99_it_saw():
+    with pytest.raises(TuneError, match=r"within a p99 of 0\.05 ms.*best p99 seen was"):
+        tune(text_embedding.pipeline, 0.05, minutes=MINUTES, measurement_ms=500)
+
+
+def test_the_command_line_refuses_it_too_as_one_error_line(tmp_path):
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "triton-builder"), "tune",
+         "pipelines/text_embedding.py:pipeline",
+         "--latency-budget-ms", "0.05", "--measurement-ms", "500",
+         "--output", str(tmp_path / "tuning.json")],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "error tuning: no setting serves within a p99 of 0.05 ms")
+    assert not (tmp_path / "tuning.json").exists()

@@ -1,0 +1,128 @@
+"""The search's rules, on a service whose answers are known: what it moves, in which order,
+how ties are settled, and that the time budget bounds it. (The real service, measured by
+perf_analyzer on a real tritonserver, is tests/e2e/test_tune.py.)"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from builder.tune.search import MIN_SPREAD, Measured, Search, knobs, spread_of
+from builder.tune.settings import ModelSetting, Setting
+
+START = Setting("pipeline", (("pipeline", ModelSetting()), ("encoder", ModelSetting())))
+
+
+class Service:
+    """req/s of a setting: ``rates`` by (pipeline instances, encoder instances), less 10% per
+    step of queue delay; p99 within the budget; ±``noise`` between runs."""
+
+    def __init__(self, rates, noise=0.01, seed=0):
+        self.rates, self.noise, self.calls = rates, noise, []
+        self.random = random.Random(seed)
+
+    def __call__(self, setting, start):
+        self.calls.append(setting)
+        rate = self.rates.get((setting["pipeline"].instances, setting["encoder"].instances), 100)
+        rate *= 0.9 ** sum(m.max_queue_delay_us > 0 for _, m in setting.models)
+        rate *= 1 + self.random.uniform(-self.noise, self.noise)
+        return Measured(rate, 10.0, 8, True, {"pipeline": (50.0, 100.0),
+                                                "encoder": (10.0, 20.0)})
+
+
+def _search(service, spread=MIN_SPREAD, seconds=60):
+    return Search(service, deadline=time.monotonic() + seconds, spread=spread)
+
+
+def _knobs(maximum=3):
+    return knobs(START, {"pipeline": (50.0, 100.0), "encoder": (900.0, 100.0)},
+                 {"pipeline": 1, "encoder": 1}, maximum)
+
+
+def test_it_moves_a_knob_while_that_pays_and_stops_where_it_does_not():
+    service = Service({(1, 1): 100, (2, 1): 130, (3, 1): 131})
+    search = _search(service)
+    search.measured(START)
+    best = search.run(START, _knobs())
+    assert best["pipeline"].instances == 2, "3 is within the spread of 2: fewer resources win"
+    assert best["encoder"] == ModelSetting() and best["pipeline"].max_queue_delay_us == 0
+
+
+def test_a_tie_is_measured_again_then_settled_toward_fewer_resources():
+    service = Service({(1, 1): 100, (2, 1): 102})
+    search = _search(service)
+    search.measured(START)
+    best = search.run(START, _knobs())
+    assert best == START
+    two = START.with_model("pipeline", instances=2)
+    assert len(search.trials[two]) == 2 and len(search.trials[START]) >= 2
+
+
+def test_a_clear_difference_is_not_measured_twice():
+    service = Service({(1, 1): 100, (2, 1): 200, (3, 1): 100, (1, 2): 50, (1, 3): 50})
+    search = _search(service)
+    search.measured(START)
+    search.run(START, _knobs())
+    assert len(search.trials[START]) == 1
+
+
+def test_the_busiest_model_is_searched_first_and_its_instances_first():
+    order = _knobs()
+    assert [(k.model, k.name) for k in order][:3] == [
+        ("encoder", "instances"), ("encoder", "max_queue_delay_us"),
+        ("encoder", "preferred_batch_size")]
+    assert ("pipeline", "max_batch_size") in [(k.model, k.name) for k in order]
+    assert order[0].values == (1, 2, 3)
+
+
+def test_a_queue_policy_keeps_instances_at_its_minimum():
+    order = knobs(START, {}, {"pipeline": 2, "encoder": 2}, 2)
+    assert {k.values for k in order if k.name == "instances"} == {(2,)}
+
+
+def test_preferred_batch_sizes_are_tried_only_with_a_delay_to_wait_for_them():
+    service = Service({(1, 1): 100})
+    search = _search(service)
+    search.measured(START)
+    search.run(START, _knobs())
+    assert all(not m.preferred_batch_size or m.max_queue_delay_us
+               for s in search.trials for _, m in s.models)
+
+
+def test_the_time_budget_ends_the_search():
+    class Slow(Service):
+        def __call__(self, setting, start):
+            time.sleep(0.05)
+            return super().__call__(setting, start)
+
+    service = Slow({(1, 1): 100, (2, 1): 200, (3, 1): 300})
+    search = _search(service, seconds=0.12)
+    search.measured(START)
+    search.run(START, _knobs())
+    assert search.stopped_by_time and len(service.calls) <= 4
+
+
+def test_over_the_budget_loses_to_within_it_whatever_its_rate():
+    def service(setting, start):
+        fast = setting["pipeline"].instances == 2
+        return Measured(1000.0 if fast else 100.0, 80.0 if fast else 10.0, 8, not fast)
+
+    search = _search(service)
+    search.measured(START)
+    assert search.run(START, _knobs()) == START
+
+
+def test_the_spread_is_what_two_runs_of_one_setting_differ_by_and_at_least_the_floor():
+    first = Measured(100, 1, 8, True, rates={4: 90, 8: 100})
+    assert spread_of(first, Measured(80, 1, 8, True, rates={8: 80})) == 0.2
+    assert spread_of(first, Measured(130, 1, 16, True, rates={8: 99, 16: 130})) == MIN_SPREAD
+    assert spread_of(first, Measured(0, 90, 1, False)) == MIN_SPREAD
+
+
+def test_a_setting_measured_again_widens_the_spread_it_showed():
+    runs = iter([Measured(100, 1, 8, True, rates={8: 100}), Measured(70, 1, 8, True,
+                                                                     rates={8: 70})])
+    search = _search(lambda setting, start: next(runs))
+    search.measured(START)
+    search.measured(START, 8)
+    assert search.spread == 0.3
