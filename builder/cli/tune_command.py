@@ -10,6 +10,7 @@ import typer
 from builder.cli.app import app, console, log_line, run_step
 from builder.cli.command_options import PIPELINE
 from builder.cli.pipeline_loading import load_pipeline
+from builder.tune.settings import MAX_CONCURRENCY
 
 
 @app.command()
@@ -30,6 +31,8 @@ def tune(
                                        help="perf_analyzer's measurement window."),
     max_instances: int = typer.Option(None, min=1,
                                       help="Most instances of a model (default: the CPUs)."),
+    max_concurrency: int = typer.Option(
+        MAX_CONCURRENCY, min=1, help="Most requests in flight: the most your clients send."),
 ) -> None:
     """Serve a pipeline on this machine's tritonserver, drive it with perf_analyzer on its own
     examples and search instances, batch sizes and queue delays for the most requests/s within
@@ -45,6 +48,6 @@ def tune(
     tuning = run_step("tuning", lambda: tune_pipeline(
         pipe, latency_budget_ms, minutes=minutes, output=output, report_dir=report,
         queue_policy=queue_policy, measurement_ms=measurement_ms, max_instances=max_instances,
-        subject=pipeline, log=log_line))
+        max_concurrency=max_concurrency, subject=pipeline, log=log_line))
     console.print(summary(tuning))
     print(output)

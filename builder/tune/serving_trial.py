@@ -20,9 +20,8 @@ from pathlib import Path
 from builder.tritonserver.host_process import TritonServer
 from builder.tune.perf_analyzer import LoadPoint, PerfAnalyzer, PerfAnalyzerError, measure_load
 from builder.tune.search import Measured
-from builder.tune.settings import Setting, apply_setting
+from builder.tune.settings import MAX_CONCURRENCY, Setting, apply_setting
 
-MAX_CONCURRENCY = 128
 FALLING = 0.95
 """A load whose rate falls this far below the best so far ends the search upward: more requests
 in flight then only queue."""

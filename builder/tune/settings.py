@@ -19,6 +19,8 @@ from typing import Any
 
 from builder.repository.model_config import read_config, write_config
 
+MAX_CONCURRENCY = 128
+"""The most requests in flight a setting is loaded with, unless told otherwise."""
 QUEUE_DELAYS_US = (0, 100, 500, 2000)
 """The dynamic batcher's delays tried (µs): the sweep of BENCHMARKS.md's "Dynamic batching"."""
 BATCH_SIZES = (8, 16, 32, 64, 128)

@@ -28,7 +28,7 @@ from builder.tritonserver.wheel import TRITON_VERSION
 from builder.tune.perf_analyzer import perf_analyzer, write_input_data
 from builder.tune.search import Search, knobs
 from builder.tune.serving_trial import HostTrial
-from builder.tune.settings import read_setting
+from builder.tune.settings import MAX_CONCURRENCY, read_setting
 from builder.tune.tuning_file import Machine, Tuning
 from builder.tune.tuning_report import write_report
 
@@ -43,6 +43,7 @@ def tune(
     queue_policy: bool = True,
     measurement_ms: int = 2000,
     max_instances: int | None = None,
+    max_concurrency: int = MAX_CONCURRENCY,
     subject: str = "",
     build_keywords: Mapping[str, object] | None = None,
     log: Callable[[str], None] | None = None,
@@ -53,10 +54,11 @@ def tune(
     ``queue_policy``: search under the queue policy the budget implies (what the tuned build
     serves with; two instances at least, :mod:`builder.repository.queue_policy`), or without
     one. ``max_instances`` bounds each model's instances (default: the CPU count: an instance
-    runs the pipeline's Python on one core). ``build_keywords`` go to the repository's build as
-    to ``build_pipeline_model``. ``output`` is the tuning file to write, ``report_dir`` where the
-    table and chart go. Raises :class:`TuneError` when no setting meets the budget, with the
-    best p99 seen.
+    runs the pipeline's Python on one core). ``max_concurrency`` bounds the requests in flight
+    (the most your clients send: a load no client makes is no objective). ``build_keywords`` go
+    to the repository's build as to ``build_pipeline_model``. ``output`` is the tuning file to
+    write, ``report_dir`` where the table and chart go. Raises :class:`TuneError` when no
+    setting meets the budget, with the best p99 seen.
     """
     if not latency_budget_ms or latency_budget_ms <= 0:
         raise TuneError(f"the latency budget must be a positive number of ms, got "
@@ -77,7 +79,7 @@ def tune(
         trial = HostTrial(root, built.pipeline_model, analyzer,
                           write_input_data(built.signature, pipe.examples,
                                            Path(scratch) / "input.json"),
-                          latency_budget_ms, measurement_ms, log=say)
+                          latency_budget_ms, measurement_ms, max_concurrency, log=say)
         search = Search(trial, deadline=started + minutes * 60, log=say)
         first = search.measured(baseline)
         second = search.measured(baseline, first.concurrency)
@@ -98,7 +100,7 @@ def tune(
     tuning = Tuning(built.pipeline_model, float(latency_budget_ms), queue_policy, result,
                     search.result(baseline), Machine.here(), TRITON_VERSION, subject,
                     time.monotonic() - started, search.spread,
-                    tuple(search.result(s) for s in search.trials))
+                    tuple(search.result(s) for s in search.trials), max_concurrency)
     if output is not None:
         tuning.write(output)
     if report_dir is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BuildError
-from builder.tune.settings import Setting
+from builder.tune.settings import MAX_CONCURRENCY, Setting
 
 FORMAT = 1
 
@@ -86,6 +86,8 @@ class Tuning:
     search_s: float
     spread: float
     trials: tuple[Trial, ...] = field(default=())
+    max_concurrency: int = MAX_CONCURRENCY
+    """The most requests in flight the search loaded it with."""
 
     def build_keywords(self) -> dict[str, Any]:
         """The build keywords that apply the chosen setting (and the budget's queue policy,
@@ -114,6 +116,7 @@ class Tuning:
             "settings": self.chosen.setting.as_json(),
             "chosen": self.chosen.as_json(), "default": self.default.as_json(),
             "search_s": round(self.search_s, 1), "spread": round(self.spread, 4),
+            "max_concurrency": self.max_concurrency,
             "trials": [trial.as_json() for trial in self.trials],
         }
 
@@ -145,7 +148,8 @@ def read_tuning(path: str | os.PathLike) -> Tuning:
                             measured["cpu_model"], tuple(measured.get("gpus", ()))),
             triton=measured.get("triton", ""), subject=data.get("subject", ""),
             search_s=float(data.get("search_s", 0)), spread=float(data.get("spread", 0)),
-            trials=tuple(Trial.from_json(pipeline, t) for t in data.get("trials", ())))
+            trials=tuple(Trial.from_json(pipeline, t) for t in data.get("trials", ())),
+            max_concurrency=int(data.get("max_concurrency", MAX_CONCURRENCY)))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise BuildError(f"tuning file {path}: {error}") from None
 

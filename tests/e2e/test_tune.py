@@ -25,6 +25,8 @@ from pipelines import image_classification, text_embedding
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 BUDGET_MS = 50
 MINUTES = 1.0
+IN_FLIGHT = 32
+"""The most requests in flight, as in BENCHMARKS.md's sweep of the pipeline model's settings."""
 TUNED_IMAGE = "triton-builder-test/tuned-image-classification:1"
 
 
@@ -32,8 +34,8 @@ TUNED_IMAGE = "triton-builder-test/tuned-image-classification:1"
 def image_tuning(tmp_path_factory):
     where = tmp_path_factory.mktemp("tune-image")
     tuning = tune(image_classification.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
-                  measurement_ms=1000, output=where / "tuning.json", report_dir=where / "report",
-                  subject="pipelines/image_classification.py:pipeline")
+                  measurement_ms=1000, max_concurrency=IN_FLIGHT, output=where / "tuning.json",
+                  report_dir=where / "report", subject="pipelines/image_classification.py:pipeline")
     return tuning, where
 
 
@@ -51,9 +53,11 @@ def test_tune_gives_the_image_example_two_pipeline_instances(image_tuning):
     assert (where / "report" / "tuning.png").stat().st_size > 0
 
 
-def test_tune_keeps_the_text_examples_defaults_unless_it_measures_better(tmp_path):
+def test_tune_keeps_the_text_examples_defaults_as_the_sweep_found_them_best(tmp_path):
+    """BENCHMARKS.md's sweep: at 32 in flight one instance without delay served the most, two
+    within the spread. Moving off it needs a run-to-run difference beyond the spread."""
     tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
-                  measurement_ms=1000)
+                  measurement_ms=1000, max_concurrency=IN_FLIGHT)
     chosen, default = tuning.chosen, tuning.default
     assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
     assert chosen.setting == default.setting or chosen.rate > default.rate * (1 + tuning.spread), (
