@@ -31,6 +31,9 @@ def tune(
                                        help="perf_analyzer's measurement window."),
     max_instances: int = typer.Option(None, min=1,
                                       help="Most instances of a model (default: the CPUs)."),
+    image: str = typer.Option(
+        None, help="Serve this built image of the pipeline (its Triton, its environment) "
+                   "instead of this machine's tritonserver."),
     max_concurrency: int = typer.Option(
         MAX_CONCURRENCY, min=1, help="Most requests in flight: the most your clients send."),
 ) -> None:
@@ -48,6 +51,7 @@ def tune(
     tuning = run_step("tuning", lambda: tune_pipeline(
         pipe, latency_budget_ms, minutes=minutes, output=output, report_dir=report,
         queue_policy=queue_policy, measurement_ms=measurement_ms, max_instances=max_instances,
-        max_concurrency=max_concurrency, subject=pipeline, log=log_line))
+        max_concurrency=max_concurrency, image=image,
+        subject=image or pipeline, log=log_line))
     console.print(summary(tuning))
     print(output)

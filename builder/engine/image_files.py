@@ -9,8 +9,11 @@ works the same on an NGC image, our CPU base or a serving image.
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -57,3 +60,34 @@ def _read(container, path: str, *, hops: int = 8) -> bytes | None:
             return _read(container, target, hops=hops - 1)
         extracted = archive.extractfile(member) if member.isfile() else None
         return extracted.read() if extracted is not None else None
+
+
+def copy_image_directory(client: docker.DockerClient, image: str, path: str,
+                         dest: Path) -> Path:
+    """Copy the directory ``path`` of ``image`` (its whole tree) to ``dest``, which must not
+    exist; returns ``dest``. Members that would land outside ``dest`` are refused (tarfile's
+    ``tar`` filter: a packed environment's absolute symlinks, into the image, stay as they
+    are)."""
+    if dest.exists():
+        raise FileExistsError(dest)
+    try:
+        with throwaway_container(client, image, command=_NO_COMMAND,
+                                 network_disabled=True) as container:
+            chunks, _ = container.get_archive(path.rstrip("/") + "/.")
+            staging = dest.with_name(f".{dest.name}.partial")
+            staging.mkdir(parents=True)
+            try:
+                with tempfile.TemporaryFile(dir=dest.parent) as spooled:
+                    for chunk in chunks:  # an environment runs to gigabytes: not in memory
+                        spooled.write(chunk)
+                    spooled.seek(0)
+                    with tarfile.open(fileobj=spooled) as archive:
+                        archive.extractall(staging, filter="tar")
+                staging.rename(dest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except docker.errors.ImageNotFound:
+        raise
+    except docker.errors.APIError as error:
+        raise EngineError(f"cannot copy {path} from a container of {image}: {error}") from error
+    return dest

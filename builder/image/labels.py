@@ -35,6 +35,7 @@ PREFIX = "ai.triton-builder."
 OCI = "org.opencontainers.image."
 CREATED = OCI + "created"
 SIGNATURE = PREFIX + "signature"
+TRITON_VERSION = PREFIX + "triton-version"
 ENVIRONMENT_HASH = PREFIX + "environment-hash"
 PAYLOAD_HASH = PREFIX + "payload-hash"
 STAGE = PREFIX + "stage"
@@ -100,7 +101,7 @@ def serving_labels(
         OCI + "base.name": release.image,
         OCI + "base.digest": base_digest,
         PREFIX + "release": release.release,
-        PREFIX + "triton-version": release.triton_version,
+        TRITON_VERSION: release.triton_version,
         PREFIX + "cuda": release.cuda or "cpu",
         PREFIX + "python-version": release.python_version,
         ENVIRONMENT_HASH: environment_hash,

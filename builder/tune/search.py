@@ -94,7 +94,8 @@ class Search:
 
     def run(self, start: Setting, knob_list: Sequence[Knob]) -> Setting:
         """The best setting found from ``start``: passes over every knob until one pass moves
-        none, or the time is up."""
+        none, or the time is up; then held against ``start`` once more, with the spread the
+        runs have shown by then (a move taken on a narrower spread is undone)."""
         best = start
         moved = True
         while moved and not self._out_of_time():
@@ -105,6 +106,10 @@ class Search:
                 found = self._walk(best, knob)
                 if found != best:
                     best, moved = found, True
+        if best != start and not self.better(best, start):
+            self.log("the setting found is not better than where the search began, beyond the "
+                     "spread its runs showed since: keeping that")
+            return start
         return best
 
     def result(self, setting: Setting) -> Trial:

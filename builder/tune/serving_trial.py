@@ -1,5 +1,6 @@
 """One trial of the search: a setting written into the built repository, served by a real
-``tritonserver`` on this machine, and loaded by perf_analyzer until the latency budget says stop.
+``tritonserver`` (this machine's, or a built image's: :mod:`builder.tune.image_serving`), and
+loaded by perf_analyzer until the latency budget says stop.
 
 Why the concurrency is searched for each setting: the objective is the most requests/s whose
 p99 stays within the budget, and the load that reaches it differs by setting (two instances
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.tritonserver.host_process import TritonServer
 from builder.tune.perf_analyzer import LoadPoint, PerfAnalyzer, PerfAnalyzerError, measure_load
@@ -30,8 +33,18 @@ REFUSALS = ("Request timeout expired", "Exceeds maximum queue size")
 (:mod:`builder.repository.queue_policy`)."""
 
 
+Serve = Callable[[Path], AbstractContextManager[Any]]
+"""Serves a model repository while the block runs; what it yields has ``grpc_url`` and
+``http_url`` (a :class:`TritonServer`, a container's endpoint)."""
+
+
+def host_server(model_root: Path) -> TritonServer:
+    """This machine's ``tritonserver`` (the ``nvidia-pytriton`` wheel's) on ``model_root``."""
+    return TritonServer(model_root)
+
+
 @dataclass
-class HostTrial:
+class ServingTrial:
     """Serves settings of one built repository and measures each (a :data:`~.search.Measure`)."""
 
     model_root: Path
@@ -41,15 +54,15 @@ class HostTrial:
     budget_ms: float
     measurement_ms: int = 2000
     max_concurrency: int = MAX_CONCURRENCY
-    server_env: Mapping[str, str] | None = None
+    serve: Serve = host_server
     log: Callable[[str], None] = lambda line: None
-    check: Callable[[TritonServer], None] | None = None
+    check: Callable[[Any], None] | None = None
     """Called on the server after each setting's load (a benchmark checks the answers)."""
 
     def __call__(self, setting: Setting, start: int) -> Measured:
         apply_setting(self.model_root, setting)
         models = [name for name, _ in setting.models]
-        with TritonServer(self.model_root, env=dict(self.server_env or {})) as server:
+        with self.serve(self.model_root) as server:
             before = model_statistics(server.http_url, models)
             within, floor = self._load(server, max(1, min(start, self.max_concurrency)))
             after = model_statistics(server.http_url, models)
@@ -62,7 +75,7 @@ class HostTrial:
         return Measured(best.rate, best.p99_ms, best.concurrency, True, time_us,
                         {p.concurrency: p.rate for p in within})
 
-    def _load(self, server: TritonServer, start: int) -> tuple[list[LoadPoint], LoadPoint]:
+    def _load(self, server: Any, start: int) -> tuple[list[LoadPoint], LoadPoint]:
         """Every load measured within the budget, and the lowest load measured."""
         concurrency, point = start, self._point(server, start)
         lowest = point
@@ -87,7 +100,7 @@ class HostTrial:
     def _fits(self, point: LoadPoint) -> bool:
         return point.p99_ms <= self.budget_ms and point.rate > 0
 
-    def _point(self, server: TritonServer, concurrency: int) -> LoadPoint:
+    def _point(self, server: Any, concurrency: int) -> LoadPoint:
         """One load, measured; measured again with looser stability where its windows did not
         agree (a server just started, a machine with other work)."""
         try:

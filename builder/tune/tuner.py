@@ -14,20 +14,29 @@ default on the CPU base) has no Triton queue or instances of its own to tune.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from builder.engine import docker_client
 from builder.errors import TuneError
 from builder.pipeline import Pipeline
+from builder.pipeline.signature_document import SIGNATURE_PARAMETER, signature_parameter
 from builder.repository import build_pipeline_model
 from builder.repository.queue_policy import MIN_INSTANCES
 from builder.tritonserver.wheel import TRITON_VERSION
+from builder.tune.image_serving import (
+    ImageServing,
+    ServedRepository,
+    image_triton_version,
+    served_repository,
+)
 from builder.tune.perf_analyzer import perf_analyzer, write_input_data
 from builder.tune.search import Search, knobs
-from builder.tune.serving_trial import HostTrial
+from builder.tune.serving_trial import ServingTrial, host_server
 from builder.tune.settings import MAX_CONCURRENCY, read_setting
 from builder.tune.tuning_file import Machine, Tuning
 from builder.tune.tuning_report import write_report
@@ -46,11 +55,16 @@ def tune(
     max_concurrency: int = MAX_CONCURRENCY,
     subject: str = "",
     build_keywords: Mapping[str, object] | None = None,
+    image: str | None = None,
+    client: object | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Tuning:
     """Search the settings of ``pipe`` served on this machine for the most requests/s whose p99
     (at the pipeline's input) stays within ``latency_budget_ms``, for at most ``minutes``.
 
+    ``image``: serve that built image of ``pipe`` (its release's Triton, its environment)
+    instead of this machine's server, its repository edited per setting and mounted over its own
+    (``client``: the Docker engine); its queue policy is the one it was built with.
     ``queue_policy``: search under the queue policy the budget implies (what the tuned build
     serves with; two instances at least, :mod:`builder.repository.queue_policy`), or without
     one. ``max_instances`` bounds each model's instances (default: the CPU count: an instance
@@ -69,17 +83,20 @@ def tune(
     started = time.monotonic()
     analyzer = perf_analyzer()
     with tempfile.TemporaryDirectory(prefix="triton-builder-tune-") as scratch:
-        root = Path(scratch) / "models"
-        built = build_pipeline_model(pipe, root, **{
-            **(build_keywords or {}),
-            "latency_budget_ms": latency_budget_ms if queue_policy else None})
-        served = [model.name for model in built.models if not model.in_process]
-        baseline = read_setting(root, built.pipeline_model, served)
-        minimum = MIN_INSTANCES if queue_policy else 1
-        trial = HostTrial(root, built.pipeline_model, analyzer,
-                          write_input_data(built.signature, pipe.examples,
-                                           Path(scratch) / "input.json"),
-                          latency_budget_ms, measurement_ms, max_concurrency, log=say)
+        if image is None:
+            repository, serve = _built(pipe, Path(scratch) / "models", latency_budget_ms,
+                                       queue_policy, build_keywords), host_server
+            triton = TRITON_VERSION
+        else:
+            serving = ImageServing(client or docker_client(), image)
+            repository, serve = _copied(pipe, serving, Path(scratch) / "models"), serving
+            triton = image_triton_version(serving.client, image)
+        baseline = read_setting(repository.root, repository.pipeline_model, repository.served)
+        minimum = MIN_INSTANCES if repository.queue_policy else 1
+        trial = ServingTrial(repository.root, repository.pipeline_model, analyzer,
+                             write_input_data(pipe.signature(), pipe.examples,
+                                              Path(scratch) / "input.json"),
+                             latency_budget_ms, measurement_ms, max_concurrency, serve, log=say)
         search = Search(trial, deadline=started + minutes * 60, log=say)
         first = search.measured(baseline)
         second = search.measured(baseline, first.concurrency)
@@ -87,7 +104,7 @@ def tune(
             raise TuneError(_missed(latency_budget_ms, min(first.p99_ms, second.p99_ms),
                                     first.concurrency))
         say(f"run-to-run spread {search.spread:.1%}; searching "
-            + ", ".join([built.pipeline_model, *served]))
+            + ", ".join([repository.pipeline_model, *repository.served]))
         chosen = search.run(baseline, knobs(
             baseline, first.time_us, {name: minimum for name, _ in baseline.models},
             max_instances or max(minimum, os.cpu_count() or 1)))
@@ -97,8 +114,9 @@ def tune(
             search.result(s).p99_ms for s in search.trials), 1))
     if search.stopped_by_time:
         say(f"the time budget ({minutes:g} min) ended the search")
-    tuning = Tuning(built.pipeline_model, float(latency_budget_ms), queue_policy, result,
-                    search.result(baseline), Machine.here(), TRITON_VERSION, subject,
+    tuning = Tuning(repository.pipeline_model, float(latency_budget_ms),
+                    repository.queue_policy, result, search.result(baseline), Machine.here(),
+                    triton, subject or image or "",
                     time.monotonic() - started, search.spread,
                     tuple(search.result(s) for s in search.trials), max_concurrency)
     if output is not None:
@@ -106,6 +124,26 @@ def tune(
     if report_dir is not None:
         write_report(tuning, Path(report_dir))
     return tuning
+
+
+def _built(pipe: Pipeline, root: Path, latency_budget_ms: float, queue_policy: bool,
+           build_keywords: Mapping[str, object] | None) -> ServedRepository:
+    """The pipeline's repository, written as a build writes it."""
+    built = build_pipeline_model(pipe, root, **{
+        **(build_keywords or {}),
+        "latency_budget_ms": latency_budget_ms if queue_policy else None})
+    return served_repository(built.model_root)
+
+
+def _copied(pipe: Pipeline, serving: ImageServing, root: Path) -> ServedRepository:
+    """The image's repository, which must serve ``pipe``'s signature (its examples are the
+    load)."""
+    repository = serving.repository(root)
+    wanted = json.loads(signature_parameter(pipe.signature())[SIGNATURE_PARAMETER])
+    if repository.signature != wanted:
+        raise TuneError(f"{serving.image} serves another pipeline than the one given: its "
+                        f"signature differs; give the pipeline it was built from")
+    return repository
 
 
 def _missed(budget_ms: float, best_p99_ms: float, concurrency: int) -> str:

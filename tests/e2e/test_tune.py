@@ -105,3 +105,23 @@ def test_the_command_line_refuses_it_too_as_one_error_line(tmp_path):
     assert run.stderr.strip().splitlines()[-1].startswith(
         "error tuning: no setting serves within a p99 of 0.05 ms")
     assert not (tmp_path / "tuning.json").exists()
+
+
+def test_tune_serves_a_built_image_with_its_repository_edited_per_setting(
+        text_embedding_image, docker_client):
+    tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=0.3, measurement_ms=1000,
+                  max_concurrency=IN_FLIGHT, image=text_embedding_image, client=docker_client)
+    assert tuning.subject == text_embedding_image
+    assert tuning.triton == docker_client.images.get(text_embedding_image).labels[
+        "ai.triton-builder.triton-version"]
+    assert not tuning.queue_policy, "the image was built without a budget"
+    assert tuning.chosen.within_budget and len(tuning.trials) >= 1
+    assert tuning.default.rate > 0
+    assert not docker_client.containers.list(all=True, filters={
+        "ancestor": text_embedding_image}), "a trial's container was left behind"
+
+
+def test_tune_refuses_an_image_of_another_pipeline(text_embedding_image, docker_client):
+    with pytest.raises(TuneError, match="serves another pipeline"):
+        tune(image_classification.pipeline, BUDGET_MS, minutes=0.3,
+             image=text_embedding_image, client=docker_client)

@@ -126,3 +126,25 @@ def test_a_setting_measured_again_widens_the_spread_it_showed():
     search.measured(START)
     search.measured(START, 8)
     assert search.spread == 0.3
+
+
+def test_a_move_within_the_spread_shown_by_the_end_is_undone():
+    """Two instances win their first run (130 against 100); a tie later measures them again
+    (95), which widens the spread to 27%, and then the time is up. Held against the start at the
+    end with that spread, they are within it: the start, with fewer instances, stays."""
+    two = START.with_model("pipeline", instances=2)
+    runs = {START: iter([100]), two: iter([130, 95]),
+            two.with_model("pipeline", max_queue_delay_us=100): iter([125, 125])}
+    search = None
+
+    def service(setting, start):
+        rate = next(runs[setting]) if setting in runs else 50
+        if setting == two and rate == 95:
+            search.deadline = 0.0  # the time is up after this run
+        return Measured(rate, 10.0, 8, True, rates={8: rate})
+
+    search = _search(service)
+    search.measured(START)
+    best = search.run(START, [k for k in _knobs() if k.model == "pipeline"])
+    assert search.stopped_by_time and search.spread > 0.25
+    assert best == START
