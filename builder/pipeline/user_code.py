@@ -9,6 +9,7 @@ time, so ``pipe.pickle`` must carry it by value.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import os
 import site
@@ -40,7 +41,8 @@ def installation_paths() -> tuple[str, ...]:
 
 
 def is_installed(module_name: str | None) -> bool:
-    """Whether ``module_name`` (already imported) comes from the Python installation.
+    """Whether ``module_name`` (already imported) comes from the Python installation, or from a
+    directory pip installed it into (:func:`_installed_beside`).
 
     Built-in and frozen modules (no ``__file__``) count as installed; ``__main__`` never does.
     """
@@ -52,8 +54,9 @@ def is_installed(module_name: str | None) -> bool:
     path = getattr(module, "__file__", None)
     if path is None:
         return getattr(module, "__path__", None) is None or _namespace_installed(module)
-    real = os.path.realpath(path)
-    return any(real.startswith(root + os.sep) for root in installation_paths())
+    if _in_installation(path):
+        return True
+    return _installed_beside(module_name.split(".")[0])
 
 
 def user_modules() -> list[str]:
@@ -89,14 +92,43 @@ def _provides(distribution: importlib.metadata.Distribution, top: str) -> bool:
     top_level = distribution.read_text("top_level.txt")
     if top_level is not None:
         return top in top_level.split()
-    for line in (distribution.read_text("RECORD") or "").splitlines():
-        first = line.split(",", 1)[0].split("/", 1)[0]
-        if first == top or first.split(".", 1)[0] == top:
-            return True
-    return False
+    return any(_names(line, top) for line in (distribution.read_text("RECORD") or "").splitlines())
 
 
 def _namespace_installed(module: object) -> bool:
-    paths = [os.path.realpath(p) for p in getattr(module, "__path__", [])]
-    roots = installation_paths()
-    return all(any(p.startswith(r + os.sep) for r in roots) for p in paths)
+    top = getattr(module, "__name__", "").split(".")[0]
+    return all(_in_installation(path) or _listed_in_record(os.path.dirname(path), top)
+               for path in map(os.path.realpath, getattr(module, "__path__", [])))
+
+
+def _in_installation(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(real.startswith(root + os.sep) for root in installation_paths())
+
+
+def _installed_beside(top: str) -> bool:
+    """Whether pip installed ``top`` into a directory outside the installation that ``sys.path``
+    reaches (``pip install --target DIR`` with ``DIR`` on ``PYTHONPATH``, as a machine without
+    write access to its Python's site-packages does): a ``*.dist-info/RECORD`` beside it lists
+    it. An editable checkout's own code is not: its metadata is in site-packages, or an
+    ``.egg-info`` without a RECORD."""
+    module = sys.modules.get(top)
+    file = getattr(module, "__file__", None)
+    locations = list(getattr(module, "__path__", None) or ([file] if file else []))
+    return bool(locations) and all(
+        _listed_in_record(os.path.dirname(os.path.realpath(location)), top)
+        for location in locations)
+
+
+def _listed_in_record(directory: str, top: str) -> bool:
+    for record in glob.glob(os.path.join(glob.escape(directory), "*.dist-info", "RECORD")):
+        with open(record, encoding="utf-8", errors="replace") as lines:
+            if any(_names(line, top) for line in lines):
+                return True
+    return False
+
+
+def _names(record_line: str, top: str) -> bool:
+    """Whether a RECORD line is a file of the top-level module or package ``top``."""
+    first = record_line.split(",", 1)[0].split("/", 1)[0]
+    return first == top or first.split(".", 1)[0] == top

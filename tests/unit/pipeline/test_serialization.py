@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import zipfile
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from builder import ModelOp, PipelineError, SerializationError, pipe
 from builder.pipeline.model_discovery import find_model_ops
 from builder.pipeline.operators import BlsTarget
 from builder.pipeline.serialization import check_serializable, dumps, round_trip, versions_record
-from builder.pipeline.user_code import distributions_of
+from builder.pipeline.user_code import distributions_of, is_installed, user_modules
 from builder.runtime.pipeline_model import PipelineLoadError, check_versions
 from tests.support.tiny_models import affine_op
 
@@ -306,3 +307,50 @@ def test_a_pipeline_pickles_alike_after_an_instance_of_a_class_it_names_was_pick
     dumps(Marker())
     after, _ = dumps(pipeline)
     assert after == before
+
+
+def _wheel(directory, name: str, source: str):
+    """A one-module wheel, as a package index serves one (pip writes the RECORD on install)."""
+    wheel = directory / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{name}.py", source)
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                          "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{info}/RECORD", f"{name}.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n"
+                                           f"{info}/RECORD,,\n")
+    return wheel
+
+
+def test_a_library_pip_installed_into_a_directory_on_the_path_is_installed_not_user_code(
+        tmp_path, monkeypatch):
+    """``pip install --target DIR`` with DIR on ``PYTHONPATH`` (a machine whose site-packages is
+    not writable; the GPU tier's lent machine brings numpy so): the library is installed, so
+    pickled by reference. Before, it was taken for user code and pickled by value — numpy so
+    carried failed (``cannot pickle 'classmethod_descriptor'``). The same file in a plain
+    directory, with no distribution's RECORD beside it, stays user code."""
+    source = "def double(x):\n    return 2 * x\n"
+    target, plain = tmp_path / "site", tmp_path / "plain"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--target", str(target), str(_wheel(tmp_path, "targetlib", source))],
+                   check=True, capture_output=True, timeout=120)
+    plain.mkdir()
+    (plain / "plainlib.py").write_text(source)
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.syspath_prepend(str(plain))
+    try:
+        installed, own = importlib.import_module("targetlib"), importlib.import_module("plainlib")
+        assert is_installed("targetlib") and "targetlib" not in user_modules()
+        assert not is_installed("plainlib") and "plainlib" in user_modules()
+        p = pipe.input("x").map("x", "y", installed.double).map("y", "z", own.double).output("z")
+        payload, _ = dumps(p)
+        (tmp_path / "payload.pickle").write_bytes(payload)
+        loaded = subprocess.run(
+            [sys.executable, "-c", "import pickle, sys; sys.modules['targetlib'] = None; "
+             "pickle.load(open('payload.pickle', 'rb'))"],
+            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert "import of targetlib halted" in loaded.stderr, loaded.stderr  # by reference
+    finally:
+        sys.modules.pop("targetlib", None)
+        sys.modules.pop("plainlib", None)
