@@ -4,8 +4,11 @@ Why coordinate descent and not a product of every knob's values (Model Analyzer'
 5^12 runs for twelve models, MA#805): the runs grow with the number of knobs, not with the
 product of their values, and a time budget bounds them. The knobs are visited in the order the
 baseline's statistics suggest (the model whose requests spend most time queued or computing
-first, its instances first), and each is walked from its current value in the direction that
-pays while it pays.
+first: its instances, then its batch size, then queue delay and preferred batches), and each is
+walked from its current value in the direction that pays while it pays. The batch knobs are
+walked first toward what the setting's measurement points to: where the next load missed the
+budget (latency-bound) toward smaller batches, which hold the model for less time each; where
+the rate stopped rising within it (throughput-bound) toward larger ones.
 
 Why ties are measured again: two settings whose req/s differ by less than the run-to-run spread
 (measured by serving the builder's defaults twice, widened whenever a setting measured again
@@ -30,6 +33,9 @@ from builder.tune.settings import (
     Setting,
 )
 from builder.tune.tuning_file import Trial
+
+BATCH_KNOBS = ("max_batch_size", "preferred_batch_size")
+"""The knobs walked toward smaller batches first where a setting is latency-bound."""
 
 MIN_SPREAD = 0.05
 """The spread assumed at least, however close the two baseline runs came."""
@@ -56,6 +62,9 @@ class Measured:
     time_us: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     rates: Mapping[int, float] = field(default_factory=dict)
     """req/s at each load (requests in flight) measured within the budget."""
+    latency_bound: bool = False
+    """Whether the load stopped rising because the next one missed the budget (rather than
+    because the rate stopped rising or the most requests in flight were reached)."""
 
 
 Measure = Callable[[Setting, int], Measured]
@@ -65,8 +74,8 @@ Measure = Callable[[Setting, int], Measured]
 def knobs(setting: Setting, time_us: Mapping[str, tuple[float, float]],
           minimum_instances: Mapping[str, int], maximum_instances: int) -> list[Knob]:
     """The knobs of ``setting``'s models, the busiest model's first (queue plus compute time per
-    request in ``time_us``), each model's instances, then its queue delay, then (the pipeline
-    model's) batch size, then preferred batch sizes."""
+    request in ``time_us``): each model's instances, then (the pipeline model's) batch size,
+    then its queue delay, then preferred batch sizes."""
     order = sorted((name for name, _ in setting.models),
                    key=lambda name: -sum(time_us.get(name, (0.0, 0.0))))
     found = []
@@ -74,9 +83,9 @@ def knobs(setting: Setting, time_us: Mapping[str, tuple[float, float]],
         lowest = minimum_instances.get(name, 1)
         found.append(Knob(name, "instances", tuple(range(lowest, max(lowest,
                                                                      maximum_instances) + 1))))
-        found.append(Knob(name, "max_queue_delay_us", QUEUE_DELAYS_US))
         if name == setting.pipeline:
             found.append(Knob(name, "max_batch_size", BATCH_SIZES))
+        found.append(Knob(name, "max_queue_delay_us", QUEUE_DELAYS_US))
         found.append(Knob(name, "preferred_batch_size", PREFERRED_BATCH_SIZES))
     return found
 
@@ -159,12 +168,13 @@ class Search:
         return None
 
     def _walk(self, best: Setting, knob: Knob) -> Setting:
-        """Move ``knob`` from ``best``'s value up while that pays, else down while that pays."""
+        """Move ``knob`` from ``best``'s value one way while that pays, else the other way while
+        that pays; a batch knob of a latency-bound setting down first, every other knob up."""
         current = getattr(best[knob.model], knob.name)
         if current not in knob.values:
             return best
         index = knob.values.index(current)
-        for step in (1, -1):
+        for step in ((-1, 1) if self._smaller_first(best, knob) else (1, -1)):
             moved = best
             position = index + step
             while 0 <= position < len(knob.values) and not self._out_of_time():
@@ -179,6 +189,10 @@ class Search:
             if moved != best:
                 return moved
         return best
+
+    def _smaller_first(self, setting: Setting, knob: Knob) -> bool:
+        runs = self.trials.get(setting, [])
+        return knob.name in BATCH_KNOBS and sum(m.latency_bound for m in runs) * 2 > len(runs)
 
     def _out_of_time(self) -> bool:
         if time.monotonic() >= self.deadline:

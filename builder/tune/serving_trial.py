@@ -64,19 +64,21 @@ class ServingTrial:
         models = [name for name, _ in setting.models]
         with self.serve(self.model_root) as server:
             before = model_statistics(server.http_url, models)
-            within, floor = self._load(server, max(1, min(start, self.max_concurrency)))
+            within, floor, missed = self._load(server, max(1, min(start, self.max_concurrency)))
             after = model_statistics(server.http_url, models)
             if self.check is not None:
                 self.check(server)
         time_us = {name: _per_request(before[name], after[name]) for name in models}
         if not within:
-            return Measured(0.0, floor.p99_ms, floor.concurrency, False, time_us)
+            return Measured(0.0, floor.p99_ms, floor.concurrency, False, time_us,
+                            latency_bound=True)
         best = max(within, key=lambda p: p.rate)
         return Measured(best.rate, best.p99_ms, best.concurrency, True, time_us,
-                        {p.concurrency: p.rate for p in within})
+                        {p.concurrency: p.rate for p in within}, latency_bound=missed)
 
-    def _load(self, server: Any, start: int) -> tuple[list[LoadPoint], LoadPoint]:
-        """Every load measured within the budget, and the lowest load measured."""
+    def _load(self, server: Any, start: int) -> tuple[list[LoadPoint], LoadPoint, bool]:
+        """Every load measured within the budget, the lowest load measured, and whether the
+        load stopped rising because the next one missed the budget."""
         concurrency, point = start, self._point(server, start)
         lowest = point
         if not self._fits(point):
@@ -84,18 +86,18 @@ class ServingTrial:
                 concurrency //= 2
                 point = lowest = self._point(server, concurrency)
                 if self._fits(point):
-                    return [point], lowest
-            return [], lowest
+                    return [point], lowest, True
+            return [], lowest, True
         within = [point]
         while concurrency * 2 <= self.max_concurrency:
             concurrency *= 2
             point = self._point(server, concurrency)
             if not self._fits(point):
-                break
+                return within, lowest, True
             within.append(point)
             if point.rate < max(p.rate for p in within) * FALLING:
                 break
-        return within, lowest
+        return within, lowest, False
 
     def _fits(self, point: LoadPoint) -> bool:
         return point.p99_ms <= self.budget_ms and point.rate > 0

@@ -75,6 +75,47 @@ def test_the_busiest_model_is_searched_first_and_its_instances_first():
     assert order[0].values == (1, 2, 3)
 
 
+def test_the_pipeline_models_batch_size_comes_right_after_its_instances():
+    names = [k.name for k in _knobs() if k.model == "pipeline"]
+    assert names == ["instances", "max_batch_size", "max_queue_delay_us", "preferred_batch_size"]
+
+
+def _batch_service(rates, latency_bound):
+    """req/s by the pipeline's max batch size; every measurement ``latency_bound`` or not."""
+    calls = []
+
+    def service(setting, start):
+        calls.append(setting["pipeline"].max_batch_size)
+        return Measured(rates.get(setting["pipeline"].max_batch_size, 50.0), 90.0, 8, True,
+                        latency_bound=latency_bound)
+
+    return service, calls
+
+
+def test_a_latency_bound_setting_tries_smaller_batches_first():
+    """The model-bound case of the benchmark: at batch 16 the next load misses the budget;
+    batches of 8 hold the model half as long each and serve more within it. Walked up first,
+    the search spent its time on 32 and never reached 8."""
+    service, calls = _batch_service({16: 100.0, 8: 180.0, 32: 105.0}, latency_bound=True)
+    start = START.with_model("pipeline", max_batch_size=16)
+    search = _search(service)
+    search.measured(start)
+    best = search.run(start, [k for k in _knobs() if k.name == "max_batch_size"])
+    assert best["pipeline"].max_batch_size == 8
+    assert calls[:2] == [16, 8] and 32 not in calls
+
+
+def test_a_throughput_bound_setting_tries_larger_batches_first():
+    service, calls = _batch_service({16: 100.0, 8: 60.0, 32: 180.0, 64: 181.0},
+                                    latency_bound=False)
+    start = START.with_model("pipeline", max_batch_size=16)
+    search = _search(service)
+    search.measured(start)
+    best = search.run(start, [k for k in _knobs() if k.name == "max_batch_size"])
+    assert best["pipeline"].max_batch_size == 32
+    assert calls[:2] == [16, 32] and 8 not in calls
+
+
 def test_a_queue_policy_keeps_instances_at_its_minimum():
     order = knobs(START, {}, {"pipeline": 2, "encoder": 2}, 2)
     assert {k.values for k in order if k.name == "instances"} == {(2,)}
