@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
+
+from builder.tune.tuning_file import Machine
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
@@ -14,17 +14,10 @@ def machine() -> str:
 
     Why the model: machines of one kind are virtual and their CPUs differ from one to the next
     (per-call costs here differ by up to 2x between them), so figures from two sections are
-    comparable only on the same CPU.
+    comparable only on the same CPU. Read as a tuning file records it (:class:`Machine`).
     """
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next((line.split(":", 1)[1].strip() for line in cpuinfo
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    described = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    return f"{described} ({model})" if model else described
+    here = Machine.here()
+    return f"{here.architecture}, {here.cpus} CPUs ({here.cpu_model})"
 
 
 def write_section(heading: str, section: str, path: Path = BENCHMARKS) -> None:

@@ -7,7 +7,16 @@ from __future__ import annotations
 import random
 import time
 
-from builder.tune.search import MIN_SPREAD, Measured, Search, knobs, spread_of
+import pytest
+
+from builder.tune.search import (
+    MIN_SPREAD,
+    Measured,
+    Search,
+    instance_counts,
+    knobs,
+    spread_of,
+)
 from builder.tune.settings import ModelSetting, Setting
 
 START = Setting("pipeline", (("pipeline", ModelSetting()), ("encoder", ModelSetting())))
@@ -75,6 +84,13 @@ def test_the_busiest_model_is_searched_first_and_its_instances_first():
     assert order[0].values == (1, 2, 3)
 
 
+def test_instance_counts_double_up_to_the_most_allowed():
+    assert instance_counts(1, 16) == (1, 2, 4, 8, 16)
+    assert instance_counts(1, 12) == (1, 2, 4, 8, 12)
+    assert instance_counts(2, 2) == (2,) and instance_counts(1, 2) == (1, 2)
+    assert instance_counts(2, 1) == (2,), "a queue policy's minimum stays where the CPUs are fewer"
+
+
 def test_the_pipeline_models_batch_size_comes_right_after_its_instances():
     names = [k.name for k in _knobs() if k.model == "pipeline"]
     assert names == ["instances", "max_batch_size", "max_queue_delay_us", "preferred_batch_size"]
@@ -92,28 +108,23 @@ def _batch_service(rates, latency_bound):
     return service, calls
 
 
-def test_a_latency_bound_setting_tries_smaller_batches_first():
-    """The model-bound case of the benchmark: at batch 16 the next load misses the budget;
-    batches of 8 hold the model half as long each and serve more within it. Walked up first,
-    the search spent its time on 32 and never reached 8."""
-    service, calls = _batch_service({16: 100.0, 8: 180.0, 32: 105.0}, latency_bound=True)
+@pytest.mark.parametrize(("latency_bound", "rates", "chosen", "untried"), [
+    (True, {16: 100.0, 8: 180.0, 32: 105.0}, 8, 32),
+    (False, {16: 100.0, 8: 60.0, 32: 180.0, 64: 181.0}, 32, 8),
+], ids=["latency-bound", "throughput-bound"])
+def test_the_batch_size_is_walked_first_toward_what_the_measurement_points_to(
+        latency_bound, rates, chosen, untried):
+    """Latency-bound (at batch 16 the next load misses the budget): smaller batches hold the
+    model for less time each, so 8 is tried first — the model-bound case of the benchmark,
+    where walking up first spent the minutes on 32 and never reached 8. Throughput-bound (the
+    rate stopped rising within the budget): larger batches first."""
+    service, calls = _batch_service(rates, latency_bound)
     start = START.with_model("pipeline", max_batch_size=16)
     search = _search(service)
     search.measured(start)
     best = search.run(start, [k for k in _knobs() if k.name == "max_batch_size"])
-    assert best["pipeline"].max_batch_size == 8
-    assert calls[:2] == [16, 8] and 32 not in calls
-
-
-def test_a_throughput_bound_setting_tries_larger_batches_first():
-    service, calls = _batch_service({16: 100.0, 8: 60.0, 32: 180.0, 64: 181.0},
-                                    latency_bound=False)
-    start = START.with_model("pipeline", max_batch_size=16)
-    search = _search(service)
-    search.measured(start)
-    best = search.run(start, [k for k in _knobs() if k.name == "max_batch_size"])
-    assert best["pipeline"].max_batch_size == 32
-    assert calls[:2] == [16, 32] and 8 not in calls
+    assert best["pipeline"].max_batch_size == chosen
+    assert calls[:2] == [16, chosen] and untried not in calls
 
 
 def test_a_queue_policy_keeps_instances_at_its_minimum():
