@@ -17,12 +17,20 @@ import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
 from builder.client.endpoint import Endpoint
-from builder.client.response_stream import stream_failure
+from builder.client.errors import ServerUnavailableError
+from builder.client.event_stream import (
+    EventReader,
+    OutputShapes,
+    cut,
+    generate_stream_path,
+    refusal,
+    request_body,
+)
+from builder.client.response_stream import READS_COALESCED, stream_failure
 from builder.client.transport import (
     GRPC_MESSAGE_ARGS,
     GRPC_RECONNECT_ARGS,
     grpc_inputs,
-    streams_over_grpc,
     translated_errors,
 )
 
@@ -117,7 +125,8 @@ class AsyncGrpcTransport(_LazyClient):
 
         request = {"model_name": self._endpoint.model, "inputs": grpc_inputs(tensors),
                    "model_version": self._endpoint.version,
-                   "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs]}
+                   "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs],
+                   "parameters": READS_COALESCED}
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield request
@@ -145,7 +154,10 @@ class AsyncGrpcTransport(_LazyClient):
 
 
 class AsyncHttpTransport(_LazyClient):
-    """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections."""
+    """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections,
+    and one of our own for streams (made on the first)."""
+
+    _streams: Any = None
 
     def _connect(self) -> Any:
         import tritonclient.http.aio as httpaio
@@ -181,5 +193,41 @@ class AsyncHttpTransport(_LazyClient):
 
     async def stream(self, tensors: Mapping[str, np.ndarray],
                      outputs: Sequence[str]) -> AsyncIterator[dict[str, np.ndarray]]:
-        raise streams_over_grpc(self._endpoint)
-        yield {}  # an async generator, like the gRPC transport's
+        """One request's responses as they come, over Triton's ``generate_stream``
+        (:mod:`builder.client.event_stream`); leaving early closes its connection."""
+        import aiohttp
+
+        what = f"stream from {self._endpoint.url}"
+        shapes = OutputShapes.of(await self.metadata(), outputs, what)
+        body = request_body(tensors, what)
+        if self._streams is None:
+            self._streams = aiohttp.ClientSession(
+                f"http{'s' if self._endpoint.ssl else ''}://{self._endpoint.address}",
+                timeout=aiohttp.ClientTimeout(sock_read=self._timeout,
+                                              sock_connect=self._timeout))
+        with translated_errors(what):
+            response = await self._streams.post(
+                generate_stream_path(self._endpoint), data=body,
+                headers={"Content-Type": "application/json"})
+        try:
+            if response.status != 200:
+                raise refusal(response.status, await response.read(), what)
+            reader = EventReader(shapes, what)
+            while True:
+                try:
+                    with translated_errors(what):
+                        line = await response.content.readline()
+                except (ServerUnavailableError, aiohttp.ClientPayloadError) as error:
+                    raise cut(what) from error
+                if not line:
+                    return
+                for item in reader.line(line):
+                    yield item
+        finally:
+            response.close()
+
+    async def close(self) -> None:
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            await streams.close()
+        await super().close()

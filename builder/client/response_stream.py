@@ -20,6 +20,11 @@ from tritonclient.utils import InferenceServerException
 
 from builder.client.endpoint import Endpoint
 from builder.client.errors import RemoteModelError, classify
+from builder.runtime.stream_serving import COALESCE_PARAMETER
+
+READS_COALESCED = {COALESCE_PARAMETER: True}
+"""Request parameters of the builder's gRPC streams: a response may hold several items, one
+per row, which gRPC's tensors carry with their shapes."""
 
 FINAL_PARAMETER = "triton_final_response"
 """The response parameter Triton sets on the last response of a request's stream."""
@@ -79,7 +84,7 @@ def grpc_stream(endpoint: Endpoint, inputs: Sequence[Any], outputs: Sequence[str
             client.async_stream_infer(
                 endpoint.model, inputs, endpoint.version,
                 outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
-                enable_empty_final_response=True)
+                enable_empty_final_response=True, parameters=READS_COALESCED)
         except InferenceServerException as error:
             raise _refusal(error, responses, what) from error
         while True:

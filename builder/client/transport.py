@@ -9,6 +9,7 @@ may be used from any thread.
 
 from __future__ import annotations
 
+import http.client
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,15 @@ import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
 from builder.client.endpoint import Endpoint
-from builder.client.errors import RemoteModelError, classify
+from builder.client.errors import classify
+from builder.client.event_stream import (
+    EventReader,
+    OutputShapes,
+    cut,
+    generate_stream_path,
+    refusal,
+    request_body,
+)
 from builder.client.response_stream import grpc_stream
 
 # gRPC channels back off up to 120 s between reconnection attempts by default, and every call
@@ -86,13 +95,6 @@ def grpc_inputs(tensors: Mapping[str, np.ndarray]) -> list[Any]:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
-
-
-def streams_over_grpc(endpoint: Endpoint) -> RemoteModelError:
-    """The refusal of an HTTP client asked to stream, naming the URL that streams."""
-    return RemoteModelError(
-        f"{endpoint.url}: a streaming pipeline (a decoupled model) answers over gRPC's stream; "
-        f"call it at grpc://{endpoint.address}/{endpoint.model}")
 
 
 class GrpcTransport:
@@ -200,7 +202,35 @@ class HttpTransport:
 
     def stream(self, tensors: Mapping[str, np.ndarray],
                outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        raise streams_over_grpc(self._endpoint)
+        """One request's responses as they come (a decoupled model), over Triton's
+        ``generate_stream`` (:mod:`builder.client.event_stream`) on a connection of its own;
+        leaving early closes it."""
+        what = f"stream from {self._endpoint.url}"
+        shapes = OutputShapes.of(self.metadata(), outputs, what)
+        body = request_body(tensors, what)
+        host, port = self._endpoint.address.rsplit(":", 1)
+        connection_class = http.client.HTTPSConnection if self._endpoint.ssl else \
+            http.client.HTTPConnection
+        connection = connection_class(host, int(port), timeout=self._timeout)
+        try:
+            with translated_errors(what):
+                connection.request("POST", generate_stream_path(self._endpoint),
+                                   body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+            if response.status != 200:
+                raise refusal(response.status, response.read(), what)
+            reader = EventReader(shapes, what)
+            while True:
+                try:
+                    with translated_errors(what):
+                        line = response.readline()
+                except http.client.IncompleteRead:
+                    raise cut(what) from None
+                if not line:
+                    return
+                yield from reader.line(line)
+        finally:
+            connection.close()
 
     def close(self) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ from docker.models.images import Image
 
 from builder.base import Release, ensure_base_image, pin_platform_variant, platform_image
 from builder.bridge import PythonPlan, fit_base_python
-from builder.client import DEFAULT_TIMEOUT, Client
+from builder.client import DEFAULT_TIMEOUT, Client, event_stream
 from builder.engine import (
     DEFAULT_PLATFORM,
     Leftovers,
@@ -169,9 +169,11 @@ def pipeline_check(model: str, pipe: Pipeline, calls: Sequence[tuple[Any, ...]],
                    timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Every call over gRPC and HTTP must answer what the in-process pipeline answered, each
     within ``timeout`` seconds; then the calls and perturbed copies of them, in flight together
-    (:mod:`builder.verify.concurrent`). A streaming pipeline streams over gRPC only: each
-    call's items, collected, must be the items ``pipe.stream`` yields."""
-    schemes = ("grpc",) if pipe.streaming is not None else ("grpc", "http")
+    (:mod:`builder.verify.concurrent`). A streaming pipeline's calls, collected, must be the
+    items ``pipe.stream`` yields, over HTTP too where its calls travel there
+    (:func:`builder.client.event_stream.carries`)."""
+    http = pipe.streaming is None or event_stream.carries(pipe.signature())
+    schemes = ("grpc", "http") if http else ("grpc",)
 
     def check(endpoint: ContainerEndpoint) -> None:
         addresses = {"grpc": endpoint.grpc_url, "http": endpoint.http_url}

@@ -194,6 +194,12 @@ class TritonApi:
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         sender.send(response, flags=flags)
 
+    def parameters(self, request: Any) -> dict[str, Any]:
+        """A request's parameters (gRPC's ``parameters`` map, the ``parameters`` object of
+        HTTP's generate body); none on releases that do not bind them (r22.12)."""
+        read = getattr(request, "parameters", None)
+        return json.loads(read() or "{}") if callable(read) else {}
+
     def cancelled(self, sender: Any) -> bool:
         """Whether the client has cancelled the stream (never, on releases before r23.10)."""
         return self.features.cancellation and sender.is_cancelled()

@@ -20,13 +20,23 @@ except ImportError:  # in the builder's package
     from . import stream_outbox
 
 
+COALESCE_PARAMETER = "builder_coalesce_items"
+"""The request parameter (a bool) by which a client says it reads a response holding several
+items, one per row of its outputs. Without it each item is a response of its own: HTTP's
+generate_stream sends each response as one JSON event, which keeps no shapes, so rows coalesced
+there could not be told apart. The builder's gRPC clients set it. (Names that start with
+``triton_`` are Triton's own.)"""
+
+
 @dataclass
 class Streams:
     """The calls of a dynamic batch of streamed requests, decoded, each with its response
-    sender: what :func:`run_streams` needs once ``execute`` has returned."""
+    sender and whether its client reads coalesced items: what :func:`run_streams` needs once
+    ``execute`` has returned."""
 
     calls: list[tuple]
     senders: list[Any]
+    coalesce: list[bool]
 
 
 def accept_streams(api: Any, requests: Sequence[Any],
@@ -34,10 +44,11 @@ def accept_streams(api: Any, requests: Sequence[Any],
     """Decode a dynamic batch of streamed requests, in ``execute``: one call each (a batch of
     one; ``decode`` reads a request's calls). A request that cannot be one is answered at
     once, its stream ended."""
-    streams = Streams([], [])
+    streams = Streams([], [], [])
     for request in requests:
         sender = api.sender(request)
         try:
+            coalesce = api.parameters(request).get(COALESCE_PARAMETER) is True
             values = decode(request)
             if len(values) != 1:
                 raise ValueError(f"a streaming pipeline takes one call per request, this one "
@@ -48,6 +59,7 @@ def accept_streams(api: Any, requests: Sequence[Any],
             continue
         streams.calls.append(values[0])
         streams.senders.append(sender)
+        streams.coalesce.append(coalesce)
     return streams
 
 
@@ -65,7 +77,9 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
                 ) -> None:
     """Stream calls through a streaming pipeline: each item sent as it is made, then the final
     flag. The rows of every stream advance together, one step at a time, so a model call inside
-    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`). A
+    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`), the
+    items made while the last response was sent in one response where the client reads them so
+    (:data:`COALESCE_PARAMETER`), else one response each. A
     stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
     final flag alone; errors end a stream as the pipeline model's ``serve`` answers them
     (``failure_kind``: the client's mistake, a refusal for now, or the server's fault)."""
@@ -82,8 +96,15 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
         return {call for call, sender in enumerate(senders)
                 if call not in ended and api.cancelled(sender)}
 
+    def send_items(call: int, items: list[dict]) -> None:
+        if streams.coalesce[call]:
+            _send_items(api, signature, senders[call], items)
+        else:
+            for item in items:
+                _send_items(api, signature, senders[call], [item])
+
     outbox = stream_outbox.Outbox(
-        lambda call, items: _send_items(api, signature, senders[call], items),
+        send_items,
         lambda call, response: api.send(senders[call], response, final=True),
         api.log_warning)
     try:

@@ -1,9 +1,10 @@
 """Streaming pipelines served (issue 41): the text recognizer's characters as they are decoded.
 
 The image of ``pipelines.text_recognizer.streaming_pipeline`` is built (its verification reads
-every example's stream over gRPC, one at a time and several in flight) and served: 16 concurrent
-streams over gRPC, blocking and asyncio, each equal to ``pipe.stream`` in process; the CLI
-prints each item as it comes; HTTP refuses with the way to stream. Cancellation runs on a host
+every example's stream over gRPC and HTTP, then several in flight) and served: 16 concurrent
+streams over gRPC and over HTTP (Triton's generate_stream, server-sent events), blocking and
+asyncio, each equal to ``pipe.stream`` in process; the CLI prints each item as it comes. Errors
+mid-stream and cancellation run on a host
 tritonserver with a loop slow enough (0.2 s a step) that a cancel cannot arrive after the end:
 the steps a stream made are counted server-side (the per-operator metrics of the map after the
 streaming operator: one row per item made).
@@ -23,8 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import build_docker_image, build_pipeline_model, pipe
-from builder.client import AsyncClient, Client, RemoteModelError, ServerUnavailableError
+from builder import InputError, build_docker_image, build_pipeline_model, pipe
+from builder.client import (
+    AsyncClient,
+    Client,
+    RemoteInputError,
+    RemoteModelError,
+    ServerUnavailableError,
+)
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.container import ServingContainer
 from pipelines.text_recognizer import streaming_pipeline
@@ -62,7 +69,13 @@ def test_the_served_config_is_decoupled_and_its_signature_says_what_streams(endp
     assert document["streamed"] == ["char"]
 
 
-def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint):
+def _url(server, protocol: str, model: str = "pipeline") -> str:
+    address = server.grpc_url if protocol == "grpc" else server.http_url
+    return f"{protocol}://{address}/{model}"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint, protocol):
     lines = text_lines()[:16]
     expected = [list(streaming_pipeline.stream(line)) for line in lines]
     assert len({len(e) for e in expected}) > 2  # sequences of different lengths share steps
@@ -71,7 +84,7 @@ def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint):
     ready = threading.Barrier(len(lines))
 
     def read(index: int) -> None:
-        with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+        with Client(_url(endpoint, protocol)) as client:
             client.codec  # noqa: B018 - the signature read before the clock: all start together
             ready.wait(60)
             items, times = [], []
@@ -87,16 +100,17 @@ def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint):
         thread.join(120)
     assert got == expected
     assert all(times == sorted(times) for times in arrivals if times)
-    with Client(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+    with Client(_url(endpoint, protocol)) as client:
         assert client(lines[0]) == streaming_pipeline(lines[0]) == expected[0]
         assert client.batch(lines[:6]) == expected[:6]  # each call's items, collected
 
 
-def test_the_asyncio_client_streams_the_same_items(endpoint):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_asyncio_client_streams_the_same_items(endpoint, protocol):
     lines = text_lines()[:8]
 
     async def read_all() -> list:
-        async with AsyncClient(f"grpc://{endpoint.grpc_url}/pipeline") as client:
+        async with AsyncClient(_url(endpoint, protocol)) as client:
             async def one(line):
                 return [item async for item in client.stream(line)]
 
@@ -109,17 +123,26 @@ def test_the_asyncio_client_streams_the_same_items(endpoint):
     assert whole == streaming_pipeline(lines[0])
 
 
-def test_http_refuses_to_stream_naming_grpc(endpoint):
-    with Client(f"http://{endpoint.http_url}/pipeline") as client, pytest.raises(
-            RemoteModelError, match="grpc://"):
-        list(client.stream(text_lines()[0]))
+def test_a_generic_http_client_reads_one_event_per_item(endpoint):
+    """What curl sees: each item a server-sent event of its own, the input sent flattened."""
+    line = text_lines()[2]
+    request = urllib.request.Request(
+        f"http://{endpoint.http_url}/v2/models/pipeline/generate_stream",
+        data=json.dumps({"image": line.reshape(-1).tolist()}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [json.loads(raw[len(b"data: "):]) for raw in response
+                  if raw.startswith(b"data: ")]
+    assert [event["char"] for event in events] == list(streaming_pipeline.stream(line))
 
 
-def test_infer_stream_prints_each_item_as_one_json_line(endpoint):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_infer_stream_prints_each_item_as_one_json_line(endpoint, protocol):
     line = text_lines()[1]
     program = Path(sys.executable).parent / "triton-builder"
     done = subprocess.run(
-        [str(program), "infer", f"grpc://{endpoint.grpc_url}/pipeline", "--stream",
+        [str(program), "infer", _url(endpoint, protocol), "--stream",
          "-i", f"image={json.dumps(line.tolist())}"],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -233,8 +256,10 @@ def _items_made(server) -> float:
         previous = value
 
 
-def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_server):
-    url = f"grpc://{slow_server.grpc_url}/slow"
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_server, protocol):
+    """gRPC cancels the request; HTTP closes its connection, which Triton takes as a cancel."""
+    url = _url(slow_server, protocol, "slow")
     before = _items_made(slow_server)
     finished: list = []
 
@@ -257,3 +282,47 @@ def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_serve
     # the same pair without the cancel: 24 items, so the cancel freed 10 or 11 steps
     with Client(url) as client:
         assert list(client.stream(1.0)) == [100.0 + step for step in range(STEPS)]
+
+
+# -- errors mid-stream, on a host server -----------------------------------------------------
+def count_up(n: float):
+    for i in range(int(n)):
+        yield float(i)
+
+
+def check_item(item: float, n: float) -> float:
+    """Items from 2 on fail: as the client's mistake where ``n`` ≥ 100, else the server's."""
+    if item >= 2 and n >= 100:
+        raise InputError(f"item {item} is more than this caller may ask for")
+    if item >= 2 and n >= 50:
+        raise ValueError("the server broke")
+    return item
+
+
+FAILING = (pipe.input("n").stream("n", "raw", count_up, name="count_up")
+           .map(("raw", "n"), "item", check_item, name="check_item").output("item")
+           .with_example(3.0))
+
+
+@pytest.fixture(scope="module")
+def failing_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("failing-stream") / "models"
+    build_pipeline_model(FAILING, root, name="failing")
+    with TritonServer(root) as server:
+        yield server
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize(("n", "error"), [(150.0, RemoteInputError), (60.0, RemoteModelError)])
+def test_an_error_mid_stream_reaches_the_caller_after_the_items_before_it(
+        failing_server, protocol, n, error):
+    url = _url(failing_server, protocol, "failing")
+    got = []
+    with Client(url) as client, pytest.raises(error) as raised:
+        for item in client.stream(n):
+            got.append(item)
+    assert got == [0.0, 1.0]
+    assert "check_item" in str(raised.value)
+    assert isinstance(raised.value, InputError) is (error is RemoteInputError)
+    with Client(url) as client:
+        assert list(client.stream(4.0)) == list(FAILING.stream(4.0)) == [0.0, 1.0, 2.0, 3.0]

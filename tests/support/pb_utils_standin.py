@@ -18,6 +18,8 @@ torch report a CUDA device and records every move of a module or tensor to and f
 
 from __future__ import annotations
 
+import json
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,12 +107,19 @@ class Request:
     """What Triton hands ``execute``: named input tensors (in "GPU" memory if ``on_gpu``).
 
     For a decoupled model, ``sent`` records what its response sender sent (a response or
-    ``None``, and the flags); the client cancels once ``cancel_after`` responses have come."""
+    ``None``, and the flags); the client cancels once ``cancel_after`` responses have come;
+    each send takes ``send_s`` (the round trip to the server). ``request_parameters``: what
+    ``parameters()`` returns, as JSON."""
 
     inputs: dict[str, np.ndarray]
     on_gpu: bool = False
     cancel_after: int | None = None
+    send_s: float = 0.0
+    request_parameters: dict = field(default_factory=dict)
     sent: list[tuple[InferenceResponse | None, int]] = field(default_factory=list)
+
+    def parameters(self) -> str:
+        return json.dumps(self.request_parameters)
 
     def is_cancelled(self) -> bool:
         return self.cancel_after is not None and len(self.sent) >= self.cancel_after
@@ -128,6 +137,7 @@ class ResponseSender:
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if any(f & TRITONSERVER_RESPONSE_COMPLETE_FINAL for _, f in self.request.sent):
             raise RuntimeError("a response was sent after the final flag")
+        time.sleep(self.request.send_s)
         self.request.sent.append((response, flags))
 
     def is_cancelled(self) -> bool:

@@ -79,8 +79,14 @@ def _execute(model, requests) -> None:
         worker.join(30)
 
 
-def _request(vector, cancel_after=None) -> pb.Request:
-    return pb.Request({"v": np.array([vector], dtype=np.float64)}, cancel_after=cancel_after)
+def _request(vector, cancel_after=None, **options) -> pb.Request:
+    return pb.Request({"v": np.array([vector], dtype=np.float64)}, cancel_after=cancel_after,
+                      **options)
+
+
+def _rows(request) -> list[int]:
+    """How many items each of a stream's responses held."""
+    return [len(response.output_tensors[0].as_numpy()) for response, _ in request.sent[:-1]]
 
 
 def _items(request) -> list[float]:
@@ -107,6 +113,23 @@ def test_each_item_is_a_response_and_one_bls_call_serves_every_stream_per_step(b
     for request, vector in zip(requests, vectors, strict=True):
         np.testing.assert_allclose(_items(request), list(pipeline.stream(vector)), atol=1e-4)
     assert [c.batch_size for c in pb.Models.calls] == [3, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_items_made_while_a_response_is_sent_share_one_only_where_the_client_asked(
+        built, model, coalesce):
+    """A generic client (and HTTP's generate_stream, whose JSON events keep no shapes) gets each
+    item as a response of its own; the builder's gRPC clients ask for coalesced rows."""
+    pipeline, _ = built
+    vector = [12.0, 1.0, 0.5, 0.5]
+    parameters = {stream_serving.COALESCE_PARAMETER: True} if coalesce else {}
+    request = _request(vector, send_s=0.02, request_parameters=parameters)
+    _execute(model, [request])
+    np.testing.assert_allclose(_items(request), list(pipeline.stream(vector)), atol=1e-4)
+    if coalesce:
+        assert max(_rows(request)) > 1, _rows(request)
+    else:
+        assert _rows(request) == [1] * 12
 
 
 def test_a_cancelled_stream_stops_before_its_next_step_and_frees_its_place(model):
