@@ -2,8 +2,10 @@
 
 The text-embedding example (its encoder an ONNX model operator) is built with ``--cuda 12.6
 --slim`` by the command line, from a clean state as on a fresh machine: an empty
-``TRITON_BUILDER_CACHE`` and pip without a cache, so every CUDA wheel (onnxruntime-gpu, cuBLAS,
-cuDNN, cuFFT, cuRAND, the runtime: about 1.7 GB) comes from the package index. Both builds date
+``TRITON_BUILDER_CACHE`` and an empty pip cache of this run's own, so every CUDA wheel
+(onnxruntime-gpu, cuBLAS, cuDNN, cuFFT, cuRAND, the runtime: about 1.7 GB) comes from the
+package index; the second clean build reads the same files from that pip cache (hash-checked
+against the index's, as any download), so a run downloads them once. Both builds date
 their files ``SOURCE_DATE_EPOCH`` = :data:`BUILD_DATE` (an input like any other), so that no
 payload cached by another build of the example (at the default date) is found by its tag; the
 engine's own layer cache ignores file dates, so on a machine where such a build left its layers
@@ -51,15 +53,16 @@ BUILD_DATE = "1764028800"
 """2025-11-25T00:00:00Z."""
 
 
-def _build(workdir: Path, *extra: str, umask: int,
-           seed: str) -> tuple[str, float, dict]:
+def _build(workdir: Path, *extra: str, umask: int, seed: str,
+           pip_cache: Path) -> tuple[str, float, dict]:
     """One ``triton-builder image --cuda 12.6 --slim`` as on a fresh machine: its log, seconds
     and what its environment cache says of the environment it made."""
     (workdir / "cache").mkdir(parents=True)
     environment = {key: value for key, value in os.environ.items()  # after base os: found
                    if not key.startswith("TRITON_BUILDER_OS_IMAGE")}
-    environment.update(TRITON_BUILDER_CACHE=str(workdir / "cache"), PIP_NO_CACHE_DIR="1",
+    environment.update(TRITON_BUILDER_CACHE=str(workdir / "cache"), PIP_CACHE_DIR=str(pip_cache),
                        PYTHONHASHSEED=seed, SOURCE_DATE_EPOCH=BUILD_DATE)
+    environment.pop("PIP_NO_CACHE_DIR", None)
     program = Path(sys.executable).parent / "triton-builder"
     started = time.monotonic()
     result = subprocess.run([str(program), "image", PIPELINE, "-t", REFERENCE, "--cuda", "12.6",
@@ -75,12 +78,14 @@ def _build(workdir: Path, *extra: str, umask: int,
 @pytest.fixture(scope="module")
 def slim_build(docker_client, slim_base_image, os_image, tmp_path_factory):
     before = image_ids(docker_client)
+    pip_cache = tmp_path_factory.mktemp("pip-cache")
     log, seconds, environment = _build(tmp_path_factory.mktemp("machine-0"),
-                                       umask=0o022, seed="1")
+                                       umask=0o022, seed="1", pip_cache=pip_cache)
     steps = ", ".join(f"{step} {s:.1f} s" for step, s in environment["steps"].items())
     print(f"\nslim GPU build from a clean state: {seconds:.0f} s; its environment: {steps}; "
           f"{environment['downloaded_bytes'] / 1e9:.2f} GB of wheels from the package index")
     yield {"log": log, "id": docker_client.images.get(REFERENCE).id, "seconds": seconds,
+           "pip_cache": pip_cache,
            "environment": environment, "clean": lambda: remove_images_made(
                docker_client, before, (REFERENCE,))}
     remove_images_made(docker_client, before, (REFERENCE,))
@@ -215,7 +220,8 @@ def test_a_second_clean_build_gives_the_same_image_id(slim_build, docker_client,
     first = slim_build["id"]
     slim_build["clean"]()
     log, seconds, environment = _build(tmp_path / "machine-1", "--no-verify",
-                                       "--no-cache", umask=0o077, seed="2")
+                                       "--no-cache", umask=0o077, seed="2",
+                                       pip_cache=slim_build["pip_cache"])
     print(f"\nsecond clean build (no verification): {seconds:.0f} s")
     assert environment["steps"]["download"] > 0
     cached = [line for line in log.splitlines() if "Using cache" in line or "reused" in line]
