@@ -3,7 +3,8 @@
 The image of ``pipelines.text_recognizer.streaming_pipeline`` is built (its verification reads
 every example's stream over gRPC and HTTP, then several in flight) and served: 16 concurrent
 streams over gRPC and over HTTP (Triton's generate_stream, server-sent events), blocking and
-asyncio, each equal to ``pipe.stream`` in process; the CLI prints each item as it comes. Errors
+asyncio, each equal to ``pipe.stream`` in process; the CLI prints each item as it comes; a
+stopped container and a killed pipeline stub cut no stream silently. Errors
 mid-stream and cancellation run on a host
 tritonserver with a loop slow enough (0.2 s a step) that a cancel cannot arrive after the end:
 the steps a stream made are counted server-side (the per-operator metrics of the map after the
@@ -37,6 +38,7 @@ from builder.verify.container import ServingContainer
 from pipelines.text_recognizer import streaming_pipeline
 from tests.support.engine_images import remove_images_made
 from tests.support.example_inputs import text_lines
+from tests.unit.cli.test_commands import cli
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +207,98 @@ def test_a_container_stopped_during_16_streams_cuts_none(docker_client, image):
     assert kinds.get("ok", 0) >= 200, kinds
     assert not bad, f"{kinds}: {bad[:5]}"
     assert state["ExitCode"] == 0, state
+
+
+def test_the_deployment_manifests_of_a_streaming_image_validate_without_sticky_sessions(
+        image, tmp_path):
+    """A stream is one request on one connection: the Service and the stack balance streams
+    as any request, with no session affinity, over the gRPC and HTTP ports."""
+    import yaml
+
+    manifest = tmp_path / "triton.yaml"
+    cli("deploy", "k8s", image, "-o", str(manifest))  # validated with kubernetes-validate
+    documents = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    (service,) = [d for d in documents if d["kind"] == "Service"]
+    assert service["spec"].get("sessionAffinity", "None") == "None"
+    assert {"http", "grpc"} <= {port["name"] for port in service["spec"]["ports"]}
+    stack = yaml.safe_load(cli("deploy", "swarm", image, "--dry-run").stdout)
+    (service,) = stack["services"].values()
+    assert {8000, 8001} <= {port["target"] for port in service["ports"]}
+
+
+def test_a_killed_pipeline_stub_heals_in_place_and_no_stream_ends_silently(docker_client,
+                                                                           image):
+    """The pipeline model's stub killed twice while 8 clients stream back to back: every stream
+    either completes, equal to ``pipe.stream``, or raises an error to its client — none ends
+    early as if it were whole —, the supervisor heals it in place (the container keeps running,
+    never restarted) and streams are correct again after each kill."""
+    lines = text_lines()
+    expected = {i: list(streaming_pipeline.stream(line)) for i, line in enumerate(lines)}
+    outcomes: list[tuple[float, str, str]] = []
+    stop, record = threading.Event(), threading.Lock()
+
+    def loop(url: str, offset: int) -> None:
+        with Client(url, retries=0, timeout=20) as client:
+            for index in itertools.cycle(range(offset, offset + len(lines))):
+                if stop.is_set():
+                    return
+                index %= len(lines)
+                items: list = []
+                try:
+                    items.extend(client.stream(lines[index]))
+                    outcome = ("ok", "") if items == expected[index] else (
+                        "silent", f"{items} against {expected[index]}")
+                except Exception as error:  # noqa: BLE001 - an error raised: what must happen
+                    outcome = ("error", f"{type(error).__name__}: {error}"[:200])
+                    time.sleep(0.05)
+                with record:
+                    outcomes.append((time.monotonic(), *outcome))
+
+    def correct_since(moment: float) -> int:
+        with record:
+            return sum(kind == "ok" for at, kind, _ in outcomes if at > moment)
+
+    serving = ServingContainer(docker_client, image)
+    threads: list[threading.Thread] = []
+    try:
+        endpoint = serving.start()
+        container = serving.container
+        url = f"grpc://{endpoint.grpc_url}/pipeline"
+        threads = [threading.Thread(target=loop, args=(url, i), daemon=True) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for _ in range(2):
+            started = time.monotonic()
+            while correct_since(started) < 50 and time.monotonic() < started + 60:
+                time.sleep(0.1)
+            killed_at = time.monotonic()
+            _kill_pipeline_stub(container)
+            while correct_since(killed_at + 0.5) < 50 and time.monotonic() < killed_at + 90:
+                time.sleep(0.2)
+            assert correct_since(killed_at + 0.5) >= 50, _tail(container)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        container.reload()
+        assert container.status == "running" and container.attrs["RestartCount"] == 0
+    finally:
+        stop.set()
+        serving.remove()
+    kinds = {kind: sum(k == kind for _, k, _ in outcomes) for kind in ("ok", "error", "silent")}
+    print(f"streams around two kills of the pipeline stub: {kinds}; errors: "
+          f"{sorted({why[:80] for _, k, why in outcomes if k == 'error'})[:4]}")
+    assert not [why for _, kind, why in outcomes if kind == "silent"], kinds
+
+
+def _kill_pipeline_stub(container) -> None:
+    from tests.e2e.test_reliability import KILL_PIPELINE_STUB
+
+    killed = container.exec_run(["python3", "-c", KILL_PIPELINE_STUB]).output.split()
+    assert len(killed) == 1, killed
+
+
+def _tail(container) -> str:
+    return "\n".join(container.logs().decode(errors="replace").splitlines()[-30:])
 
 
 # -- cancellation, on a host server ---------------------------------------------------------
