@@ -1,0 +1,38 @@
+"""The text recognizer's decoder sizes: the deeper one the streaming benchmark uses answers as its
+ONNX export does, at every token length (``nn.TransformerDecoderLayer`` exported so fixed the
+example's length: its served steps failed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import torch
+
+from builder.repository.export import ONNX_OPSET
+from pipelines.text_recognizer import BOS, DIM, MAX_STEPS, Decoder
+
+
+def test_a_deeper_decoder_exports_with_a_variable_token_axis(tmp_path):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        decoder = Decoder(deep_layers=2, deep_width=64).eval()
+    memory = torch.randn(1, 24, DIM)
+    path = tmp_path / "decoder.onnx"
+    torch.onnx.export(decoder, (torch.tensor([[BOS, 5, 7]]), memory), str(path),
+                      input_names=["tokens", "memory"], output_names=["logits"],
+                      dynamic_axes={"tokens": {0: "batch", 1: "steps"}, "memory": {0: "batch"}},
+                      opset_version=ONNX_OPSET, dynamo=False)  # the builder's first exporter
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for steps in (1, 4, MAX_STEPS):
+        tokens = torch.randint(2, 18, (3, steps))
+        tokens[:, 0] = BOS
+        with torch.no_grad():
+            expected = decoder(tokens, memory.expand(3, -1, -1)).numpy()
+        (served,) = session.run(None, {"tokens": tokens.numpy(),
+                                       "memory": memory.expand(3, -1, -1).numpy()})
+        np.testing.assert_allclose(served, expected, atol=1e-4)
+
+
+def test_the_examples_decoder_has_no_deeper_layers():
+    assert not any(name.startswith(("deep", "widen", "narrow"))
+                   for name in Decoder().state_dict())
