@@ -11,7 +11,8 @@ call (a BLS request) for the still-running sequences of every request in the dyn
 
 ``streaming_pipeline`` is the same recognizer sending each character as it is decoded
 (:class:`CharacterStream`): its pipeline model is decoupled, ``streaming_pipeline.stream(image)``
-yields the characters, ``streaming_pipeline(image)`` returns their list.
+yields the characters, ``streaming_pipeline(image)`` returns the whole text, as ``pipeline``
+does (``whole="join"``).
 
 The models are tiny, a decoder step well under a millisecond; ``make_pipeline(deep_layers=6)``
 adds six decoder layers of 256 beside the decoder's own (:class:`DecoderLayer`), which give a
@@ -259,7 +260,7 @@ def make_pipeline(streaming: bool = False, deep_layers: int = 0):
     )
     if streaming:
         recognized = recognized.stream("memory", "char", CharacterStream(GreedyDecoder(decoder)),
-                                       name="greedy_decode").output("char")
+                                       name="greedy_decode", whole="join").output("char")
     else:
         recognized = recognized.map("memory", "text", GreedyDecoder(decoder),
                                     name="greedy_decode").output("text")

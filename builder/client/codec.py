@@ -15,7 +15,7 @@ import numpy as np
 
 from builder.client.served_model import ServedModel
 from builder.errors import InputError, SignatureError, TritonBuilderError
-from builder.pipeline.signature import PipelineSignature
+from builder.pipeline.signature import PipelineSignature, whole_answer
 from builder.pipeline.signature_document import SIGNATURE_PARAMETER, parse_signature
 
 
@@ -86,11 +86,12 @@ class PipelineCodec:
 
     def whole(self, items: Sequence[Any]) -> Any:
         """A streaming pipeline's items (each as :meth:`decode` gives it) → what ``pipe(...)``
-        returns: each output the list of its items."""
+        returns: each output's items gathered as the pipeline says (their list, or joined)."""
+        how = self.signature.whole
         if len(self.signature.outputs) == 1:
-            return list(items)
-        return tuple(list(column) for column in zip(*items, strict=True)) if items else tuple(
-            [] for _ in self.signature.outputs)
+            return whole_answer(how, items)
+        columns = zip(*items, strict=True) if items else ([] for _ in self.signature.outputs)
+        return tuple(whole_answer(how, list(column)) for column in columns)
 
 
 def _check_served(served: ServedModel, signature: PipelineSignature) -> None:

@@ -50,6 +50,8 @@ class Node:
     op: Callable[..., Any]
     filter_columns: tuple[str, ...] = ()
     name: str | None = None
+    whole: str = "list"
+    """For ``stream``: how the call answered whole gathers the items (``list``, ``join``)."""
 
     @property
     def op_name(self) -> str:

@@ -38,12 +38,14 @@ from builder.pipeline.executor import CallResult
 from builder.pipeline.model_discovery import find_model_ops
 from builder.pipeline.operators import ModelOp, fields_by_column
 from builder.pipeline.signature import (
+    WHOLE_ANSWERS,
     PipelineSignature,
     TensorSpec,
     as_spec,
     fits,
     infer_spec,
     merge_tensor_specs,
+    whole_answer,
 )
 from builder.pipeline.streaming import (
     StreamEvent,
@@ -117,7 +119,7 @@ class Pipeline:
         result = run_plan(self.plan, self.streaming, [values])[0]
         if not result.ok:
             raise result.error
-        return self._shape_result(result)
+        return self._whole_result(result)
 
     def stream(self, *values: Any) -> Iterator[Any]:
         """Run one call in process and yield each streamed item as it is made: the output
@@ -153,7 +155,7 @@ class Pipeline:
         results = []
         for result in self.run(calls):
             if result.ok:
-                results.append(self._shape_result(result))
+                results.append(self._whole_result(result))
             elif return_exceptions:
                 results.append(result.error)
             else:
@@ -174,6 +176,19 @@ class Pipeline:
         if self.streaming is None:
             raise PipelineError(f"{self!r} does not stream")
         return execute_stream(self.plan, self.streaming, calls, times, stopped)
+
+    @property
+    def whole(self) -> str:
+        """How a call answered whole gathers each streamed output's items
+        (:data:`~builder.pipeline.signature.WHOLE_ANSWERS`; ``list`` where nothing streams)."""
+        return "list" if self.streaming is None else self.plan.nodes[self.streaming.node].whole
+
+    def _whole_result(self, result: CallResult) -> Any:
+        """A call's result answered whole: each streamed output's items gathered."""
+        if self.whole != "list":
+            result = CallResult({column: whole_answer(self.whole, items) if self._streamed(
+                column) else items for column, items in result.outputs.items()})
+        return self._shape_result(result)
 
     def _shape_result(self, result: Any) -> Any:
         values = tuple(result.outputs[c] for c in self.outputs)
@@ -236,8 +251,16 @@ class Pipeline:
             outputs[column] = self._column_spec(
                 column, self.output_schema.get(column), ragged, values
             )
-        return PipelineSignature(inputs, outputs,
-                                 tuple(c for c in self.outputs if self._streamed(c)))
+        streamed = tuple(c for c in self.outputs if self._streamed(c))
+        if self.whole == "join":
+            for column in streamed:
+                spec = outputs[column]
+                if spec.kind != "scalar" or spec.pytype not in ("str", "bytes"):
+                    raise SignatureError(
+                        f"output {column!r} is streamed as {spec.describe()} items, but "
+                        "stream(..., whole='join') joins texts or bytes: each item one str "
+                        "(or bytes), or whole='list'")
+        return PipelineSignature(inputs, outputs, streamed, self.whole)
 
     def _streamed(self, column: str) -> bool:
         """Whether ``column`` is sent item by item (one value per response when served)."""
@@ -294,11 +317,17 @@ class PipeBuilder:
         return self._add(Node("flat_map", _columns(inputs), _columns(outputs), op, name=name))
 
     def stream(self, inputs: Columns, outputs: Columns, op: Callable[..., Any], *,
-               name: str | None = None) -> PipeBuilder:
+               name: str | None = None, whole: str = "list") -> PipeBuilder:
         """Each item ``op(*inputs)`` yields is an answer of its own, sent as it is made: a
         generator, or a generator ``call_batch`` yielding one step of every row at a time
-        (:mod:`builder.pipeline.streaming`)."""
-        return self._add(Node("stream", _columns(inputs), _columns(outputs), op, name=name))
+        (:mod:`builder.pipeline.streaming`). ``whole``: what the call answered whole
+        (``pipe(x)``) gives for each output: the ``list`` of its items, or (``join``) their
+        texts joined into one."""
+        if whole not in WHOLE_ANSWERS:
+            raise PipelineError(f"stream(..., whole={whole!r}): expected one of "
+                                f"{', '.join(WHOLE_ANSWERS)}")
+        return self._add(Node("stream", _columns(inputs), _columns(outputs), op, name=name,
+                              whole=whole))
 
     def filter(self, inputs: Columns, outputs: Columns, filter_columns: Columns | Callable,
                op: Callable[..., Any] | None = None, *, name: str | None = None) -> PipeBuilder:

@@ -440,6 +440,18 @@ def describe_specs(specs: Mapping[str, TensorSpec]) -> str:
     return "\n".join(f"{name}: {spec.describe()}" for name, spec in specs.items())
 
 
+WHOLE_ANSWERS = ("list", "join")
+"""How a streaming pipeline answered whole (``pipe(x)``, a client's call) gathers each streamed
+output's items: their ``list``, or (``join``) texts or bytes joined into one."""
+
+
+def whole_answer(how: str, items: Sequence[Any]) -> Any:
+    """A streamed output's items gathered as :data:`WHOLE_ANSWERS` ``how`` says."""
+    if how == "join":
+        return (b"" if items and isinstance(items[0], bytes) else "").join(items)
+    return list(items)
+
+
 @dataclass(frozen=True)
 class PipelineSignature:
     """The typed, named tensors of a served pipeline: one spec per input and output column."""
@@ -447,8 +459,11 @@ class PipelineSignature:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     streamed: tuple[str, ...] = ()
-    """The outputs sent item by item, one response each (a streaming pipeline); answered
-    whole, each is the list of the call's items."""
+    """The outputs sent item by item, one response each (a streaming pipeline); each spec is
+    one item's."""
+    whole: str = "list"
+    """How a call answered whole gathers the items of each streamed output
+    (:func:`whole_answer`)."""
 
     def describe(self) -> str:
         return (f"inputs:\n{_indent(describe_specs(self.inputs))}\n"

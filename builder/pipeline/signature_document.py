@@ -46,6 +46,8 @@ def signature_parameter(signature: PipelineSignature) -> dict[str, str]:
     }
     if signature.streamed:
         document["streamed"] = list(signature.streamed)
+    if signature.whole != "list":
+        document["whole"] = signature.whole
     return {SIGNATURE_PARAMETER: json.dumps(document, separators=(",", ":"))}
 
 
@@ -61,6 +63,7 @@ def parse_signature(text: str) -> PipelineSignature:
             inputs={name: _spec(entry) for name, entry in document["inputs"].items()},
             outputs={name: _spec(entry) for name, entry in document["outputs"].items()},
             streamed=tuple(document.get("streamed", ())),
+            whole=document.get("whole", "list"),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         if isinstance(error, SignatureError):

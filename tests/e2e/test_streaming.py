@@ -103,8 +103,9 @@ def test_sixteen_concurrent_streams_each_equal_the_in_process_stream(endpoint, p
     assert got == expected
     assert all(times == sorted(times) for times in arrivals if times)
     with Client(_url(endpoint, protocol)) as client:
-        assert client(lines[0]) == streaming_pipeline(lines[0]) == expected[0]
-        assert client.batch(lines[:6]) == expected[:6]  # each call's items, collected
+        # answered whole: each call's items, joined (whole="join"), as the pipeline answers
+        assert client(lines[0]) == streaming_pipeline(lines[0]) == "".join(expected[0])
+        assert client.batch(lines[:6]) == ["".join(items) for items in expected[:6]]
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

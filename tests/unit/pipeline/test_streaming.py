@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builder import pipe
-from builder.errors import OperatorError, PipelineError
+from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.streaming import StreamEvent, collect, execute_stream
 
 
@@ -40,6 +40,37 @@ def test_a_generator_operator_streams_its_items_and_the_whole_answer_is_their_li
     assert p(4) == [0, 1, 4, 9]
     assert p.batch([3, 0, 2]) == [[0, 1, 4], [], [0, 1]]
     assert p.streaming is not None
+
+
+def spell(word: str):
+    yield from word
+
+
+def test_whole_join_answers_a_call_with_its_texts_joined_and_the_clients_read_it_so():
+    from builder.pipeline.signature_document import parse_signature, signature_parameter
+
+    p = (pipe.input("word").stream("word", "letter", spell, whole="join")
+         .map("letter", "upper", str.upper).output("upper").with_example("ab"))
+    assert list(p.stream("tea")) == ["T", "E", "A"]
+    assert p("tea") == "TEA" and p("") == ""
+    assert p.batch(["ab", "c"]) == ["AB", "C"]
+    signature = p.signature()
+    assert signature.whole == "join" and signature.streamed == ("upper",)
+    assert signature.outputs["upper"].pytype == "str"  # one item's type
+    (document,) = signature_parameter(signature).values()
+    assert parse_signature(document) == signature
+
+
+def test_whole_join_of_items_that_are_not_text_is_refused_naming_the_output():
+    p = (pipe.input("n").stream("n", "i", count_up, whole="join").output("i")
+         .with_example(3))
+    with pytest.raises(SignatureError, match="output 'i' is streamed as int items.*joins texts"):
+        p.signature()
+
+
+def test_an_unknown_whole_answer_is_refused_where_the_stream_is_added():
+    with pytest.raises(PipelineError, match="whole='concat'.*list, join"):
+        pipe.input("n").stream("n", "i", count_up, whole="concat")
 
 
 def test_a_batched_streaming_operator_advances_every_row_per_step():
