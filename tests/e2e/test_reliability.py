@@ -406,11 +406,21 @@ def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_
             assert _wait_for(lambda: load.first_correct_after(0.0, "pipeline"), 30)
             for kill in range(BLS_KILLS):
                 time.sleep(1.0)
+                reloads = _metric(container, "triton_builder_stub_restarts_total").get(
+                    "text_encoder", 0)
+                servers = _metric(container, "triton_builder_server_restarts_total").get("", 0)
                 killed_at = time.monotonic()  # requests in flight fail at once, within the exec
                 _kill(container, "text_encoder")
-                reloaded_at = _wait_for(lambda k=kill: _risen(
-                    container, "triton_builder_stub_restarts_total", "text_encoder", k),
-                    HEAL_BOUND_S)
+
+                def reloaded(reloads: float = reloads, servers: float = servers) -> float | None:
+                    """The supervisor's reload of text_encoder or, where the kill made Triton
+                    2.51 abort (upstream, about one kill in 40 under load), its server started
+                    again: the main heal test counts the same."""
+                    return _risen(container, "triton_builder_stub_restarts_total",
+                                  "text_encoder", reloads) or _risen(
+                        container, "triton_builder_server_restarts_total", "", servers)
+
+                reloaded_at = _wait_for(reloaded, HEAL_BOUND_S)
                 assert reloaded_at is not None, _supervisor_log(container)
                 healed_at = _wait_for(lambda since=reloaded_at: load.first_correct_after(
                     since, "pipeline"), HEAL_BOUND_S)
@@ -422,7 +432,9 @@ def test_a_healed_model_operator_serves_its_bls_caller_again(docker_client, cpu_
                       f"most: the reload is seen by polling the supervisor's metrics); "
                       f"{len(failed)} of its requests failed meanwhile")
         restarts = _metric(container, "triton_builder_stub_restarts_total")
-    assert restarts == {"pipeline": 0, "text_encoder": BLS_KILLS}, restarts
+        servers = _metric(container, "triton_builder_server_restarts_total").get("", 0)
+    assert restarts.get("pipeline", 0) == 0, restarts  # the BLS caller is never reloaded
+    assert restarts.get("text_encoder", 0) + servers == BLS_KILLS, (restarts, servers)
 
 
 def _wait_for(probe, timeout: float):
