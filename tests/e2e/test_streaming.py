@@ -153,57 +153,84 @@ def test_infer_stream_prints_each_item_as_one_json_line(endpoint, protocol):
         streaming_pipeline.stream(line))
 
 
+class LoopingStreams:
+    """Clients streaming the text lines back to back, from a thread each, until closed: each
+    stream's outcome recorded with its time, ``ok`` where its items equal ``pipe.stream``'s,
+    else what ``judge(items, error)`` calls it (``error`` None: the stream ended without one)."""
+
+    def __init__(self, url: str, clients: int, timeout: float, judge) -> None:
+        self.lines = text_lines()
+        self.expected = [list(streaming_pipeline.stream(line)) for line in self.lines]
+        self.outcomes: list[tuple[float, str, str]] = []
+        self._url, self._timeout, self._judge = url, timeout, judge
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
+                         for i in range(clients)]
+
+    def __enter__(self) -> LoopingStreams:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def ok_since(self, moment: float) -> int:
+        with self._lock:
+            return sum(kind == "ok" for at, kind, _ in self.outcomes if at > moment)
+
+    def kinds(self) -> dict[str, int]:
+        with self._lock:
+            kinds = [kind for _, kind, _ in self.outcomes]
+        return {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+
+    def _loop(self, offset: int) -> None:
+        with Client(self._url, retries=0, timeout=self._timeout) as client:
+            for index in itertools.cycle(range(offset, offset + len(self.lines))):
+                if self._stop.is_set():
+                    return
+                index %= len(self.lines)
+                items: list = []
+                try:
+                    items.extend(client.stream(self.lines[index]))
+                    kind, detail = ("ok", "") if items == self.expected[index] else self._judge(
+                        items, None)
+                except Exception as error:  # noqa: BLE001 - judged, then asserted on
+                    kind, detail = self._judge(items, error)
+                    time.sleep(0.02)
+                with self._lock:
+                    self.outcomes.append((time.monotonic(), kind, detail[:200]))
+
+
 def test_a_container_stopped_during_16_streams_cuts_none(docker_client, image):
     """``docker stop`` while 16 clients stream back to back: each stream either completes,
     equal to ``pipe.stream``, or is refused ``UNAVAILABLE`` before its first item."""
-    lines = text_lines()
-    expected = {i: list(streaming_pipeline.stream(line)) for i, line in enumerate(lines)}
-    outcomes: list[tuple[str, str]] = []
-    lock, stop = threading.Lock(), threading.Event()
+    def judge(items: list, error: Exception | None) -> tuple[str, str]:
+        if error is None:
+            return "mismatch", f"{items}"
+        what = f"{type(error).__name__}: {error}"
+        if items:
+            return "cut", what
+        return ("unavailable" if isinstance(error, ServerUnavailableError) else "error"), what
+
     container = ServingContainer(docker_client, image,
                                  environment={"TRITON_BUILDER_DRAIN_S": "2"})
-
-    def loop(url: str, offset: int) -> None:
-        with Client(url, retries=0, timeout=30) as client:
-            for index in itertools.cycle(range(offset, offset + len(lines))):
-                if stop.is_set():
-                    return
-                index %= len(lines)
-                items: list = []
-                try:
-                    items.extend(client.stream(lines[index]))
-                    outcome = ("ok", "") if items == expected[index] else (
-                        "mismatch", f"{items} against {expected[index]}")
-                except ServerUnavailableError as error:
-                    outcome = ("unavailable" if not items else "cut", str(error)[:200])
-                    time.sleep(0.01)
-                except Exception as error:  # noqa: BLE001 - counted, then asserted on
-                    outcome = ("error" if not items else "cut",
-                               f"{type(error).__name__}: {error}"[:200])
-                with lock:
-                    outcomes.append(outcome)
-
     try:
         endpoint = container.start()
-        url = f"grpc://{endpoint.grpc_url}/pipeline"
-        threads = [threading.Thread(target=loop, args=(url, i), daemon=True) for i in range(16)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 60
-        while sum(k == "ok" for k, _ in list(outcomes)) < 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        container.container.stop(timeout=15)
-        time.sleep(1.0)
-        stop.set()
-        for thread in threads:
-            thread.join(60)
+        with LoopingStreams(f"grpc://{endpoint.grpc_url}/pipeline", 16, 30, judge) as load:
+            deadline = time.monotonic() + 60
+            while load.ok_since(0.0) < 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            container.container.stop(timeout=15)
+            time.sleep(1.0)
         container.container.reload()
         state = container.container.attrs["State"]
     finally:
-        stop.set()
         container.remove()
-    kinds = {kind: sum(k == kind for k, _ in outcomes) for kind, _ in outcomes}
-    bad = [(k, d) for k, d in outcomes if k not in ("ok", "unavailable")]
+    kinds = load.kinds()
+    bad = [(kind, why) for _, kind, why in load.outcomes if kind not in ("ok", "unavailable")]
     print(f"streams during the stop: {kinds}")
     assert kinds.get("ok", 0) >= 200, kinds
     assert not bad, f"{kinds}: {bad[:5]}"
@@ -233,62 +260,32 @@ def test_a_killed_pipeline_stub_heals_in_place_and_no_stream_ends_silently(docke
     either completes, equal to ``pipe.stream``, or raises an error to its client — none ends
     early as if it were whole —, the supervisor heals it in place (the container keeps running,
     never restarted) and streams are correct again after each kill."""
-    lines = text_lines()
-    expected = {i: list(streaming_pipeline.stream(line)) for i, line in enumerate(lines)}
-    outcomes: list[tuple[float, str, str]] = []
-    stop, record = threading.Event(), threading.Lock()
-
-    def loop(url: str, offset: int) -> None:
-        with Client(url, retries=0, timeout=20) as client:
-            for index in itertools.cycle(range(offset, offset + len(lines))):
-                if stop.is_set():
-                    return
-                index %= len(lines)
-                items: list = []
-                try:
-                    items.extend(client.stream(lines[index]))
-                    outcome = ("ok", "") if items == expected[index] else (
-                        "silent", f"{items} against {expected[index]}")
-                except Exception as error:  # noqa: BLE001 - an error raised: what must happen
-                    outcome = ("error", f"{type(error).__name__}: {error}"[:200])
-                    time.sleep(0.05)
-                with record:
-                    outcomes.append((time.monotonic(), *outcome))
-
-    def correct_since(moment: float) -> int:
-        with record:
-            return sum(kind == "ok" for at, kind, _ in outcomes if at > moment)
+    def judge(items: list, error: Exception | None) -> tuple[str, str]:
+        if error is None:  # fewer items, or others, and no error: what must not happen
+            return "silent", f"{items}"
+        return "error", f"{type(error).__name__}: {error}"  # an error raised: what must
 
     serving = ServingContainer(docker_client, image)
-    threads: list[threading.Thread] = []
     try:
         endpoint = serving.start()
         container = serving.container
-        url = f"grpc://{endpoint.grpc_url}/pipeline"
-        threads = [threading.Thread(target=loop, args=(url, i), daemon=True) for i in range(8)]
-        for thread in threads:
-            thread.start()
-        for _ in range(2):
-            started = time.monotonic()
-            while correct_since(started) < 50 and time.monotonic() < started + 60:
-                time.sleep(0.1)
-            killed_at = time.monotonic()
-            _kill_pipeline_stub(container)
-            while correct_since(killed_at + 0.5) < 50 and time.monotonic() < killed_at + 90:
-                time.sleep(0.2)
-            assert correct_since(killed_at + 0.5) >= 50, _tail(container)
-        stop.set()
-        for thread in threads:
-            thread.join(60)
+        with LoopingStreams(f"grpc://{endpoint.grpc_url}/pipeline", 8, 20, judge) as load:
+            for _ in range(2):
+                started = time.monotonic()
+                while load.ok_since(started) < 50 and time.monotonic() < started + 60:
+                    time.sleep(0.1)
+                killed_at = time.monotonic()
+                _kill_pipeline_stub(container)
+                while load.ok_since(killed_at + 0.5) < 50 and time.monotonic() < killed_at + 90:
+                    time.sleep(0.2)
+                assert load.ok_since(killed_at + 0.5) >= 50, _tail(container)
         container.reload()
         assert container.status == "running" and container.attrs["RestartCount"] == 0
     finally:
-        stop.set()
         serving.remove()
-    kinds = {kind: sum(k == kind for _, k, _ in outcomes) for kind in ("ok", "error", "silent")}
-    print(f"streams around two kills of the pipeline stub: {kinds}; errors: "
-          f"{sorted({why[:80] for _, k, why in outcomes if k == 'error'})[:4]}")
-    assert not [why for _, kind, why in outcomes if kind == "silent"], kinds
+    errors = sorted({why[:80] for _, kind, why in load.outcomes if kind == "error"})
+    print(f"streams around two kills of the pipeline stub: {load.kinds()}; errors: {errors[:4]}")
+    assert not [why for _, kind, why in load.outcomes if kind == "silent"], load.kinds()
 
 
 def _kill_pipeline_stub(container) -> None:
