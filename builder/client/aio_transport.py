@@ -157,7 +157,10 @@ class AsyncHttpTransport(_LazyClient):
     """One ``aiohttp`` session with a pool of up to ``max_connections`` keep-alive connections,
     and one of our own for streams (made on the first)."""
 
-    _streams: Any = None
+    def __init__(self, endpoint: Endpoint, timeout: float, max_connections: int) -> None:
+        super().__init__(endpoint, timeout, max_connections)
+        self._streams: Any = None
+        self._shapes: dict[tuple[str, ...], OutputShapes] = {}
 
     def _connect(self) -> Any:
         import tritonclient.http.aio as httpaio
@@ -198,7 +201,10 @@ class AsyncHttpTransport(_LazyClient):
         import aiohttp
 
         what = f"stream from {self._endpoint.url}"
-        shapes = OutputShapes.of(await self.metadata(), outputs, what)
+        shapes = self._shapes.get(tuple(outputs))
+        if shapes is None:  # the served model's metadata, read once, not on every stream
+            shapes = self._shapes[tuple(outputs)] = OutputShapes.of(
+                await self.metadata(), outputs, what)
         body = request_body(tensors, what)
         if self._streams is None:
             self._streams = aiohttp.ClientSession(

@@ -29,13 +29,18 @@ from builder.client.response_stream import stream_failure
 from builder.errors import InputError
 
 
+def _shaped_back(dims: Sequence[int]) -> bool:
+    """Whether flat values regain these dims: at most one of them varies."""
+    return sum(d < 0 for d in dims) <= 1
+
+
 def carries(signature: Any) -> bool:
     """Whether every call of a pipeline (its :class:`PipelineSignature`) streams over HTTP:
     no input of raw bytes (JSON carries text), no input or output with more than one variable
     dimension (shapes do not travel)."""
     bytes_input = any(spec.pytype == "bytes" for spec in signature.inputs.values())
     specs = [*signature.inputs.values(), *signature.outputs.values()]
-    return not bytes_input and all(sum(d < 0 for d in spec.served_dims) <= 1 for spec in specs)
+    return not bytes_input and all(_shaped_back(spec.served_dims) for spec in specs)
 
 
 def generate_stream_path(endpoint: Endpoint) -> str:
@@ -80,7 +85,7 @@ class OutputShapes:
         for name in names:
             output = served[name]
             dims = tuple(int(d) for d in output["shape"][1:])
-            if sum(d < 0 for d in dims) > 1:
+            if not _shaped_back(dims):
                 raise InputError(
                     f"{what}: output {name!r} has dims {list(dims)}, more than one of them "
                     "variable, and HTTP's generate_stream sends values without their shape: "
