@@ -157,13 +157,13 @@ class GreedyDecoder:
 
     def steps(self, rows: Sequence[tuple[np.ndarray]]) -> Iterator[dict[int, str]]:
         """One decoder call per step for every running sequence; yields each one's new
-        character. The set sent back names the rows to stop (a cancelled stream)."""
+        character. The set sent back names the rows to stop (a cancelled stream) and, served,
+        the rows ``added`` since (streams that arrived), which start with the next step: each
+        row ends at ``</s>`` or after ``max_steps`` of its own."""
         memories = [row[0] for row in rows]
         sequences = [[BOS] for _ in rows]
         running = list(range(len(rows)))
-        for _ in range(self.max_steps):
-            if not running:
-                break
+        while running:
             logits = self.decoder.call_batch(
                 [(np.array(sequences[i], dtype=np.int64), memories[i]) for i in running])
             step = {}
@@ -172,14 +172,22 @@ class GreedyDecoder:
                 if token != EOS:
                     sequences[i].append(token)
                     step[i] = VOCAB[token]
-            stopped = yield step
-            running = [i for i in step if i not in (stopped or ())]
+            control = yield step
+            running = [i for i in step
+                       if i not in (control or ()) and len(sequences[i]) <= self.max_steps]
+            for row in getattr(control, "added", ()):
+                running.append(len(memories))
+                memories.append(row[0])
+                sequences.append([BOS])
 
 
 class CharacterStream:
     """The decoder's characters, each sent to its client the moment it is decoded: the
     streaming form of :class:`GreedyDecoder` (``.stream(...)``), one decoder call per step for
-    every stream in the batch."""
+    every stream in flight (streams that arrive while others decode join them between steps:
+    ``admits_rows``)."""
+
+    admits_rows = True
 
     def __init__(self, decoder: GreedyDecoder) -> None:
         self.decoder = decoder

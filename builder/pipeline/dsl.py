@@ -50,6 +50,7 @@ from builder.pipeline.signature import (
 from builder.pipeline.streaming import (
     StreamEvent,
     StreamPart,
+    admits_rows,
     execute_stream,
     run_plan,
     stream_part,
@@ -170,12 +171,24 @@ class Pipeline:
 
     def run_stream(self, calls: Sequence[tuple[Any, ...]],
                    times: list[list[float]] | None = None,
-                   stopped: Callable[[], Any] | None = None) -> Iterator[StreamEvent]:
+                   stopped: Callable[[], Any] | None = None,
+                   arrivals: Callable[[], Sequence[tuple[Any, ...]]] | None = None,
+                   ) -> Iterator[StreamEvent]:
         """Run calls of a streaming pipeline, yielding their items as they are made (what the
-        served, decoupled model does); ``stopped()`` names the calls to end (cancelled)."""
+        served, decoupled model does); ``stopped()`` names the calls to end (cancelled),
+        ``arrivals()`` the calls that join between steps where the streaming operator admits
+        rows (:attr:`admits_streams`)."""
         if self.streaming is None:
             raise PipelineError(f"{self!r} does not stream")
-        return execute_stream(self.plan, self.streaming, calls, times, stopped)
+        return execute_stream(self.plan, self.streaming, calls, times, stopped,
+                              arrivals=arrivals)
+
+    @property
+    def admits_streams(self) -> bool:
+        """Whether streams that arrive while others run join their loop (the streaming
+        operator admits rows between steps: :func:`~builder.pipeline.streaming.admits_rows`)."""
+        return self.streaming is not None and admits_rows(
+            self.plan.nodes[self.streaming.node].op)
 
     @property
     def whole(self) -> str:

@@ -96,11 +96,12 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
     return results
 
 
-def start_rows(plan: Plan, calls: Sequence[Sequence[Any]]
+def start_rows(plan: Plan, calls: Sequence[Sequence[Any]], first: int = 0,
                ) -> tuple[dict[int, list[Row]], dict[int, OperatorError]]:
-    """The root stream of ``calls`` (one row each) and the empty record of failed calls."""
+    """The root stream of ``calls`` (one row each, numbered from ``first``) and the empty
+    record of failed calls."""
     return {ROOT: [Row(i, None, dict(zip(plan.inputs, call, strict=True)))
-                   for i, call in enumerate(calls)]}, {}
+                   for i, call in enumerate(calls, start=first)]}, {}
 
 
 def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],

@@ -17,6 +17,12 @@ An operator streams in one of two forms:
   the operator drops from its loop. This is the form that batches a model call per step across
   every stream of the batch (the decoder of all running sequences as one call).
 
+  Such an operator that also sets ``admits_rows = True`` takes rows *between* steps: the set
+  sent back is then a :class:`StepControl`, whose ``added`` holds new rows (argument tuples)
+  that join the next step, numbered after the rows the generator already holds. Served, calls
+  that arrive while others stream join their loop instead of starting one of their own, so every
+  stream in flight shares each step's model call (continuous batching), whenever it arrived.
+
 Only ``map`` operators may follow a streaming one (each applies to every item), and every
 pipeline output comes with each item; the streaming operator reads the call's own row, so a
 call's items come in one order, the same in process (:meth:`Pipeline.stream`) and served.
@@ -107,26 +113,66 @@ def stream_part(plan: Any) -> StreamPart | None:
     return StreamPart(index, before, tuple(after), items)
 
 
+class StepControl(frozenset):
+    """What a streaming ``call_batch`` that admits rows gets back from each ``yield``: the set
+    of its row indices to stop, and the rows ``added`` since (argument tuples), which take the
+    next indices in order and join the next step."""
+
+    added: tuple[tuple, ...]
+
+    def __new__(cls, stop: Collection[int] = (), added: Sequence[tuple] = ()) -> StepControl:
+        control = super().__new__(cls, stop)
+        control.added = tuple(added)
+        return control
+
+
+def admits_rows(op: Any) -> bool:
+    """Whether ``op`` is a batched streaming operator that takes rows between its steps."""
+    return batch_stream(op) and getattr(op, "admits_rows", False) is True
+
+
 class Steps:
-    """The rows of one streaming operator, advanced one step at a time."""
+    """The rows of one streaming operator, advanced one step at a time; with :meth:`admit`,
+    rows may join between steps."""
 
     def __init__(self, op: Any, argument_rows: Sequence[tuple]) -> None:
-        self.running = set(range(len(argument_rows)))
+        self.running: set[int] = set()
         self._batch: Any = None
         self._iterators: dict[int, Iterator[Any]] = {}
         self.errors: dict[int, BaseException] = {}
-        self._op: Any = None
-        if batch_stream(op):
-            self._op, self._rows = op, list(argument_rows)
-            self._positions: list[int] = []
-            """The row positions the generator was started with, by its own index."""
-            return
-        for position, args in enumerate(argument_rows):
+        self._op: Any = op if batch_stream(op) else None
+        self._function = op
+        self._rows: list[tuple] = []
+        self._positions: list[int] = []
+        """The row positions the generator holds, by its own index."""
+        self._waiting: list[int] = []
+        """Positions admitted since the generator's last step, sent with the next."""
+        self.admit(argument_rows)
+
+    @property
+    def admits(self) -> bool:
+        """Whether rows may join while others run (:meth:`admit` between steps)."""
+        return self._op is None or admits_rows(self._op)
+
+    def admit(self, argument_rows: Sequence[tuple]) -> list[int]:
+        """Rows that join at the next step; their positions follow the rows before them."""
+        first = len(self._rows)
+        positions = list(range(first, first + len(argument_rows)))
+        self._rows.extend(argument_rows)
+        if self._op is not None:
+            if self._batch is not None and not admits_rows(self._op):
+                raise PipelineError("this streaming operator takes its rows when it starts: "
+                                    "set admits_rows = True to take rows between steps")
+            self.running.update(positions)
+            self._waiting.extend(positions)
+            return positions
+        for position, args in zip(positions, argument_rows):
             try:
-                self._iterators[position] = iter(op(*args))
+                self._iterators[position] = iter(self._function(*args))
+                self.running.add(position)
             except Exception as error:  # noqa: BLE001 - this row's failure
                 self.errors[position] = error
-                self.running.discard(position)
+        return positions
 
     def step(self, stop: Collection[int] = ()) -> dict[int, Any]:
         """One step: the item of each row still running. ``stop``: rows to end first. Rows that
@@ -149,20 +195,29 @@ class Steps:
         return items
 
     def _batch_step(self, stop: set[int]) -> dict[int, Any]:
-        """One ``yield`` of the generator; it starts at the first step with the rows still
-        running then, so a row stopped before it never enters its batch."""
+        """One ``yield`` of the generator. It starts at the first step with the rows still
+        running then, so a row stopped before it never enters its batch; rows admitted later
+        are sent with the next step (a generator that ended starts again with them)."""
+        waiting = [p for p in self._waiting if p in self.running]
+        self._waiting = []
         try:
             if self._batch is None:
-                self._positions = sorted(self.running)
-                self._batch = self._op.call_batch([self._rows[p] for p in self._positions])
-                step = next(self._batch) if self._positions else {}
+                self._positions = waiting
+                self._batch = self._op.call_batch([self._rows[p] for p in waiting])
+                step = next(self._batch) if waiting else {}
             else:
                 own = {i for i, p in enumerate(self._positions) if p in stop}
-                step = self._batch.send(own)
+                if waiting:
+                    self._positions.extend(waiting)
+                    step = self._batch.send(StepControl(own, [self._rows[p] for p in waiting]))
+                else:
+                    step = self._batch.send(StepControl(own) if admits_rows(self._op) else own)
         except StopIteration:
+            self._batch = None  # it has ended: rows admitted later start another
             self.running.clear()
             return {}
         except Exception as error:  # noqa: BLE001 - the batch's failure: every running row's
+            self._batch = None
             self.errors.update(dict.fromkeys(self.running, error))
             self.running.clear()
             return {}
@@ -206,37 +261,68 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
                    times: list[list[float]] | None = None,
                    stopped: Callable[[], Collection[int]] | None = None,
                    arguments: dict[int, list[tuple]] | None = None,
+                   arrivals: Callable[[], Sequence[Sequence[Any]]] | None = None,
                    ) -> Iterator[StreamEvent]:
     """Run ``calls`` through a streaming ``plan``, yielding each item as it is made.
 
     Events of different calls interleave, step by step; each call ends with one ``final``
     event (with its error, or ``cancelled``). ``stopped()`` is asked before every step which
-    calls no longer want items: they end within that step. ``times``: as for
-    :func:`~builder.pipeline.executor.execute`; the streaming operator's row count is its rows,
-    its time the steps'. ``arguments``: as for ``execute``.
+    calls no longer want items: they end within that step. ``arrivals()``, where the streaming
+    operator admits rows (:func:`admits_rows`), is asked before every step for calls that
+    arrived since: they run up to the streaming operator and join the next step, numbered after
+    the calls before them. ``times``: as for :func:`~builder.pipeline.executor.execute`; the
+    streaming operator's row count is its rows, its time the steps'. ``arguments``: as for
+    ``execute``.
     """
-    streams, failed = start_rows(plan, calls)
-    run_nodes(plan, part.before, streams, failed, times, arguments)
     node = plan.nodes[part.node]
-    rows = [r for r in streams.get(0, []) if r.call not in failed]
+    failed: dict[int, OperatorError] = {}
+    rows: list[Row] = []
+    """The streaming operator's rows, by their position in :class:`Steps`."""
+    ended: set[int] = set()
+    steps = Steps(node.op, ())
+    count = [0]
 
     def final(call: int, **state: Any) -> StreamEvent:
         return StreamEvent(call, final=True, error=failed.get(call), **state)
 
-    ended = set(range(len(calls))) - {r.call for r in rows}
-    for call in sorted(ended):
-        yield final(call)
-    started = time.perf_counter()
-    node_arguments = argument_rows(rows, node.inputs)
-    if arguments is not None:
-        arguments.setdefault(part.node, []).extend(node_arguments)
-    steps = Steps(node.op, node_arguments)
-    _account(times, part.node, started, len(rows), 0)
+    def admit(new: Sequence[Sequence[Any]]) -> Iterator[StreamEvent]:
+        first = count[0]
+        count[0] += len(new)
+        streams, _ = start_rows(plan, new, first)
+        run_nodes(plan, part.before, streams, failed, times, arguments)
+        joined = [r for r in streams.get(0, []) if r.call not in failed]
+        for call in sorted(set(range(first, count[0])) - {r.call for r in joined}):
+            ended.add(call)
+            yield final(call)
+        started = time.perf_counter()
+        node_arguments = argument_rows(joined, node.inputs)
+        if arguments is not None:
+            arguments.setdefault(part.node, []).extend(node_arguments)
+        rows.extend(joined)
+        steps.admit(node_arguments)
+        _account(times, part.node, started, len(joined), len(steps.errors))
+        for position, error in sorted(steps.errors.items()):  # the rows that failed to start
+            call = rows[position].call
+            failed.setdefault(call, failure(node, error))
+            ended.add(call)
+            yield final(call)
+        steps.errors.clear()
+
+    yield from admit(calls)
+    if not steps.admits:
+        arrivals = None
     try:
-        while steps.running:
+        while True:
+            if arrivals is not None:
+                new = arrivals()
+                if new:
+                    yield from admit(new)
+            if not steps.running:
+                break
             cancelled = set(stopped()) if stopped is not None else set()
             stop = {p for p in steps.running if rows[p].call in cancelled or rows[p].call in failed}
             started = time.perf_counter()
+            running = set(steps.running)
             items = steps.step(stop)
             _account(times, part.node, started, 0, len(steps.errors))
             for position, error in list(steps.errors.items()):
@@ -245,7 +331,7 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
             made = [Row(rows[p].call, rows[p], unpack(node, item)) for p, item in items.items()]
             out = {part.items: made}
             run_nodes(plan, part.after, out, failed, times, arguments)
-            for position in sorted(stop | (set(range(len(rows))) - steps.running)):
+            for position in sorted(running - steps.running):
                 call = rows[position].call  # ended this step (no item), stopped, or failed
                 if call not in ended:
                     ended.add(call)

@@ -388,6 +388,7 @@ class TritonPythonModel:
         self.in_flight = drain.InFlight() if drain.supervised() else None
         self.streaming_threads: set[threading.Thread] = set()
         self.stream_slots = threading.BoundedSemaphore(stream_serving.STREAM_BATCHES)
+        self.stream_loop = stream_serving.StreamLoop() if self.pipeline.admits_streams else None
         self.limit = request_size.request_limit(parameters, dict(os.environ), self.api)
         request_size.check_shared_memory(self.limit, self.api)
 
@@ -449,28 +450,59 @@ class TritonPythonModel:
         if streams is None or not streams.calls:
             self._count(-len(requests))
             return False
-        worker = threading.Thread(target=self._run_streams, args=(streams, len(requests)),
+        count = len(requests)
+
+        def done() -> None:  # the batch's last final response is sent
+            self._count(-count)
+            self.stream_slots.release()
+
+        streams.done = done
+        if self.stream_loop is not None and self.stream_loop.join(streams):
+            return True  # the running loop takes it between two steps
+        worker = threading.Thread(target=self._run_streams, args=(streams,),
                                   name="triton-builder-streams", daemon=True)
         self.streaming_threads.add(worker)
         worker.start()
         return True
 
-    def _run_streams(self, streams: stream_serving.Streams, count: int) -> None:
+    def _run_streams(self, streams: stream_serving.Streams) -> None:
+        """Stream a batch, and where streams join a running loop (:attr:`stream_loop`), the
+        batches that join it until none is left."""
+        times = None if self.metrics is None else [[0.0, 0, 0, 0] for _ in self.metrics.times]
+        loop = self.stream_loop
+
+        def arrivals() -> list[stream_serving.Streams]:
+            joined = loop.arrivals()
+            if joined:
+                self._add_times(times)
+            return joined
+
         try:
-            if self.metrics is None:
-                stream_serving.run_streams(self.pipeline, self.api, streams,
-                                           failure_kind=failure_kind)
-                return
-            times = [[0.0, 0, 0, 0] for _ in self.metrics.times]
-            stream_serving.run_streams(self.pipeline, self.api, streams, times, failure_kind)
-            with self.metrics.lock:
-                for total, spent in zip(self.metrics.times, times):
-                    for k, value in enumerate(spent):
-                        total[k] += value
+            while streams is not None:
+                stream_serving.run_streams(self.pipeline, self.api, streams, times,
+                                           failure_kind, None if loop is None else arrivals)
+                self._add_times(times)
+                streams = None if loop is None else loop.next_or_stop()
+        except BaseException as error:
+            for batch in [] if loop is None else loop.stop():  # never left waiting
+                for sender in batch.senders:
+                    self.api.send(sender, stream_serving.stream_error(
+                        self.api, f"pipeline failed: {type(error).__name__}: {error}"),
+                        final=True)
+                batch.done()
+            raise
         finally:
-            self._count(-count)
             self.streaming_threads.discard(threading.current_thread())
-            self.stream_slots.release()
+
+    def _add_times(self, times: list[list[float]] | None) -> None:
+        """Add a loop's operator times to the metrics, and start counting them again."""
+        if times is None:
+            return
+        with self.metrics.lock:
+            for total, spent in zip(self.metrics.times, times):
+                for k, value in enumerate(spent):
+                    total[k] += value
+                spent[:] = [0.0, 0, 0, 0]
 
     def _count(self, requests: int) -> None:
         if self.in_flight is not None:

@@ -9,6 +9,7 @@ Triton comes through the pipeline model's ``TritonApi`` (``sender``, ``send``, `
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,11 +33,13 @@ there could not be told apart. The builder's gRPC clients set it. (Names that st
 class Streams:
     """The calls of a dynamic batch of streamed requests, decoded, each with its response
     sender and whether its client reads coalesced items: what :func:`run_streams` needs once
-    ``execute`` has returned."""
+    ``execute`` has returned. ``done`` is called once the last of them has sent its final
+    response."""
 
     calls: list[tuple]
     senders: list[Any]
     coalesce: list[bool]
+    done: Callable[[], None] | None = None
 
 
 def accept_streams(api: Any, requests: Sequence[Any],
@@ -63,6 +66,52 @@ def accept_streams(api: Any, requests: Sequence[Any],
     return streams
 
 
+class StreamLoop:
+    """Where batches of streams join the instance's running loop, when its streaming operator
+    admits rows: one loop, so one model call per step, for every stream in flight.
+
+    :meth:`join` (``execute``) hands a batch to the loop if one runs; else the caller starts
+    one. The loop takes what joined before each step (:meth:`arrivals`) and, once its streams
+    have ended, what joined after its last step (:meth:`next_or_stop`), or stops: both under
+    one lock, so a batch is never left between a loop that ends and one that starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = False
+        self._joined: list[Streams] = []
+
+    def join(self, streams: Streams) -> bool:
+        """Whether a running loop takes ``streams``; if not, the caller's loop now runs."""
+        with self._lock:
+            if self._running:
+                self._joined.append(streams)
+                return True
+            self._running = True
+            return False
+
+    def arrivals(self) -> list[Streams]:
+        with self._lock:
+            joined, self._joined = self._joined, []
+        return joined
+
+    def stop(self) -> list[Streams]:
+        """Stop the loop (it failed): the batches that joined and were never taken."""
+        with self._lock:
+            joined, self._joined = self._joined, []
+            self._running = False
+        return joined
+
+    def next_or_stop(self) -> Streams | None:
+        """A batch that joined after the loop's last step (the others join its first step);
+        else the loop stops."""
+        with self._lock:
+            if not self._joined:
+                self._running = False
+                return None
+            return self._joined.pop(0)
+
+
 STREAM_BATCHES = 4
 """Dynamic batches of streams one instance runs at once (each on a thread of its own); more
 wait in Triton's queue."""
@@ -74,19 +123,38 @@ trip to the server): every step, or every 5 ms where steps are shorter."""
 def run_streams(pipeline: Any, api: Any, streams: Streams,
                 times: list[list[float]] | None = None,
                 failure_kind: Callable[[BaseException], dict[str, bool]] = lambda error: {},
+                arrivals: Callable[[], Sequence[Streams]] | None = None,
                 ) -> None:
     """Stream calls through a streaming pipeline: each item sent as it is made, then the final
     flag. The rows of every stream advance together, one step at a time, so a model call inside
-    the loop serves them all; a thread sends what the steps make (:mod:`stream_outbox`), the
+    the loop serves them all; where the streaming operator admits rows, ``arrivals()`` hands
+    over, before each step, the batches of streams that came since, which join the next step
+    (continuous batching). A thread sends what the steps make (:mod:`stream_outbox`), the
     items made while the last response was sent in one response where the client reads them so
     (:data:`COALESCE_PARAMETER`), else one response each. A
     stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
     final flag alone; errors end a stream as the pipeline model's ``serve`` answers them
     (``failure_kind``: the client's mistake, a refusal for now, or the server's fault)."""
     signature = pipeline.signature()
-    senders = streams.senders
+    batches = [streams]
+    owner = [0] * len(streams.calls)
+    """Each call's batch, by the call's number in the loop."""
+    left = [len(streams.calls)]
+    senders = list(streams.senders)
+    coalesce = list(streams.coalesce)
     ended: set[int] = set()
     polled = [0.0]
+
+    def joined() -> list[tuple]:
+        calls: list[tuple] = []
+        for batch in arrivals() if arrivals is not None else ():
+            owner.extend([len(batches)] * len(batch.calls))
+            batches.append(batch)
+            left.append(len(batch.calls))
+            senders.extend(batch.senders)
+            coalesce.extend(batch.coalesce)
+            calls.extend(batch.calls)
+        return calls
 
     def stopped() -> set[int]:
         now = time.monotonic()
@@ -97,18 +165,25 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
                 if call not in ended and api.cancelled(sender)}
 
     def send_items(call: int, items: list[dict]) -> None:
-        if streams.coalesce[call]:
+        if coalesce[call]:
             _send_items(api, signature, senders[call], items)
         else:
             for item in items:
                 _send_items(api, signature, senders[call], [item])
 
-    outbox = stream_outbox.Outbox(
-        send_items,
-        lambda call, response: api.send(senders[call], response, final=True),
-        api.log_warning)
+    def send_end(call: int, response: Any) -> None:
+        try:
+            api.send(senders[call], response, final=True)
+        finally:
+            batch = owner[call]
+            left[batch] -= 1
+            if left[batch] == 0 and batches[batch].done is not None:
+                batches[batch].done()
+
+    outbox = stream_outbox.Outbox(send_items, send_end, api.log_warning)
     try:
-        for event in pipeline.run_stream(streams.calls, times, stopped):
+        for event in pipeline.run_stream(streams.calls, times, stopped,
+                                         joined if arrivals is not None else None):
             if event.error is not None:
                 ended.add(event.call)
                 outbox.end(event.call, stream_error(api, str(event.error),

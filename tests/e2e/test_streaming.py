@@ -376,6 +376,78 @@ def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_serve
         assert list(client.stream(1.0)) == [100.0 + step for step in range(STEPS)]
 
 
+# -- streams that arrive apart share one loop, on a host server ----------------------------
+class SharedSteps:
+    """``STEPS`` items per stream, a step each ``STEP_S``; rows join between steps
+    (``admits_rows``). How many streams each step advanced is written to ``log``, a line a step
+    (the items themselves must not depend on the other rows: the build checks it)."""
+
+    admits_rows = True
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def call_batch(self, rows):
+        seeds = [float(row[0]) for row in rows]
+        done = [0 for _ in rows]
+        running = list(range(len(rows)))
+        while running:
+            time.sleep(STEP_S)
+            with open(self.log, "a") as log:
+                log.write(f"{len(running)}\n")
+            control = yield {i: seeds[i] * 100 + done[i] for i in running}
+            for i in running:
+                done[i] += 1
+            running = [i for i in running if done[i] < STEPS and i not in control]
+            running += range(len(seeds), len(seeds) + len(control.added))
+            seeds += [float(row[0]) for row in control.added]
+            done += [0] * len(control.added)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("shared-stream")
+    log = directory / "steps.log"
+    shared = (pipe.input("seed").stream("seed", "item", SharedSteps(str(log)),
+                                        name="shared_steps")
+              .output("item").with_example(1.0))
+    build_pipeline_model(shared, directory / "models", name="shared")
+    with TritonServer(directory / "models") as server:
+        yield server, shared, log
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_stream_that_arrives_while_another_runs_shares_its_steps(shared_server, protocol):
+    """The second stream starts after the first has made 3 items: a dynamic batch of its own,
+    it joins the running loop between two steps, so the steps both run advance both (counted
+    server-side), and each reads what it reads alone."""
+    server, shared, log = shared_server
+    url = _url(server, protocol, "shared")
+    second: list = []
+    third_item = threading.Event()
+
+    def read_second() -> None:
+        third_item.wait(30)
+        with Client(url) as client:
+            second.append(list(client.stream(2.0)))
+
+    other = threading.Thread(target=read_second)
+    other.start()
+    log.write_text("")
+    with Client(url) as client:
+        first = []
+        for item in client.stream(1.0):
+            first.append(item)
+            if len(first) == 3:
+                third_item.set()
+    other.join(60)
+    steps = [int(line) for line in log.read_text().split()]
+    assert first == list(shared.stream(1.0)) == [100.0 + step for step in range(STEPS)]
+    assert second == [list(shared.stream(2.0))]
+    assert max(steps) == 2 and steps.count(2) >= STEPS - 5, steps  # both streams in one step
+    assert len(steps) == 2 * STEPS - steps.count(2), steps
+
+
 # -- errors mid-stream, on a host server -----------------------------------------------------
 def count_up(n: float):
     for i in range(int(n)):

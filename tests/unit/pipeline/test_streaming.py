@@ -178,3 +178,108 @@ def test_a_pipeline_that_does_not_stream_says_so():
     p = pipe.input("n").map("n", "m", abs).output("m")
     with pytest.raises(PipelineError, match="does not stream"):
         list(p.stream(1))
+
+
+class AdmittingDecoder(Decoder):
+    """:class:`Decoder` taking rows between steps (``admits_rows``): each item says how many
+    rows shared its step, and every generator it starts is counted."""
+
+    admits_rows = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def call_batch(self, rows):
+        self.started += 1
+        lengths = [row[0] for row in rows]
+        done = [0 for _ in rows]
+        running = [i for i, n in enumerate(lengths) if n > 0]
+        while running:
+            self.advanced += len(running)
+            control = yield {i: (f"{i}:{done[i]}", len(running)) for i in running}
+            for i in running:
+                done[i] += 1
+            running = [i for i in running if done[i] < lengths[i] and i not in control]
+            for n in control.added:
+                lengths.append(n[0])
+                done.append(0)
+                if n[0] > 0:
+                    running.append(len(lengths) - 1)
+
+
+def _admitting_pipeline(decoder):
+    return (pipe.input("n").stream("n", "item", decoder)
+            .map("item", "shared", lambda item: item[1]).output("shared"))
+
+
+def test_calls_that_arrive_between_steps_join_the_running_loop():
+    decoder = AdmittingDecoder()
+    p = _admitting_pipeline(decoder)
+    waiting = [[], [(2,)], [], [(3,), (1,)]]  # asked before each step: 1 call before the
+    # second, 2 before the fourth
+
+    def arrivals():
+        return waiting.pop(0) if waiting else []
+
+    events = list(execute_stream(p.plan, p.streaming, [(4,)], arrivals=arrivals))
+    shared = {call: [e.outputs["shared"] for e in events if e.call == call and not e.final]
+              for call in range(4)}
+    assert shared == {0: [1, 2, 2, 3], 1: [2, 2], 2: [3, 1, 1], 3: [3]}
+    assert decoder.started == 1  # one loop, its model call per step shared by every call
+    assert sorted(e.call for e in events if e.final) == [0, 1, 2, 3]
+    assert p.batch([4, 2]) == [[2, 2, 1, 1], [2, 2]]  # answered whole, as before
+
+
+def test_rows_admitted_after_the_loop_ended_start_a_new_one():
+    decoder = AdmittingDecoder()
+    p = _admitting_pipeline(decoder)
+    waiting = [[], [], [(2,)]]  # the second call arrives once the first one's loop has ended
+
+    def arrivals():
+        return waiting.pop(0) if waiting else []
+
+    events = list(execute_stream(p.plan, p.streaming, [(1,)], arrivals=arrivals))
+    assert [(e.call, e.final) for e in events] == [
+        (0, False), (0, True), (1, False), (1, False), (1, True)]
+    assert decoder.started == 2
+
+
+def test_a_row_cancelled_in_the_step_others_join_stops_and_they_run():
+    decoder = AdmittingDecoder()
+    p = _admitting_pipeline(decoder)
+    cancelled: set[int] = set()
+    waiting = [[], [(2,)]]
+
+    def arrivals():
+        if waiting and len(waiting) == 1:
+            cancelled.add(0)  # the first call is cancelled as the second arrives
+        return waiting.pop(0) if waiting else []
+
+    events = list(execute_stream(p.plan, p.streaming, [(12,)], stopped=lambda: cancelled,
+                                 arrivals=arrivals))
+    assert [e.outputs["shared"] for e in events if e.call == 0 and not e.final] == [1]
+    assert [e.cancelled for e in events if e.call == 0 and e.final] == [True]
+    assert [e.outputs["shared"] for e in events if e.call == 1 and not e.final] == [1, 1]
+    assert decoder.started == 1
+
+
+def test_an_operator_that_does_not_admit_rows_is_never_asked_for_arrivals():
+    p = pipe.input("n").stream("n", "token", Decoder()).output("token")
+
+    def arrivals():
+        raise AssertionError("asked for arrivals")
+
+    events = list(execute_stream(p.plan, p.streaming, [(2,)], arrivals=arrivals))
+    assert [e.outputs["token"] for e in events if not e.final] == ["0:0", "0:1"]
+
+
+def test_a_generator_per_row_takes_calls_that_arrive_between_steps():
+    p = pipe.input("n").stream("n", "i", count_up).output("i")
+    waiting = [[(2,)]]
+    events = list(execute_stream(p.plan, p.streaming, [(3,)],
+                                 arrivals=lambda: waiting.pop(0) if waiting else []))
+    assert [(e.call, e.outputs["i"]) for e in events if not e.final] == [
+        (1, 0), (0, 0), (1, 1), (0, 1), (0, 2)] or [
+        (e.call, e.outputs["i"]) for e in events if not e.final] == [
+        (0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]

@@ -36,3 +36,31 @@ def test_a_deeper_decoder_exports_with_a_variable_token_axis(tmp_path):
 def test_the_examples_decoder_has_no_deeper_layers():
     assert not any(name.startswith(("deep", "widen", "narrow"))
                    for name in Decoder().state_dict())
+
+
+def test_lines_that_join_a_running_decode_between_steps_read_as_alone():
+    """Served, streams that arrive while others decode join their loop (``admits_rows``): each
+    reads what it reads alone, and the rows of every stream in flight share each step's
+    decoder call."""
+    from builder.pipeline.streaming import execute_stream
+    from pipelines.text_recognizer import streaming_pipeline
+    from tests.support.example_inputs import text_lines
+
+    lines = text_lines()[:6]
+    alone = [list(streaming_pipeline.stream(line)) for line in lines]
+    assert max(len(chars) for chars in alone) > 2
+    waiting = [[], [(lines[1],), (lines[2],)], [], [(line,) for line in lines[3:]]]
+    plan, part = streaming_pipeline.plan, streaming_pipeline.streaming
+    decoder = plan.nodes[part.node].op.decoder.decoder
+    rows_per_call: list[int] = []
+    call_batch = decoder.call_batch
+    decoder.call_batch = lambda rows: rows_per_call.append(len(rows)) or call_batch(rows)
+    try:
+        events = list(execute_stream(plan, part, [(lines[0],)],
+                                     arrivals=lambda: waiting.pop(0) if waiting else []))
+    finally:
+        del decoder.call_batch
+    read = [[e.outputs["char"] for e in events if e.call == call and not e.final]
+            for call in range(len(lines))]
+    assert read == alone
+    assert max(rows_per_call) >= 4  # rows that arrived at different steps share a call

@@ -36,14 +36,18 @@ class Walk:
         left = [int(row[0][0]) for row in rows]
         running = [i for i in range(len(rows)) if left[i] > 0]
         while running:
-            outputs = self.op.call_batch([(states[i],) for i in running])
-            step = {}
-            for i, y in zip(running, outputs, strict=True):
-                states[i] = np.concatenate([y, [1.0]]).astype(np.float32)
-                step[i] = round(float(y.sum()), 5)
-                left[i] -= 1
-            stopped = yield step
+            stopped = yield self.step(states, left, running)
             running = [i for i in running if left[i] > 0 and i not in (stopped or ())]
+
+    def step(self, states: list, left: list[int], running: list[int]) -> dict[int, float]:
+        """One model call for the running rows: their states and steps left, advanced."""
+        outputs = self.op.call_batch([(states[i],) for i in running])
+        step = {}
+        for i, y in zip(running, outputs, strict=True):
+            states[i] = np.concatenate([y, [1.0]]).astype(np.float32)
+            step[i] = round(float(y.sum()), 5)
+            left[i] -= 1
+        return step
 
 
 def _fail_on_big(total):
@@ -152,16 +156,21 @@ def test_a_request_of_several_calls_is_refused_as_the_clients_mistake(model):
     assert len(_items(good)) == 2
 
 
-def test_an_error_mid_stream_ends_that_stream_after_its_items(tmp_path, monkeypatch):
-    pipeline = (pipe.input("v").stream("v", "total", Walk(affine_op()))
-                .map("total", "checked", _fail_on_big).output("checked")
-                .with_example([1.0, 0.0, 0.0, 0.0]))
-    root = tmp_path / "models"
+def _served_over_bls(pipeline, root, monkeypatch) -> pipeline_model.TritonPythonModel:
+    """``pipeline``'s model, its model operators called over BLS (the stand-in's)."""
     build_pipeline_model(pipeline, root, in_process=False)
     monkeypatch.setattr(pipeline_model, "pb_utils", pb)
     _wire_bls(root)
     served = pipeline_model.TritonPythonModel()
     served.initialize(_args(root / "pipeline"))
+    return served
+
+
+def test_an_error_mid_stream_ends_that_stream_after_its_items(tmp_path, monkeypatch):
+    pipeline = (pipe.input("v").stream("v", "total", Walk(affine_op()))
+                .map("total", "checked", _fail_on_big).output("checked")
+                .with_example([1.0, 0.0, 0.0, 0.0]))
+    served = _served_over_bls(pipeline, tmp_path / "models", monkeypatch)
     try:
         request = _request([12.0, 3.0, 3.0, 3.0])
         _execute(served, [request])
@@ -250,3 +259,59 @@ def test_batches_beyond_the_instances_slots_wait_in_execute(tmp_path, monkeypatc
         gate.touch()
         served.finalize()
     assert [_items(r) for r in requests] == [[0.0], [1.0], [2.0]]
+
+
+class JoiningWalk(Walk):
+    """:class:`Walk`, its rows joined between steps by those of streams that arrive while it
+    runs (``admits_rows``); a step each 50 ms, so that they arrive mid-walk."""
+
+    admits_rows = True
+
+    def call_batch(self, rows):
+        import time
+
+        states, left = [], []
+
+        def add(row):
+            states.append(np.asarray(row[0], dtype=np.float32))
+            left.append(int(row[0][0]))
+            return len(states) - 1
+
+        running = [i for i in map(add, rows) if left[i] > 0]
+        while running:
+            step = self.step(states, left, running)
+            time.sleep(0.05)
+            control = yield step
+            running = [i for i in running if left[i] > 0 and i not in control]
+            running += [i for i in map(add, control.added) if left[i] > 0]
+
+
+def test_streams_that_arrive_while_others_run_join_their_loop_and_share_its_bls_calls(
+        tmp_path, monkeypatch):
+    """Batches reach ``execute`` apart (a stream already running); with ``admits_rows`` they
+    join the running loop between two steps, so one BLS call per step serves every stream in
+    flight, and each stream reads what it reads alone."""
+    pipeline = (pipe.input("v").stream("v", "total", JoiningWalk(affine_op())).output("total")
+                .with_example([3.0, 1.0, 2.0, 0.5]))
+    served = _served_over_bls(pipeline, tmp_path / "models", monkeypatch)
+    vectors = [[8.0, 1.0, 2.0, 0.5], [3.0, -1.0, 0.0, 2.0], [4.0, 0.5, 0.5, 0.5]]
+    requests = [_request(v) for v in vectors]
+    pb.Models.calls.clear()
+    try:
+        served.execute([requests[0]])
+        import time
+
+        time.sleep(0.12)  # the first stream is two or three steps in
+        served.execute([requests[1]])
+        served.execute([requests[2]])
+        assert len(served.streaming_threads) <= 1  # no loop of their own
+        for worker in list(served.streaming_threads):
+            worker.join(30)
+    finally:
+        served.finalize()
+    for request, vector in zip(requests, vectors, strict=True):
+        np.testing.assert_allclose(_items(request), list(pipeline.stream(vector)), atol=1e-4)
+    sizes = [c.batch_size for c in pb.Models.calls]
+    assert max(sizes) == 3, sizes  # the three streams, arrived apart, in one call per step
+    assert sum(sizes) == 8 + 3 + 4
+    assert stream_serving.STREAM_BATCHES == 4 and served.stream_slots._value == 4  # all freed
