@@ -5,7 +5,11 @@ and ``streaming_pipeline`` (each character sent as it is decoded, a decoupled mo
 example's tiny decoder, then with one whose step costs what TrOCR-small's does
 (``make_pipeline(deep_layers=6)``: six transformer decoder layers of 256 beside it). Inputs are
 text lines whose decode takes 12 steps (11 characters and the end token, or 12 characters), so
-the whole answer waits for 12 decoder calls and the first item for one. Load: asyncio clients in
+the whole answer waits for 12 decoder calls and the first item for one. The streaming pipeline
+is served twice: with its operator's ``admits_rows`` on (streams that arrive while others
+decode join their loop between steps, each step's decoder call shared by all) and off (each
+dynamic batch of streams decodes on a loop of its own, beside the others), whatever the
+example's default for that decoder. Load: asyncio clients in
 the benchmark process, ``N`` requests in flight at 1, 8 and 32, each sending the next line as
 soon as its last answer ended; every streamed sequence equal to ``pipe.stream(...)`` and every
 whole answer to ``pipe(...)``. Medians of ``--runs`` runs.
@@ -146,32 +150,32 @@ def main() -> None:
         whole_expected = [whole_pipe(line) for line in lines]
         stream_expected = [list(stream_pipe.stream(line)) for line in lines]
         assert ["".join(s) for s in stream_expected] == whole_expected
+        beside_pipe = text_recognizer.make_pipeline(streaming=True, deep_layers=deep_layers)
+        for pipe, joins in ((stream_pipe, True), (beside_pipe, False)):
+            pipe.plan.nodes[pipe.streaming.node].op.admits_rows = joins
+        served = {"whole": (whole_pipe, _whole, whole_expected),
+                  "stream": (stream_pipe, _streamed, stream_expected),
+                  "beside": (beside_pipe, _streamed, stream_expected)}
         with tempfile.TemporaryDirectory(prefix="bench-streaming-") as workdir:
-            roots = []
-            for name, pipe in (("whole", whole_pipe), ("stream", stream_pipe)):
-                root = Path(workdir) / name
-                build_pipeline_model(pipe, root, name=name)
-                roots.append(root)
-            # the model operators are the same two models: one repository holds both pipelines
-            shutil.copytree(roots[1] / "stream", roots[0] / "stream")
-            with TritonServer(roots[0]) as server:
-                whole_url = f"grpc://{server.grpc_url}/whole"
-                stream_url = f"grpc://{server.grpc_url}/stream"
-                asyncio.run(_run(whole_url, _whole, lines, whole_expected, 8, 64))  # warm both
-                asyncio.run(_run(stream_url, _streamed, lines, stream_expected, 8, 64))
+            root = Path(workdir) / "whole"
+            for name, (pipe, _, _) in served.items():
+                build_pipeline_model(pipe, Path(workdir) / name, name=name)
+                if name != "whole":  # the same two model operators: one repository holds all
+                    shutil.copytree(Path(workdir) / name / name, root / name)
+            with TritonServer(root) as server:
+                urls = {name: f"grpc://{server.grpc_url}/{name}" for name in served}
+                for name, (_, call, expected) in served.items():  # warm each
+                    asyncio.run(_run(urls[name], call, lines, expected, 8, 64))
                 for in_flight in IN_FLIGHT:
-                    whole, streamed = [], []
-                    for _ in range(args.runs):  # side by side, alternating
-                        whole.append(asyncio.run(_run(
-                            whole_url, _whole, lines, whole_expected, in_flight,
-                            args.requests)))
-                        streamed.append(asyncio.run(_run(
-                            stream_url, _streamed, lines, stream_expected, in_flight,
-                            args.requests)))
-                    rows[decoder, "whole", in_flight] = _median_runs(whole)
-                    rows[decoder, "stream", in_flight] = _median_runs(streamed)
-                    print(decoder, in_flight, rows[decoder, "whole", in_flight],
-                          rows[decoder, "stream", in_flight], flush=True)
+                    runs: dict[str, list[Run]] = {name: [] for name in served}
+                    for _ in range(args.runs):  # side by side, by turns
+                        for name, (_, call, expected) in served.items():
+                            runs[name].append(asyncio.run(_run(
+                                urls[name], call, lines, expected, in_flight, args.requests)))
+                    for name in served:
+                        rows[decoder, name, in_flight] = _median_runs(runs[name])
+                    print(decoder, in_flight, {name: rows[decoder, name, in_flight]
+                                               for name in served}, flush=True)
     speed.append(machine_speed_ms())
     if not args.no_write:
         _chart(rows)
@@ -185,7 +189,8 @@ def _report(rows: dict, args: argparse.Namespace, speed: list[float]) -> str:
     lines = [
         SECTION, "",
         f"`{command}` — {machine()}; {args.requests} requests per run, median of {args.runs} "
-        "runs, whole and streamed runs alternating; host tritonserver, the CPU defaults "
+        "runs, whole, streamed and streamed-beside runs by turns; host tritonserver, the CPU "
+        "defaults "
         "(models in the pipeline model through ONNX Runtime); asyncio gRPC clients in the "
         f"benchmark process. The text recognizer on lines whose decode takes {STEPS} steps; "
         "every streamed sequence equal to `pipe.stream(...)`, every whole answer to `pipe(...)`. "
@@ -195,6 +200,24 @@ def _report(rows: dict, args: argparse.Namespace, speed: list[float]) -> str:
     ]
     for decoder in DECODERS:
         lines += _table(rows, decoder)
+    joined = {decoder: [rows[decoder, "stream", n]["items_per_s"]
+                        / rows[decoder, "beside", n]["items_per_s"] - 1 for n in IN_FLIGHT[1:]]
+              for decoder in DECODERS}
+    lines += [
+        "**Streams joining one loop (continuous batching) against each batch of streams on a "
+        "loop of its own**, items/s at " + " and ".join(str(n) for n in IN_FLIGHT[1:])
+        + " in flight: " + "; ".join(
+            f"{decoder}, {', '.join(f'{r:+.0%}' for r in ratios)}"
+            for decoder, ratios in joined.items()) + ".", "",
+        "Joining pays where a step's model call costs more than its compute (the example's "
+        "decoder): the streams in flight share fewer, larger calls. It costs where the compute "
+        "dominates, on a CPU: the joined loop runs its calls one after another (rows at "
+        "different steps padded to the longest within a quarter of it, "
+        "`builder/pipeline/padding.py`), and a stream that arrives waits for the running step "
+        "before its first, where loops side by side start at once, each on a core of its own "
+        "and without padding. For such a decoder on a CPU leave `admits_rows` off; on a GPU one "
+        "call for every running sequence is what batching is for (not measured here: no "
+        "GPU).", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -203,17 +226,21 @@ def _table(rows: dict, decoder: str) -> list[str]:
              if DECODERS[decoder] else "one attention layer of 32")
     lines = [
         f"**{decoder[0].upper()}{decoder[1:]}** ({shape}):", "",
-        "| in flight | whole: p50 ms | streamed: first item p50 ms | first item p99 ms | "
-        "streamed: last item p50 ms | first / whole | items/s whole | items/s streamed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| in flight | whole: p50 ms | streamed, one loop joined: first item p50 ms | "
+        "first item p99 ms | last item p50 ms | first / whole | items/s whole | "
+        "items/s streamed, joined | streamed, loops side by side: items/s | first item p50 ms | "
+        "last item p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for in_flight in IN_FLIGHT:
         whole, streamed = rows[decoder, "whole", in_flight], rows[decoder, "stream", in_flight]
+        beside = rows[decoder, "beside", in_flight]
         lines.append(
             f"| {in_flight} | {whole['total_p50']:.2f} | {streamed['first_p50']:.2f} | "
             f"{streamed['first_p99']:.2f} | {streamed['total_p50']:.2f} | "
             f"{streamed['first_p50'] / whole['total_p50']:.2f} | {whole['items_per_s']:.0f} | "
-            f"{streamed['items_per_s']:.0f} |")
+            f"{streamed['items_per_s']:.0f} | {beside['items_per_s']:.0f} | "
+            f"{beside['first_p50']:.2f} | {beside['total_p50']:.2f} |")
     whole, streamed = rows[decoder, "whole", 1], rows[decoder, "stream", 1]
     ratio = streamed["first_p50"] / whole["total_p50"]
     per_item = (streamed["total_p50"] - streamed["first_p50"]) / (STEPS - 2)

@@ -12,7 +12,9 @@ call (a BLS request) for the still-running sequences of every request in the dyn
 ``streaming_pipeline`` is the same recognizer sending each character as it is decoded
 (:class:`CharacterStream`): its pipeline model is decoupled, ``streaming_pipeline.stream(image)``
 yields the characters, ``streaming_pipeline(image)`` returns the whole text, as ``pipeline``
-does (``whole="join"``).
+does (``whole="join"``). Served, streams that arrive while others decode join their loop between
+steps (``admits_rows``), so sequences at different steps share a step's decoder call: the
+decoder answers every position and pads shorter sequences at the end (``pad_values``).
 
 The models are tiny, a decoder step well under a millisecond; ``make_pipeline(deep_layers=6)``
 adds six decoder layers of 256 beside the decoder's own (:class:`DecoderLayer`), which give a
@@ -60,7 +62,9 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Next-token logits from the tokens so far: causal self-attention, cross-attention."""
+    """Next-token logits at every position of the tokens so far: causal self-attention,
+    cross-attention. Every position's, so that sequences of different lengths share one call,
+    padded at the end (a position sees only those before it): each reads its own last."""
 
     def __init__(self, vocab: int = len(VOCAB), dim: int = DIM, max_steps: int = MAX_STEPS,
                  deep_layers: int = 0, deep_width: int = 256):
@@ -110,7 +114,7 @@ class Decoder(nn.Module):
             for layer in self.deep:
                 wide = layer(wide, wide_memory, future)
             x = x + self.narrow(wide)
-        return self.head(self.norm(x[:, -1]))
+        return self.head(self.norm(x))
 
 
 class DecoderLayer(nn.Module):
@@ -213,6 +217,11 @@ def first_row(batch: np.ndarray) -> np.ndarray:
     return batch[0]
 
 
+def last_position(logits: np.ndarray) -> np.ndarray:
+    """A sequence's next-token logits: its row's, at its last position."""
+    return logits[0, -1]
+
+
 _GLYPHS = {  # 3 x 5 bitmaps, row by row
     "0": "111101101101111", "1": "010110010010111", "2": "111001111100111",
     "3": "111001111001111", "4": "101101111001001", "5": "111100111001111",
@@ -243,7 +252,9 @@ def render(text: str, seed: int = 0) -> np.ndarray:
 def make_pipeline(streaming: bool = False, deep_layers: int = 0):
     """The recognizer answering with the whole text, or (``streaming``) each character as it
     is decoded. The example's decoder step is tiny (well under a millisecond); ``deep_layers=6``
-    gives it the cost of TrOCR-small's (``benchmarks/bench_streaming.py``)."""
+    gives it the cost of TrOCR-small's (``benchmarks/bench_streaming.py``). Streams join one
+    loop with the tiny decoder, whose step costs less than its call; with the deep one, whose
+    compute dominates on a CPU, each batch of streams decodes on a loop of its own."""
     encoder_module = load_weights(Encoder, "recognizer_encoder", seed=2)
     decoder_module = load_weights(
         lambda: Decoder(deep_layers=deep_layers),
@@ -257,9 +268,10 @@ def make_pipeline(streaming: bool = False, deep_layers: int = 0):
         decoder_module,
         example_inputs=(torch.tensor([[BOS, 5, 7]]), example_memory),
         pre=decoder_inputs,
-        post=first_row,
+        post=last_position,
         name="recognizer_decoder",
-        dynamic_axes={"tokens": [1]},
+        dynamic_axes={"tokens": [1], "output_0": [1]},
+        pad_values={"tokens": EOS},  # streams at different steps share a step's call
     )
     recognized = (
         pipe.input("image")
@@ -267,7 +279,10 @@ def make_pipeline(streaming: bool = False, deep_layers: int = 0):
         .map("pixels", "memory", encoder)
     )
     if streaming:
-        recognized = recognized.stream("memory", "char", CharacterStream(GreedyDecoder(decoder)),
+        characters = CharacterStream(GreedyDecoder(decoder))
+        if deep_layers:  # compute-bound on a CPU: loops side by side serve more (BENCHMARKS.md)
+            characters.admits_rows = False
+        recognized = recognized.stream("memory", "char", characters,
                                        name="greedy_decode", whole="join").output("char")
     else:
         recognized = recognized.map("memory", "text", GreedyDecoder(decoder),

@@ -20,7 +20,8 @@ def test_a_deeper_decoder_exports_with_a_variable_token_axis(tmp_path):
     path = tmp_path / "decoder.onnx"
     torch.onnx.export(decoder, (torch.tensor([[BOS, 5, 7]]), memory), str(path),
                       input_names=["tokens", "memory"], output_names=["logits"],
-                      dynamic_axes={"tokens": {0: "batch", 1: "steps"}, "memory": {0: "batch"}},
+                      dynamic_axes={"tokens": {0: "batch", 1: "steps"}, "memory": {0: "batch"},
+                                    "logits": {0: "batch", 1: "steps"}},
                       opset_version=ONNX_OPSET, dynamo=False)  # the builder's first exporter
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for steps in (1, 4, MAX_STEPS):
