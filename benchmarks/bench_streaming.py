@@ -196,7 +196,8 @@ def _report(rows: dict, args: argparse.Namespace, speed: list[float]) -> str:
         "every streamed sequence equal to `pipe.stream(...)`, every whole answer to `pipe(...)`. "
         "Machine speed (the same fixed work before and after, lower is faster): "
         f"{speed[0]:.1f}, {speed[1]:.1f} ms ({max(speed) / min(speed) - 1:.0%} apart).", "",
-        f"![time to the first item and to the whole answer]({CHART.relative_to(ROOT)})", "",
+        "![time to the first item and to the whole answer, and items per second]"
+        f"({CHART.relative_to(ROOT)})", "",
     ]
     for decoder in DECODERS:
         lines += _table(rows, decoder)
@@ -260,6 +261,8 @@ def _table(rows: dict, decoder: str) -> list[str]:
 
 
 def _chart(rows: dict) -> None:
+    """Per decoder: the p50 latencies (whole, first item, last item; the loop joined), and
+    items/s whole, joined and with loops side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,19 +270,25 @@ def _chart(rows: dict) -> None:
 
     x = np.arange(len(IN_FLIGHT))
     width = 0.27
-    fig, axes = plt.subplots(1, len(DECODERS), figsize=(11, 3.8))
-    for ax, decoder in zip(axes, DECODERS, strict=True):
-        ax.bar(x - width, [rows[decoder, "whole", n]["total_p50"] for n in IN_FLIGHT], width,
-               label="whole answer")
-        ax.bar(x, [rows[decoder, "stream", n]["first_p50"] for n in IN_FLIGHT], width,
-               label="streamed: first item")
-        ax.bar(x + width, [rows[decoder, "stream", n]["total_p50"] for n in IN_FLIGHT], width,
-               label="streamed: last item")
-        ax.set_xticks(x, [str(n) for n in IN_FLIGHT])
-        ax.set_xlabel("requests in flight")
-        ax.set_ylabel("p50 ms")
-        ax.set_title(decoder, fontsize=9)
-        ax.legend(fontsize=8)
+    bars = {
+        "p50 ms": [("whole answer", "whole", "total_p50"),
+                   ("streamed, joined: first item", "stream", "first_p50"),
+                   ("streamed, joined: last item", "stream", "total_p50")],
+        "items/s": [("whole answers", "whole", "items_per_s"),
+                    ("streamed, one loop joined", "stream", "items_per_s"),
+                    ("streamed, loops side by side", "beside", "items_per_s")],
+    }
+    fig, axes = plt.subplots(len(bars), len(DECODERS), figsize=(11, 7.2))
+    for row, (measure, series) in zip(axes, bars.items(), strict=True):
+        for ax, decoder in zip(row, DECODERS, strict=True):
+            for k, (label, mode, key) in enumerate(series):
+                ax.bar(x + (k - 1) * width, [rows[decoder, mode, n][key] for n in IN_FLIGHT],
+                       width, label=label)
+            ax.set_xticks(x, [str(n) for n in IN_FLIGHT])
+            ax.set_xlabel("requests in flight")
+            ax.set_ylabel(measure)
+            ax.set_title(decoder, fontsize=9)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(CHART, dpi=110)
 
