@@ -283,3 +283,21 @@ def test_a_generator_per_row_takes_calls_that_arrive_between_steps():
         (1, 0), (0, 0), (1, 1), (0, 1), (0, 2)] or [
         (e.call, e.outputs["i"]) for e in events if not e.final] == [
         (0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]
+
+
+def test_an_operator_that_raises_mid_loop_ends_every_call_that_joined_it():
+    """The trade-off of one loop: a joined generator's failure is every running row's."""
+    class Breaks(AdmittingDecoder):
+        def call_batch(self, rows):
+            control = yield {i: ("x", 1) for i in range(len(rows))}
+            if control.added:
+                raise ValueError("the decoder broke")
+            yield {}
+
+    p = _admitting_pipeline(Breaks())
+    waiting = [[], [(5,)]]
+    events = list(execute_stream(p.plan, p.streaming, [(5,)],
+                                 arrivals=lambda: waiting.pop(0) if waiting else []))
+    finals = {e.call: e for e in events if e.final}
+    assert sorted(finals) == [0, 1]
+    assert all("the decoder broke" in str(e.error) for e in finals.values())
