@@ -164,10 +164,11 @@ class GreedyDecoder:
         character. The set sent back names the rows to stop (a cancelled stream) and, served,
         the rows ``added`` since (streams that arrived), which start with the next step: each
         row ends at ``</s>`` or after ``max_steps`` of its own."""
-        memories = [row[0] for row in rows]
-        sequences = [[BOS] for _ in rows]
-        running = list(range(len(rows)))
-        while running:
+        memories = {i: row[0] for i, row in enumerate(rows)}
+        sequences = {i: [BOS] for i in memories}
+        given = len(rows)  # the index the next added row takes
+        while memories:
+            running = list(memories)
             logits = self.decoder.call_batch(
                 [(np.array(sequences[i], dtype=np.int64), memories[i]) for i in running])
             step = {}
@@ -177,12 +178,13 @@ class GreedyDecoder:
                     sequences[i].append(token)
                     step[i] = VOCAB[token]
             control = yield step
-            running = [i for i in step
-                       if i not in (control or ()) and len(sequences[i]) <= self.max_steps]
-            for row in getattr(control, "added", ()):
-                running.append(len(memories))
-                memories.append(row[0])
-                sequences.append([BOS])
+            for i in running:  # a row that ends goes: a served loop may never end
+                if i not in step or i in (control or ()) or len(sequences[i]) > self.max_steps:
+                    del memories[i], sequences[i]
+            added = getattr(control, "added", ())
+            memories.update(zip(range(given, given + len(added)), (row[0] for row in added)))
+            sequences.update((i, [BOS]) for i in range(given, given + len(added)))
+            given += len(added)
 
 
 class CharacterStream:

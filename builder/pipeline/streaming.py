@@ -142,11 +142,16 @@ class Steps:
         self.errors: dict[int, BaseException] = {}
         self._op: Any = op if batch_stream(op) else None
         self._function = op
-        self._rows: list[tuple] = []
-        self._positions: list[int] = []
-        """The row positions the generator holds, by its own index."""
-        self._waiting: list[int] = []
-        """Positions admitted since the generator's last step, sent with the next."""
+        self._admitted = 0
+        self._waiting: dict[int, tuple] = {}
+        """The rows admitted since the generator's last step, by position: sent with the
+        next."""
+        self._positions: dict[int, int] = {}
+        """The row positions the generator holds, by its own index; each leaves with its
+        row, so a loop that never ends holds only the rows it runs."""
+        self._own: dict[int, int] = {}
+        self._given = 0
+        """Rows the generator was given: the next one's own index."""
         self.admit(argument_rows)
 
     @property
@@ -156,15 +161,14 @@ class Steps:
 
     def admit(self, argument_rows: Sequence[tuple]) -> list[int]:
         """Rows that join at the next step; their positions follow the rows before them."""
-        first = len(self._rows)
-        positions = list(range(first, first + len(argument_rows)))
-        self._rows.extend(argument_rows)
+        positions = list(range(self._admitted, self._admitted + len(argument_rows)))
+        self._admitted += len(argument_rows)
         if self._op is not None:
             if self._batch is not None and not admits_rows(self._op):
                 raise PipelineError("this streaming operator takes its rows when it starts: "
                                     "set admits_rows = True to take rows between steps")
             self.running.update(positions)
-            self._waiting.extend(positions)
+            self._waiting.update(zip(positions, argument_rows))
             return positions
         for position, args in zip(positions, argument_rows):
             try:
@@ -187,9 +191,11 @@ class Steps:
                 items[position] = next(self._iterators[position])
             except StopIteration:
                 self.running.discard(position)
+                del self._iterators[position]
             except Exception as error:  # noqa: BLE001 - this row's failure
                 self.errors[position] = error
                 self.running.discard(position)
+                del self._iterators[position]
         for position in stop:
             _close(self._iterators.pop(position, None))
         return items
@@ -198,37 +204,52 @@ class Steps:
         """One ``yield`` of the generator. It starts at the first step with the rows still
         running then, so a row stopped before it never enters its batch; rows admitted later
         are sent with the next step (a generator that ended starts again with them)."""
-        waiting = [p for p in self._waiting if p in self.running]
-        self._waiting = []
+        waiting = {p: row for p, row in self._waiting.items() if p in self.running}
+        self._waiting = {}
         try:
             if self._batch is None:
-                self._positions = waiting
-                self._batch = self._op.call_batch([self._rows[p] for p in waiting])
-                step = next(self._batch) if waiting else {}
+                if not waiting:  # every row stopped before it started
+                    return {}
+                self._hold(waiting)
+                self._batch = self._op.call_batch(list(waiting.values()))
+                step = next(self._batch)
             else:
-                own = {i for i, p in enumerate(self._positions) if p in stop}
-                if waiting:
-                    self._positions.extend(waiting)
-                    step = self._batch.send(StepControl(own, [self._rows[p] for p in waiting]))
-                else:
-                    step = self._batch.send(StepControl(own) if admits_rows(self._op) else own)
+                own = {self._own[p] for p in stop if p in self._own}
+                self._hold(waiting)
+                control = (StepControl(own, list(waiting.values()))
+                           if admits_rows(self._op) else own)
+                step = self._batch.send(control)
         except StopIteration:
-            self._batch = None  # it has ended: rows admitted later start another
-            self.running.clear()
+            self._end_batch()  # rows admitted later start another
             return {}
         except Exception as error:  # noqa: BLE001 - the batch's failure: every running row's
-            self._batch = None
             self.errors.update(dict.fromkeys(self.running, error))
-            self.running.clear()
+            self._end_batch()
             return {}
         if not isinstance(step, dict):
             raise PipelineError(
                 f"a streaming call_batch yields, per step, a dict of row position -> item; got "
                 f"{type(step).__name__}")
-        items = {self._positions[i]: item for i, item in step.items()
-                 if self._positions[i] in self.running}
+        items = {}
+        for i, item in step.items():
+            position = self._positions.get(i)
+            if position in self.running:
+                items[position] = item
+        for position in (self.running | stop) - items.keys():  # ended or stopped: let go
+            self._positions.pop(self._own.pop(position, -1), None)
         self.running = set(items)
         return items
+
+    def _hold(self, rows: dict[int, tuple]) -> None:
+        """Number ``rows`` (by position) as the generator does: after the rows it holds."""
+        for position in rows:
+            self._own[position], self._positions[self._given] = self._given, position
+            self._given += 1
+
+    def _end_batch(self) -> None:
+        self._batch = None
+        self._positions, self._own, self._given = {}, {}, 0
+        self.running.clear()
 
     def close(self) -> None:
         """End every row still running (the caller stops reading)."""
@@ -236,7 +257,8 @@ class Steps:
             self._batch.close()
         for iterator in self._iterators.values():
             _close(iterator)
-        self.running.clear()
+        self._iterators.clear()
+        self._end_batch()
 
 
 def collect(op: Any, argument_rows: Sequence[tuple]) -> list[list[Any]]:
@@ -276,14 +298,17 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
     """
     node = plan.nodes[part.node]
     failed: dict[int, OperatorError] = {}
-    rows: list[Row] = []
-    """The streaming operator's rows, by their position in :class:`Steps`."""
+    rows: dict[int, Row] = {}
+    """The streaming operator's running rows, by their position in :class:`Steps`. What this
+    loop keeps of a call goes when the call ends, so a loop that never ends (calls keep
+    arriving) holds only the calls it runs."""
     ended: set[int] = set()
+    """Calls that ended while their row still runs (an item failed after the operator)."""
     steps = Steps(node.op, ())
     count = [0]
 
     def final(call: int, **state: Any) -> StreamEvent:
-        return StreamEvent(call, final=True, error=failed.get(call), **state)
+        return StreamEvent(call, final=True, error=failed.pop(call, None), **state)
 
     def admit(new: Sequence[Sequence[Any]]) -> Iterator[StreamEvent]:
         first = count[0]
@@ -292,19 +317,16 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
         run_nodes(plan, part.before, streams, failed, times, arguments)
         joined = [r for r in streams.get(0, []) if r.call not in failed]
         for call in sorted(set(range(first, count[0])) - {r.call for r in joined}):
-            ended.add(call)
             yield final(call)
         started = time.perf_counter()
         node_arguments = argument_rows(joined, node.inputs)
         if arguments is not None:
             arguments.setdefault(part.node, []).extend(node_arguments)
-        rows.extend(joined)
-        steps.admit(node_arguments)
+        rows.update(zip(steps.admit(node_arguments), joined))
         _account(times, part.node, started, len(joined), len(steps.errors))
         for position, error in sorted(steps.errors.items()):  # the rows that failed to start
-            call = rows[position].call
+            call = rows.pop(position).call
             failed.setdefault(call, failure(node, error))
-            ended.add(call)
             yield final(call)
         steps.errors.clear()
 
@@ -332,16 +354,18 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
             out = {part.items: made}
             run_nodes(plan, part.after, out, failed, times, arguments)
             for position in sorted(running - steps.running):
-                call = rows[position].call  # ended this step (no item), stopped, or failed
-                if call not in ended:
-                    ended.add(call)
+                call = rows.pop(position).call  # ended this step (no item), stopped, or failed
+                if call in ended:
+                    ended.discard(call)
+                    failed.pop(call, None)
+                else:
                     yield final(call, cancelled=call in cancelled and call not in failed)
             for row in made:
                 if row.call not in failed:
                     yield StreamEvent(row.call, {c: row.get(c) for c in plan.outputs})
             for call in sorted({r.call for r in made} & set(failed) - ended):
                 ended.add(call)  # an item failed after the operator: the call ends now
-                yield final(call)
+                yield StreamEvent(call, final=True, error=failed[call])
     finally:
         steps.close()
 

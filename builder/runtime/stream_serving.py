@@ -112,6 +112,29 @@ class StreamLoop:
             return self._joined.pop(0)
 
 
+@dataclass
+class _Left:
+    """A batch's streams whose final response is still to be sent; ``done`` once none is."""
+
+    streams: int
+    done: Callable[[], None] | None
+
+    def count_down(self) -> None:
+        self.streams -= 1
+        if self.streams == 0 and self.done is not None:
+            self.done()
+
+
+@dataclass
+class _Stream:
+    """What the loop keeps of a stream in flight: where its responses go, how, and its
+    batch."""
+
+    sender: Any
+    coalesce: bool
+    left: _Left
+
+
 STREAM_BATCHES = 4
 """Dynamic batches of streams one instance runs at once (each on a thread of its own); more
 wait in Triton's queue."""
@@ -136,24 +159,28 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
     final flag alone; errors end a stream as the pipeline model's ``serve`` answers them
     (``failure_kind``: the client's mistake, a refusal for now, or the server's fault)."""
     signature = pipeline.signature()
-    batches = [streams]
-    owner = [0] * len(streams.calls)
-    """Each call's batch, by the call's number in the loop."""
-    left = [len(streams.calls)]
-    senders = list(streams.senders)
-    coalesce = list(streams.coalesce)
-    ended: set[int] = set()
+    taken: dict[int, _Stream] = {}
+    """The streams taken, by call number, each until its final response is sent (the outbox's
+    thread lets it go): a loop that runs on holds only the streams in flight."""
+    live: dict[int, Any] = {}
+    """The senders of the streams whose end the loop has not yet made (its own thread)."""
+    count = [0]
     polled = [0.0]
+
+    def take(batch: Streams) -> list[tuple]:
+        """A batch's streams, numbered after those taken before (as the loop numbers calls)."""
+        left = _Left(len(batch.calls), batch.done)
+        for call, (sender, coalesce) in enumerate(zip(batch.senders, batch.coalesce),
+                                                  count[0]):
+            taken[call] = _Stream(sender, coalesce, left)
+            live[call] = sender
+        count[0] += len(batch.calls)
+        return batch.calls
 
     def joined() -> list[tuple]:
         calls: list[tuple] = []
         for batch in arrivals() if arrivals is not None else ():
-            owner.extend([len(batches)] * len(batch.calls))
-            batches.append(batch)
-            left.append(len(batch.calls))
-            senders.extend(batch.senders)
-            coalesce.extend(batch.coalesce)
-            calls.extend(batch.calls)
+            calls.extend(take(batch))
         return calls
 
     def stopped() -> set[int]:
@@ -161,43 +188,37 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
         if now - polled[0] < CANCEL_POLL_S:
             return set()
         polled[0] = now
-        return {call for call, sender in enumerate(senders)
-                if call not in ended and api.cancelled(sender)}
+        return {call for call, sender in list(live.items()) if api.cancelled(sender)}
 
     def send_items(call: int, items: list[dict]) -> None:
-        if coalesce[call]:
-            _send_items(api, signature, senders[call], items)
-        else:
-            for item in items:
-                _send_items(api, signature, senders[call], [item])
+        stream = taken[call]
+        for part in [items] if stream.coalesce else ([item] for item in items):
+            _send_items(api, signature, stream.sender, part)
 
     def send_end(call: int, response: Any) -> None:
+        stream = taken.pop(call)
         try:
-            api.send(senders[call], response, final=True)
+            api.send(stream.sender, response, final=True)
         finally:
-            batch = owner[call]
-            left[batch] -= 1
-            if left[batch] == 0 and batches[batch].done is not None:
-                batches[batch].done()
+            stream.left.count_down()
 
     outbox = stream_outbox.Outbox(send_items, send_end, api.log_warning)
     try:
-        for event in pipeline.run_stream(streams.calls, times, stopped,
+        for event in pipeline.run_stream(take(streams), times, stopped,
                                          joined if arrivals is not None else None):
             if event.error is not None:
-                ended.add(event.call)
+                del live[event.call]
                 outbox.end(event.call, stream_error(api, str(event.error),
                                                     **failure_kind(event.error)))
             elif event.final:
-                ended.add(event.call)
+                del live[event.call]
                 outbox.end(event.call)
             else:
                 outbox.item(event.call, event.outputs)
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
-        for call in range(len(senders)):
-            if call not in ended:
-                outbox.end(call, stream_error(api, message))
+        for call in list(live):
+            outbox.end(call, stream_error(api, message))
     finally:
         outbox.close()
 

@@ -201,10 +201,10 @@ class AdmittingDecoder(Decoder):
             for i in running:
                 done[i] += 1
             running = [i for i in running if done[i] < lengths[i] and i not in control]
-            for n in control.added:
-                lengths.append(n[0])
+            for n in (row[0] for row in control.added):
+                lengths.append(n)
                 done.append(0)
-                if n[0] > 0:
+                if n > 0:
                     running.append(len(lengths) - 1)
 
 
@@ -301,3 +301,55 @@ def test_an_operator_that_raises_mid_loop_ends_every_call_that_joined_it():
     finals = {e.call: e for e in events if e.final}
     assert sorted(finals) == [0, 1]
     assert all("the decoder broke" in str(e.error) for e in finals.values())
+
+
+class Box:
+    """A call's value: what only the call's own rows hold."""
+
+
+class BoxedCount:
+    """A per-row iterator that holds its call's :class:`Box` while it runs."""
+
+    def __init__(self, n: int, box: Box) -> None:
+        self.left, self.box = n, box
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.left == 0:
+            raise StopIteration
+        self.left -= 1
+        return self.left
+
+
+@pytest.mark.parametrize("streaming", ["call_batch", "per row"])
+def test_a_joined_loop_lets_go_of_each_call_once_it_has_ended(streaming):
+    """A loop that always has a stream in flight never ends, so what it keeps of a call must go
+    with the call's end, or it grows with every stream it ever served: a short call that joins
+    a long one is collected once its stream has ended, while the long one runs on."""
+    import gc
+    import weakref
+
+    short: list[weakref.ref] = []
+
+    def boxed(n: int) -> Box:
+        box = Box()
+        if n == 1:
+            short.append(weakref.ref(box))
+        return box
+
+    op = AdmittingDecoder() if streaming == "call_batch" else BoxedCount
+    p = pipe.input("n").map("n", "box", boxed).stream(("n", "box"), "item", op).output("item")
+    held: list[bool] = []
+
+    def arrivals():  # asked before every step
+        gc.collect()
+        held.append(bool(short) and short[0]() is not None)
+        return [(1,)] if len(held) == 2 else []
+
+    events = [(e.call, e.final) for e in execute_stream(p.plan, p.streaming, [(8,)],
+                                                        arrivals=arrivals)]
+    assert events.index((1, True)) < events.index((0, True))
+    assert held[:3] == [False, False, True], held  # it joins and makes its item
+    assert not any(held[3:]), held  # it ended in the third step; the long call runs on

@@ -65,3 +65,27 @@ def test_lines_that_join_a_running_decode_between_steps_read_as_alone():
             for call in range(len(lines))]
     assert read == alone
     assert max(rows_per_call) >= 4  # rows that arrived at different steps share a call
+
+
+def test_the_decoder_lets_go_of_a_line_once_it_has_ended():
+    """A served decode that streams join may never end: a line stopped mid-decode (a cancelled
+    stream) leaves it, its memory with it, while the others decode on."""
+    import gc
+    import weakref
+
+    from builder.pipeline.streaming import StepControl
+    from pipelines.text_recognizer import normalize, render, streaming_pipeline
+
+    plan = streaming_pipeline.plan
+    (encoder,) = [n.op for n in plan.nodes if getattr(n.op, "name", "") == "recognizer_encoder"]
+    greedy = plan.nodes[streaming_pipeline.streaming.node].op.decoder
+    steps = greedy.steps([(encoder(normalize(render("0a1b2c"))),)])
+    assert list(next(steps)) == [0]
+    joining = encoder(normalize(render("d3")))
+    memory = weakref.ref(joining)
+    assert sorted(steps.send(StepControl((), [(joining,)]))) == [0, 1]
+    del joining
+    assert list(steps.send(StepControl({1}))) == [0]  # the joined line is stopped
+    gc.collect()
+    assert memory() is None
+    assert list(steps.send(StepControl())) == [0]

@@ -315,3 +315,84 @@ def test_streams_that_arrive_while_others_run_join_their_loop_and_share_its_bls_
     assert max(sizes) == 3, sizes  # the three streams, arrived apart, in one call per step
     assert sum(sizes) == 8 + 3 + 4
     assert stream_serving.STREAM_BATCHES == 4 and served.stream_slots._value == 4  # all freed
+
+
+class Pacer:
+    """``n`` steps per row, one item each, a step every 6 ms (so that cancellation is asked
+    before each); rows join between steps."""
+
+    admits_rows = True
+
+    def call_batch(self, rows):
+        import time
+
+        left = {i: int(row[0]) for i, row in enumerate(rows)}
+        given = len(rows)  # rows that join take the next numbers
+        while left:
+            time.sleep(0.006)
+            control = yield {i: float(n) for i, n in left.items()}
+            left = {i: n - 1 for i, n in left.items() if n > 1 and i not in control}
+            for n in (int(row[0]) for row in control.added):
+                left[given], given = n, given + 1
+
+
+class Sender:
+    """A response sender: what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+
+class SendingApi:
+    """What :func:`stream_serving.run_streams` needs of the pipeline model's ``TritonApi``."""
+
+    def cancelled(self, sender) -> bool:
+        return False
+
+    def send(self, sender, response, final=False) -> None:
+        sender.sent.append((response, final))
+
+    def response(self, outputs):
+        return outputs
+
+    def error_response(self, message, **kind):
+        raise AssertionError(message)
+
+    def log_warning(self, message) -> None:
+        raise AssertionError(message)
+
+
+def test_a_loop_that_runs_on_lets_go_of_each_stream_once_its_final_response_is_sent():
+    """Under steady load a joined loop never ends: what it keeps of a stream (its sender, its
+    batch) goes once the stream's final response is sent, and the batch is done then."""
+    import gc
+    import time
+    import weakref
+
+    pipeline = pipe.input("n").stream("n", "item", Pacer()).output("item").with_example(2)
+    first = Sender()
+    short: list[weakref.ref] = []
+    done: list[int] = []
+    held: list[bool] = []
+
+    def arrivals():  # before every step
+        if len(held) == 1:
+            sender = Sender()
+            short.append(weakref.ref(sender))
+            held.append(True)
+            return [stream_serving.Streams([(1,)], [sender], [False], lambda: done.append(1))]
+        deadline = time.monotonic() + 1.0  # the outbox thread sends its final meanwhile
+        while short and time.monotonic() < deadline:
+            gc.collect()
+            if short[0]() is None:
+                break
+            time.sleep(0.01)
+        held.append(bool(short) and short[0]() is not None)
+        return []
+
+    stream_serving.run_streams(pipeline, SendingApi(), stream_serving.Streams(
+        [(8,)], [first], [False]), arrivals=arrivals)
+    assert [final for _, final in first.sent] == [False] * 8 + [True]
+    assert done == [1]
+    assert held[2] is True, held  # it makes its item before the third step, which ends it
+    assert not any(held[3:]), held  # collected while the first stream runs on
