@@ -20,7 +20,7 @@ from builder.client.endpoint import Endpoint
 from builder.client.errors import ServerUnavailableError
 from builder.client.event_stream import (
     EventReader,
-    OutputShapes,
+    KnownShapes,
     cut,
     generate_stream_path,
     refusal,
@@ -160,7 +160,7 @@ class AsyncHttpTransport(_LazyClient):
     def __init__(self, endpoint: Endpoint, timeout: float, max_connections: int) -> None:
         super().__init__(endpoint, timeout, max_connections)
         self._streams: Any = None
-        self._shapes: dict[tuple[str, ...], OutputShapes] = {}
+        self._shapes = KnownShapes()
 
     def _connect(self) -> Any:
         import tritonclient.http.aio as httpaio
@@ -201,10 +201,8 @@ class AsyncHttpTransport(_LazyClient):
         import aiohttp
 
         what = f"stream from {self._endpoint.url}"
-        shapes = self._shapes.get(tuple(outputs))
-        if shapes is None:  # the served model's metadata, read once, not on every stream
-            shapes = self._shapes[tuple(outputs)] = OutputShapes.of(
-                await self.metadata(), outputs, what)
+        shapes = self._shapes.get(outputs) or self._shapes.read(await self.metadata(), outputs,
+                                                                what)
         body = request_body(tensors, what)
         if self._streams is None:
             self._streams = aiohttp.ClientSession(

@@ -108,6 +108,24 @@ class OutputShapes:
         return arrays
 
 
+class KnownShapes:
+    """The :class:`OutputShapes` a transport has read, by the outputs asked for: the served
+    model's metadata is read once, not before every stream (a round trip before each first
+    item)."""
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[str, ...], OutputShapes] = {}
+
+    def get(self, outputs: Sequence[str]) -> OutputShapes | None:
+        return self._shapes.get(tuple(outputs))
+
+    def read(self, metadata: Mapping[str, Any], outputs: Sequence[str],
+             what: str) -> OutputShapes:
+        """The shapes of ``outputs`` in ``metadata``, kept for the next stream."""
+        shapes = self._shapes[tuple(outputs)] = OutputShapes.of(metadata, outputs, what)
+        return shapes
+
+
 def refusal(status: int, body: bytes, what: str) -> Exception:
     """The client's error for a request refused before its stream started."""
     try:

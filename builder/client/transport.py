@@ -22,7 +22,7 @@ from builder.client.endpoint import Endpoint
 from builder.client.errors import classify
 from builder.client.event_stream import (
     EventReader,
-    OutputShapes,
+    KnownShapes,
     cut,
     generate_stream_path,
     refusal,
@@ -161,7 +161,7 @@ class HttpTransport:
         self._clients: list[tuple[threading.Thread, Any]] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._shapes: dict[tuple[str, ...], OutputShapes] = {}
+        self._shapes = KnownShapes()
 
     def _client(self) -> Any:
         if self._closed:
@@ -207,10 +207,7 @@ class HttpTransport:
         ``generate_stream`` (:mod:`builder.client.event_stream`) on a connection of its own;
         leaving early closes it."""
         what = f"stream from {self._endpoint.url}"
-        shapes = self._shapes.get(tuple(outputs))
-        if shapes is None:  # the served model's metadata, read once, not on every stream
-            shapes = self._shapes[tuple(outputs)] = OutputShapes.of(self.metadata(), outputs,
-                                                                    what)
+        shapes = self._shapes.get(outputs) or self._shapes.read(self.metadata(), outputs, what)
         body = request_body(tensors, what)
         host, port = self._endpoint.address.rsplit(":", 1)
         connection_class = http.client.HTTPSConnection if self._endpoint.ssl else \

@@ -210,26 +210,35 @@ class LoadPoint:
     """Inferences per second."""
     p50_ms: float
     p99_ms: float
+    """Latencies to the answer; for a stream, to its first response."""
     requests: int
     """The requests perf_analyzer counted in the measurement it reports."""
 
 
 def measure_load(analyzer: PerfAnalyzer, grpc_url: str, model: str, input_data: Path,
                  concurrency: int, *, measurement_ms: int = 1500, stability_percent: int = 25,
-                 max_trials: int = 6, timeout_s: float = 120.0) -> LoadPoint:
+                 max_trials: int = 6, timeout_s: float = 120.0,
+                 streaming: bool = False) -> LoadPoint:
     """Measure ``model`` at ``grpc_url`` with ``concurrency`` requests always in flight (a closed
     loop) until perf_analyzer's windows agree within ``stability_percent``; the data sent is
     ``input_data`` (:func:`write_input_data`). A failed run, a run past ``timeout_s`` or a
-    report without this concurrency's row raises :class:`PerfAnalyzerError`."""
+    report without this concurrency's row raises :class:`PerfAnalyzerError`.
+
+    ``streaming``: the model is decoupled (a streaming pipeline), each request a gRPC stream;
+    the latencies are then those of each stream's first response, which a latency budget bounds
+    for a stream (the queue policy refuses a stream that would be late to its first item), read
+    from perf_analyzer's profile export (:func:`first_response_latencies`)."""
     url = grpc_url.removeprefix("grpc://")
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as work:
-        report = Path(work, "report.csv")
+        report, export = Path(work, "report.csv"), Path(work, "profile.json")
         command = [str(analyzer.path), "-m", model, "-u", url, "-i", "grpc",
                    "--input-data", str(input_data),
                    "--concurrency-range", f"{concurrency}:{concurrency}",
                    "--measurement-interval", str(measurement_ms),
                    "--stability-percentage", str(stability_percent),
                    "--max-trials", str(max_trials), "-f", str(report)]
+        if streaming:
+            command += ["--streaming", "--profile-export-file", str(export)]
         what = f"perf_analyzer on model {model!r} at {url}, concurrency {concurrency}"
         try:
             run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -245,15 +254,47 @@ def measure_load(analyzer: PerfAnalyzer, grpc_url: str, model: str, input_data: 
             raise PerfAnalyzerError(
                 f"{what} {why} (exit status {run.returncode}):\n{_tail(run.stdout)}")
         rows = list(csv.DictReader(report.open())) if report.exists() else []
+        profile = json.loads(export.read_text()) if streaming and export.exists() else None
     row = next((r for r in rows if r.get("Concurrency") == str(concurrency)), None)
-    if row is None:
+    if row is None or (streaming and profile is None):
         raise PerfAnalyzerError(f"{what}: its report has no row for concurrency {concurrency}:"
                                 f"\n{_tail(run.stdout)}")
     rate = float(row["Inferences/Second"])
     counted = re.search(r"Request count: (\d+)", run.stdout)
     requests = int(counted.group(1)) if counted else round(rate * measurement_ms / 1000)
-    return LoadPoint(concurrency=concurrency, rate=rate, p50_ms=float(row["p50 latency"]) / 1000,
-                     p99_ms=float(row["p99 latency"]) / 1000, requests=requests)
+    if streaming:
+        p50_ms, p99_ms = first_response_latencies(profile, concurrency)
+    else:
+        p50_ms, p99_ms = float(row["p50 latency"]) / 1000, float(row["p99 latency"]) / 1000
+    return LoadPoint(concurrency=concurrency, rate=rate, p50_ms=p50_ms, p99_ms=p99_ms,
+                     requests=requests)
+
+
+STABLE_WINDOWS = 3
+"""The measurement windows perf_analyzer reports: the last three, which agreed."""
+
+
+def first_response_latencies(profile: dict, concurrency: int) -> tuple[float, float]:
+    """p50 and p99 (ms) of the time to each stream's first response, from perf_analyzer's
+    profile export (``--profile-export-file``): the requests of the ``concurrency`` experiment
+    sent within its last :data:`STABLE_WINDOWS` windows, those its report is of."""
+    experiment = next((e for e in profile.get("experiments", ())
+                       if e["experiment"].get("mode") == "concurrency"
+                       and e["experiment"].get("value") == concurrency), None)
+    if experiment is None:
+        raise PerfAnalyzerError(f"perf_analyzer's profile export has no experiment at "
+                                f"concurrency {concurrency}")
+    boundaries = experiment.get("window_boundaries") or []
+    start = boundaries[-STABLE_WINDOWS - 1] if len(boundaries) > STABLE_WINDOWS else None
+    latencies = [(request["response_timestamps"][0] - request["timestamp"]) / 1e6
+                 for request in experiment["requests"]
+                 if request.get("response_timestamps")
+                 and (start is None or start <= request["timestamp"] < boundaries[-1])]
+    if not latencies:
+        raise PerfAnalyzerError(f"perf_analyzer's profile export holds no answered stream at "
+                                f"concurrency {concurrency}")
+    p50, p99 = np.percentile(latencies, [50, 99], method="higher")
+    return float(p50), float(p99)
 
 
 def _tail(output: str, lines: int = 30) -> str:

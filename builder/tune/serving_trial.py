@@ -58,6 +58,8 @@ class ServingTrial:
     log: Callable[[str], None] = lambda line: None
     check: Callable[[Any], None] | None = None
     """Called on the server after each setting's load (a benchmark checks the answers)."""
+    streaming: bool = False
+    """The pipeline streams: each request a stream, its p99 that of its first response."""
 
     def __call__(self, setting: Setting, start: int) -> Measured:
         apply_setting(self.model_root, setting)
@@ -109,7 +111,8 @@ class ServingTrial:
             try:
                 return measure_load(self.analyzer, server.grpc_url, self.pipeline,
                                     self.input_data, concurrency,
-                                    measurement_ms=self.measurement_ms)
+                                    measurement_ms=self.measurement_ms,
+                                    streaming=self.streaming)
             except PerfAnalyzerError as error:
                 if "did not stabilize" not in str(error):
                     raise
@@ -117,7 +120,7 @@ class ServingTrial:
                 return measure_load(self.analyzer, server.grpc_url, self.pipeline,
                                     self.input_data, concurrency,
                                     measurement_ms=self.measurement_ms, stability_percent=50,
-                                    max_trials=12)
+                                    max_trials=12, streaming=self.streaming)
         except PerfAnalyzerError as error:
             if not any(refusal in str(error) for refusal in REFUSALS):
                 raise

@@ -60,7 +60,9 @@ def tune(
     log: Callable[[str], None] | None = None,
 ) -> Tuning:
     """Search the settings of ``pipe`` served on this machine for the most requests/s whose p99
-    (at the pipeline's input) stays within ``latency_budget_ms``, for at most ``minutes``.
+    (at the pipeline's input) stays within ``latency_budget_ms``, for at most ``minutes``. A
+    streaming pipeline is loaded with streams (gRPC), and its p99 is that of each stream's first
+    item: what its budget bounds when served.
 
     ``image``: serve that built image of ``pipe`` (its release's Triton, its environment)
     instead of this machine's server, its repository edited per setting and mounted over its own
@@ -80,6 +82,7 @@ def tune(
     if minutes <= 0:
         raise TuneError(f"minutes must be positive, got {minutes!r}")
     say = log or (lambda line: None)
+    streams = bool(pipe.signature().streamed)
     started = time.monotonic()
     analyzer = perf_analyzer()
     with tempfile.TemporaryDirectory(prefix="triton-builder-tune-") as scratch:
@@ -96,7 +99,8 @@ def tune(
         trial = ServingTrial(repository.root, repository.pipeline_model, analyzer,
                              write_input_data(pipe.signature(), pipe.examples,
                                               Path(scratch) / "input.json"),
-                             latency_budget_ms, measurement_ms, max_concurrency, serve, log=say)
+                             latency_budget_ms, measurement_ms, max_concurrency, serve, log=say,
+                             streaming=streams)
         search = Search(trial, deadline=started + minutes * 60, log=say)
         first = search.measured(baseline)
         second = search.measured(baseline, first.concurrency)
@@ -118,7 +122,7 @@ def tune(
                     repository.queue_policy, result, search.result(baseline), Machine.here(),
                     triton, subject or image or "",
                     time.monotonic() - started, search.spread,
-                    tuple(search.result(s) for s in search.trials), max_concurrency)
+                    tuple(search.result(s) for s in search.trials), max_concurrency, streams)
     if output is not None:
         tuning.write(output)
     if report_dir is not None:

@@ -88,6 +88,13 @@ class Tuning:
     trials: tuple[Trial, ...] = field(default=())
     max_concurrency: int = MAX_CONCURRENCY
     """The most requests in flight the search loaded it with."""
+    streams: bool = False
+    """The pipeline streams: each request is a stream, each p99 that of its first item."""
+
+    @property
+    def latency_of(self) -> str:
+        """What each p99 is the latency of."""
+        return "first item" if self.streams else "answer"
 
     def build_keywords(self) -> dict[str, Any]:
         """The build keywords that apply the chosen setting (and the budget's queue policy,
@@ -109,7 +116,8 @@ class Tuning:
     def as_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "pipeline_model": self.pipeline, "subject": self.subject,
-            "latency_budget_ms": self.latency_budget_ms, "queue_policy": self.queue_policy,
+            "latency_budget_ms": self.latency_budget_ms, "latency_of": self.latency_of,
+            "queue_policy": self.queue_policy,
             "measured_on": {"architecture": self.machine.architecture,
                             "cpus": self.machine.cpus, "cpu_model": self.machine.cpu_model,
                             "gpus": list(self.machine.gpus), "triton": self.triton},
@@ -149,7 +157,8 @@ def read_tuning(path: str | os.PathLike) -> Tuning:
             triton=measured.get("triton", ""), subject=data.get("subject", ""),
             search_s=float(data.get("search_s", 0)), spread=float(data.get("spread", 0)),
             trials=tuple(Trial.from_json(pipeline, t) for t in data.get("trials", ())),
-            max_concurrency=int(data.get("max_concurrency", MAX_CONCURRENCY)))
+            max_concurrency=int(data.get("max_concurrency", MAX_CONCURRENCY)),
+            streams=data.get("latency_of", "answer") == "first item")
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise BuildError(f"tuning file {path}: {error}") from None
 

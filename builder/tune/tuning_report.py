@@ -29,8 +29,9 @@ HEADER = ["setting", "req/s", "p99 ms", "in flight", "runs", ""]
 
 def summary(tuning: Tuning) -> str:
     gain = tuning.chosen.rate / tuning.default.rate if tuning.default.rate else float("inf")
+    first = " to the first item" if tuning.streams else ""
     return (f"chosen: {tuning.chosen.setting.describe()} — {tuning.chosen.rate:.0f} req/s at p99 "
-            f"{tuning.chosen.p99_ms:.1f} ms ({gain:.2f}x the builder's defaults, "
+            f"{tuning.chosen.p99_ms:.1f} ms{first} ({gain:.2f}x the builder's defaults, "
             f"{tuning.default.rate:.0f} req/s), budget {tuning.latency_budget_ms:g} ms; "
             f"{len(tuning.trials)} settings in {tuning.search_s:.0f} s, spread "
             f"{tuning.spread:.1%}")
@@ -68,7 +69,8 @@ def _chart(tuning: Tuning, path: Path) -> Path | None:
         _mark(axes, trial, colour, label)
     axes.axvline(tuning.latency_budget_ms, color="tab:red", linestyle="--",
                  label=f"budget {tuning.latency_budget_ms:g} ms")
-    axes.set_xlabel("p99 latency (ms) at the load reaching the most req/s within the budget")
+    axes.set_xlabel(f"p99 latency to the {tuning.latency_of} (ms) at the load reaching the "
+                    "most req/s within the budget")
     axes.set_ylabel("requests/s")
     axes.set_title(f"Tuning {tuning.subject or tuning.pipeline}")
     axes.legend(loc="lower right")

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from tests.support.client_threads import ClientThreads
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -96,14 +97,13 @@ def _supervisor_log(container) -> str:
                      if "triton-builder supervisor" in line)
 
 
-class _Load:
+class _Load(ClientThreads):
     """Requests sent back to back from HEAL_LOAD_THREADS threads per model — the pipeline model
     (answers compared with the in-process pipeline) and ``text_encoder``, called directly as
     clients may (answers compared with its answer before any kill) — each kept with the time
     it was sent, the time it came back, and why it was wrong if it was."""
 
     def __init__(self, grpc_url: str) -> None:
-        import threading
 
         import numpy as np
         import tritonclient.grpc as grpcclient
@@ -125,12 +125,8 @@ class _Load:
         self.np = np
         self.answers: dict[str, list[tuple[float, float, str | None]]] = {
             "pipeline": [], "text_encoder": []}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=target, args=(n,), daemon=True)
-            for target in (self._pipeline, self._text_encoder)
-            for n in range(HEAL_LOAD_THREADS)]
+        super().__init__((target, (n,)) for target in (self._pipeline, self._text_encoder)
+                         for n in range(HEAL_LOAD_THREADS))
 
     def _record(self, model: str, sent: float, call) -> None:
         try:
@@ -189,16 +185,6 @@ class _Load:
         with self.lock:
             return [why for sent, answered, why in self.answers[model]
                     if why is not None and start <= answered <= end]
-
-    def __enter__(self) -> _Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def _metric(container, name: str) -> dict[str, float]:
@@ -535,20 +521,18 @@ def _bad_requests(module) -> dict[str, tuple[str, list, str, str]]:
     }
 
 
-class GoodTraffic:
+class GoodTraffic(ClientThreads):
     """Good requests from ``threads`` threads until stopped; every answer checked."""
 
     def __init__(self, url: str, texts: list[str], threads: int = 4) -> None:
-        import threading
 
         from pipelines.text_embedding import pipeline
 
         self.url, self.texts = url, texts
         self.expected = {text: pipeline(text) for text in texts}
-        self.stop = threading.Event()
         self.answers = 0
         self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        super().__init__((self._run, ()) for _ in range(threads))
 
     def _run(self) -> None:
         from builder.client.pipeline import Client
@@ -562,16 +546,6 @@ class GoodTraffic:
                         self.answers += 1
                     except Exception as error:  # noqa: BLE001 - counted, then asserted
                         self.failures.append(f"{type(error).__name__}: {error}")
-
-    def __enter__(self) -> GoodTraffic:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
 
 @pytest.mark.parametrize("scheme", ["grpc", "http"])

@@ -36,6 +36,7 @@ from builder.client import (
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.container import ServingContainer
 from pipelines.text_recognizer import streaming_pipeline
+from tests.support.client_threads import ClientThreads
 from tests.support.engine_images import remove_images_made
 from tests.support.example_inputs import text_lines
 from tests.unit.cli.test_commands import cli
@@ -153,7 +154,7 @@ def test_infer_stream_prints_each_item_as_one_json_line(endpoint, protocol):
         streaming_pipeline.stream(line))
 
 
-class LoopingStreams:
+class LoopingStreams(ClientThreads):
     """Clients streaming the text lines back to back, from a thread each, until closed: each
     stream's outcome recorded with its time, ``ok`` where its items equal ``pipe.stream``'s,
     else what ``judge(items, error)`` calls it (``error`` None: the stream ended without one)."""
@@ -163,33 +164,21 @@ class LoopingStreams:
         self.expected = [list(streaming_pipeline.stream(line)) for line in self.lines]
         self.outcomes: list[tuple[float, str, str]] = []
         self._url, self._timeout, self._judge = url, timeout, judge
-        self._lock, self._stop = threading.Lock(), threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
-                         for i in range(clients)]
-
-    def __enter__(self) -> LoopingStreams:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
+        super().__init__((self._loop, (i,)) for i in range(clients))
 
     def ok_since(self, moment: float) -> int:
-        with self._lock:
+        with self.lock:
             return sum(kind == "ok" for at, kind, _ in self.outcomes if at > moment)
 
     def kinds(self) -> dict[str, int]:
-        with self._lock:
+        with self.lock:
             kinds = [kind for _, kind, _ in self.outcomes]
         return {kind: kinds.count(kind) for kind in sorted(set(kinds))}
 
     def _loop(self, offset: int) -> None:
         with Client(self._url, retries=0, timeout=self._timeout) as client:
             for index in itertools.cycle(range(offset, offset + len(self.lines))):
-                if self._stop.is_set():
+                if self.stop.is_set():
                     return
                 index %= len(self.lines)
                 items: list = []
@@ -200,7 +189,7 @@ class LoopingStreams:
                 except Exception as error:  # noqa: BLE001 - judged, then asserted on
                     kind, detail = self._judge(items, error)
                     time.sleep(0.02)
-                with self._lock:
+                with self.lock:
                     self.outcomes.append((time.monotonic(), kind, detail[:200]))
 
 

@@ -24,6 +24,7 @@ import pytest
 from builder.deploy.serving import deployable_image
 from builder.deploy.swarm import SwarmOptions, deploy_swarm, remove_stack, replicas
 from tests.e2e.test_reliability import KILL_PIPELINE_STUB
+from tests.support.client_threads import ClientThreads
 
 pytestmark = pytest.mark.slow
 REPLICAS = 3
@@ -63,7 +64,7 @@ def _remove(client, name: str) -> None:
     assert not client.networks.list(filters=label)
 
 
-class SpreadLoad:
+class SpreadLoad(ClientThreads):
     """Good requests over gRPC to the healthy replicas of a stack, from CONCURRENCY threads.
 
     ``retry`` says which failed first attempts are sent again to another replica: any
@@ -80,15 +81,12 @@ class SpreadLoad:
         self.expected = {text: pipeline(text) for text in self.texts}
         self.backends: list[tuple[str, int]] = []
         self.ejected: set[str] = set()
-        self.lock = threading.Lock()
         self.turn = itertools.count()
-        self.stop = threading.Event()
         self.answers: dict[str, int] = {}
         self.first_failures: list[tuple[str, str]] = []
         self.final_failures: list[str] = []
         self.mismatches: list[str] = []
-        self.threads = [threading.Thread(target=self._refresh, daemon=True)] + [
-            threading.Thread(target=self._work, daemon=True) for _ in range(CONCURRENCY)]
+        super().__init__([(self._refresh, ())] + [(self._work, ())] * CONCURRENCY)
 
     def _refresh(self) -> None:
         while not self.stop.is_set():
@@ -157,17 +155,11 @@ class SpreadLoad:
         assert self.total >= count, f"only {self.total} answers in {timeout}s"
 
     def __enter__(self) -> SpreadLoad:
-        for thread in self.threads:
-            thread.start()
+        super().__enter__()
         deadline = time.monotonic() + 30
         while not self.backends and time.monotonic() < deadline:
             time.sleep(0.1)
         return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
     def report(self) -> str:
         return (f"{self.total} answers ({', '.join(str(n) for n in self.answers.values())} per "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from builder.client.pipeline import Client
 from builder.runtime.supervisor import FINISH_S
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
+from tests.support.client_threads import ClientThreads
 from tests.support.example_inputs import EXAMPLES
 from tests.support.model_bound import BATCH_S, MAX_BATCH, MODEL_BOUND, TEXTS
 
@@ -33,7 +33,7 @@ DRAIN_S = 2.0
 THREADS = 16
 
 
-class Looping:
+class Looping(ClientThreads):
     """THREADS clients, half gRPC and half HTTP, each sending the next example as soon as its
     last answer came; every outcome kept with when its request was sent."""
 
@@ -43,10 +43,7 @@ class Looping:
         self.urls = [f"grpc://{endpoint.grpc_url}/pipeline", f"http://{endpoint.http_url}/pipeline"]
         self.outcomes: list[tuple[float, str, str]] = []
         """(sent, "ok" | "mismatch" | "unavailable" | "error", detail)"""
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(self.urls[i % 2],), daemon=True)
-                        for i in range(THREADS)]
+        super().__init__((self._loop, (self.urls[i % 2],)) for i in range(THREADS))
 
     def _loop(self, url: str) -> None:
         with Client(url, retries=0, timeout=30) as client:
@@ -67,16 +64,6 @@ class Looping:
                     outcome = ("error", f"{type(error).__name__}: {error}"[:200])
                 with self.lock:
                     self.outcomes.append((sent, *outcome))
-
-    def __enter__(self) -> Looping:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
     def count(self, kind: str, since: float = 0.0, until: float = float("inf")) -> int:
         with self.lock:

@@ -94,3 +94,32 @@ def test_a_binary_whose_libraries_do_not_load_is_refused_naming_them(analyzer, m
     with pytest.raises(PerfAnalyzerError, match="does not run: missing ") as raised:
         perf_analyzer()
     assert all(name in str(raised.value) for name in lacking), raised.value
+
+
+def spelled(count: int):
+    """``count`` letters, 20 ms apart: a stream whose first item comes long before its end."""
+    import time
+
+    for i in range(int(count)):
+        time.sleep(0.02)
+        yield chr(ord("a") + i)
+
+
+def test_a_stream_is_measured_to_its_first_response(tmp_path, analyzer):
+    """A streaming pipeline is decoupled: perf_analyzer loads it with streams, and the latency
+    a stream's budget bounds is that of its first item (20 ms here), not of its end (200 ms)."""
+    from builder import pipe
+
+    spelling = pipe.input("count").stream("count", "letter", spelled).output("letter")
+    spelling = spelling.with_example(10)
+    build_pipeline_model(spelling, tmp_path / "models", name="spelling")
+    data = write_input_data(spelling.signature(), spelling.examples, tmp_path / "input.json")
+    with TritonServer(tmp_path / "models") as server:
+        success, _ = success_and_failures(server, "spelling")
+        point = measure_load(analyzer, server.grpc_url, "spelling", data, 2, streaming=True,
+                             stability_percent=50, max_trials=10)
+        after, failures = success_and_failures(server, "spelling")
+    print(point)
+    assert 20 <= point.p50_ms <= point.p99_ms < 150
+    assert 0 < point.rate < 2 / 0.2 * 1.1  # two streams in flight, 200 ms each
+    assert after - success >= point.requests and failures == 0

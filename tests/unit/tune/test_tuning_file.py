@@ -88,3 +88,12 @@ def test_the_report_lists_every_setting_tried_best_first_and_draws_the_budget(tm
     assert "chosen" in rows[0] and "default" in rows[1] and "over the budget" in rows[2]
     assert tmp_path / "tuning.png" in written
     assert (tmp_path / "tuning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_streaming_pipelines_tuning_says_its_p99_is_the_first_items(tmp_path):
+    tuning = _tuning(streams=True)
+    path = tuning.write(tmp_path / "tuning.json")
+    assert json.loads(path.read_text())["latency_of"] == "first item"
+    assert read_tuning(path) == tuning
+    assert json.loads(_tuning().write(tmp_path / "whole.json").read_text())[
+        "latency_of"] == "answer"
