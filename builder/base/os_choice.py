@@ -61,9 +61,15 @@ def os_image_for(client: docker.DockerClient, python_version: str,
 def made_os_image(client: docker.DockerClient, python_version: str,
                   platform: Platform = DEFAULT_PLATFORM) -> str | None:
     """A tag of an OS image :func:`builder.base.os_image.debian_os_image` made for
-    ``python_version`` and ``platform``, if the engine holds one."""
+    ``python_version`` and ``platform``, if the engine holds one.
+
+    Every image built on it inherits its label (the bases, the serving images: a ``LABEL``
+    stays in each image ``FROM`` it), and is often newer. Of the labelled images, the OS image
+    is the one with the fewest layers, each image built on it adding its own; the newest of
+    those, where ``base os`` ran more than once."""
     labelled = client.images.list(filters={"label": f"{OS_PYTHON_LABEL}={python_version}"})
-    for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
+    newest_first = sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True)
+    for image in sorted(newest_first, key=_layer_count):
         if image.tags and platform.matches(image.attrs):
             return sorted(image.tags)[0]
     version = f"python{python_version}"  # made before the label existed: by the tag it gave
@@ -75,3 +81,7 @@ def made_os_image(client: docker.DockerClient, python_version: str,
         if platform.matches(image.attrs):
             return sorted(t for t in image.tags if t.endswith(f":{version}"))[0]
     return None
+
+
+def _layer_count(image: docker.models.images.Image) -> int:
+    return len(image.attrs.get("RootFS", {}).get("Layers", ()))

@@ -15,6 +15,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from builder.base.cpu import build_cpu_base
@@ -80,3 +81,30 @@ def test_an_image_with_the_label_is_found_and_the_official_one_comes_first(docke
     finally:
         for name in (official_os_image("3.77"), reference):
             docker_client.images.remove(name, force=True)
+
+
+def test_an_image_built_on_the_os_image_is_not_taken_for_it(docker_client, no_variable,
+                                                             tmp_path):
+    """Each image built on the OS image inherits its label (the CPU base, every serving image)
+    and is newer: the OS image is still the one chosen. Taking the CPU base for it broke the
+    next base build on a fresh engine (``useradd: user 'triton-server' already exists``)."""
+    empty = io.BytesIO()
+    with tarfile.open(fileobj=empty, mode="w") as archive:
+        archive.addfile(tarfile.TarInfo("etc"), None)
+    reference = "triton-builder-test/os-image-choice:python3.78"
+    derived = "triton-builder-test/os-image-choice:built-on-python3.78"
+    docker_client.api.import_image_from_data(
+        empty.getvalue(), repository=reference.split(":")[0], tag="python3.78",
+        changes=[f"LABEL {OS_PYTHON_LABEL}=3.78"])
+    (tmp_path / "Dockerfile").write_text(f"FROM {reference}\nCOPY marker /marker\n")
+    (tmp_path / "marker").write_text("built on the OS image\n")
+    try:
+        docker_client.images.build(path=str(tmp_path), tag=derived, rm=True)
+        assert docker_client.images.get(derived).labels[OS_PYTHON_LABEL] == "3.78"
+        assert os_image_for(docker_client, "3.78") == reference
+    finally:
+        for image in (derived, reference):
+            try:
+                docker_client.images.remove(image, force=True)
+            except docker.errors.ImageNotFound:
+                pass
