@@ -256,9 +256,12 @@ def measure_load(analyzer: PerfAnalyzer, grpc_url: str, model: str, input_data: 
         rows = list(csv.DictReader(report.open())) if report.exists() else []
         profile = json.loads(export.read_text()) if streaming and export.exists() else None
     row = next((r for r in rows if r.get("Concurrency") == str(concurrency)), None)
-    if row is None or (streaming and profile is None):
+    if row is None:
         raise PerfAnalyzerError(f"{what}: its report has no row for concurrency {concurrency}:"
                                 f"\n{_tail(run.stdout)}")
+    if streaming and profile is None:
+        raise PerfAnalyzerError(f"{what}: it wrote no profile export, which a stream's latency "
+                                f"to its first response is read from:\n{_tail(run.stdout)}")
     rate = float(row["Inferences/Second"])
     counted = re.search(r"Request count: (\d+)", run.stdout)
     requests = int(counted.group(1)) if counted else round(rate * measurement_ms / 1000)
