@@ -68,11 +68,17 @@ def _local_cpu_torch() -> str | None:
                default=None)
 
 
+TWO_AT_ONCE = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+"""Two pytest-xdist workers, a module each: tests marked ``alongside`` share the machine, every
+other test runs alone (``tests/support/concurrency.py``); modules stay in the order that plugin
+collects them, ``alongside`` first."""
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole suite, slow end-to-end tests included (real dockerd, tritonserver, registry)."""
     _install(session)
-    session.run("pytest", *(session.posargs or ["-q", "--durations=25"]))  # where time goes
+    session.run("pytest", *(session.posargs or ["-q", "--durations=25", *TWO_AT_ONCE]))
 
 
 UNIT_DESELECT = "not (slow or e2e or docker or registry or tritonserver or gpu)"

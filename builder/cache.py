@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from builder.errors import TritonBuilderError
@@ -30,17 +33,45 @@ def cache_dir(*parts: str) -> Path:
 
 def cached_download(requirement: str, subdirectory: str, pattern: str, *options: str) -> Path:
     """The file ``pattern`` matches in ``cache_dir(subdirectory)``, fetched there with ``pip
-    download --no-deps <options> requirement`` when none does yet (the newest match)."""
+    download --no-deps <options> requirement`` when none does yet (the newest match).
+
+    pip writes into a hidden directory inside the cache's, and each finished file is renamed
+    into place: pip copies into ``--dest`` as it goes, and another process looking for the
+    same file then finds it half-written."""
     dest = cache_dir(subdirectory)
     found = sorted(dest.glob(pattern))
     if not found:
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--dest", str(dest),
-             requirement], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as staging:
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--dest",
+                 staging, requirement], capture_output=True, text=True)
+            if result.returncode == 0:
+                for name in os.listdir(staging):
+                    os.replace(os.path.join(staging, name), dest / name)
         found = sorted(dest.glob(pattern))
         if result.returncode != 0 or not found:
             raise DownloadError(requirement, result.stderr.strip())
     return found[-1]
+
+
+def marked_complete(entry: Path) -> bool:
+    """Whether ``entry`` holds the ``.complete`` marker written last into its staging."""
+    return (entry / ".complete").exists()
+
+
+def publish(staging: Path, entry: Path, complete: Callable[[Path], bool] = marked_complete
+            ) -> None:
+    """Rename a finished ``staging`` directory (made beside ``entry``) to the cache ``entry``:
+    the cache's one way of writing what two processes may make at once. The one that renames
+    second finds the first one's entry and uses it. Only an entry that is not ``complete`` (an
+    interrupted older builder's) is removed first: a whole one may be in use."""
+    if entry.exists() and not complete(entry):
+        shutil.rmtree(entry, ignore_errors=True)
+    try:
+        staging.rename(entry)
+    except OSError:
+        if not complete(entry):
+            raise
 
 
 def file_sha256(path: str | os.PathLike) -> str:

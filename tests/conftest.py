@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from builder.tritonserver.host_process import TritonServer
+from tests.support.concurrency import once_per_run, one_at_a_time
 from tests.support.gpu import gpu_missing
 from tests.support.paths import IMAGES
 from tests.support.testbed import LocalRegistry
@@ -31,6 +32,7 @@ from tests.support.testbed import LocalRegistry
 TEST_IMAGES = os.environ.get("TRITON_BUILDER_TEST_IMAGES", "triton-builder-test")
 """Where the session's shared images are tagged: checkouts that test side by side on one engine
 each set their own, so that neither retags the other's."""
+pytest_plugins = ["tests.support.concurrency", "pytester"]
 NEEDS = {"docker_client": "docker", "registry": "registry", "triton_server": "tritonserver"}
 """Fixture → the marker of what a test that uses it (at any depth) needs of the machine."""
 
@@ -63,7 +65,8 @@ def docker_client():
     from builder.host_packages import HostError
 
     try:
-        client = ensure_engine()
+        with one_at_a_time("engine"):
+            client = ensure_engine()
     except (EngineError, HostError) as error:
         pytest.skip(f"no Docker engine: {error}")
     yield client
@@ -74,14 +77,16 @@ def docker_client():
 def os_image(docker_client) -> str:
     from builder.base.os_image import debian_os_image
 
-    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(docker_client)
+    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or once_per_run(
+        "os_image", lambda: debian_os_image(docker_client))
 
 
 @pytest.fixture(scope="session")
 def cpu_base_image(docker_client, os_image) -> str:
     from builder.base.cpu import build_cpu_base
 
-    return build_cpu_base(docker_client, os_image=os_image).tags[0]
+    return once_per_run("cpu_base_image",
+                        lambda: build_cpu_base(docker_client, os_image=os_image).tags[0])
 
 
 @pytest.fixture(scope="session")
@@ -92,10 +97,11 @@ def arm64_emulation(docker_client) -> None:
     from builder.host_packages import HostError
     from tests.support.testbed import enable_emulation
 
-    if platform_support(docker_client, ARM64).problem is None:
-        return
     try:
-        enable_emulation(ARM64)
+        with one_at_a_time("arm64_emulation"):
+            if platform_support(docker_client, ARM64).problem is None:
+                return
+            enable_emulation(ARM64)
     except HostError as error:
         pytest.skip(f"no linux/arm64 emulation: {error}")
 
@@ -107,9 +113,12 @@ def arm64_cpu_base_image(docker_client, arm64_emulation) -> str:
     from builder.base.os_image import debian_os_image
     from builder.engine.platforms import ARM64
 
-    os_image = (os.environ.get("TRITON_BUILDER_OS_IMAGE_ARM64")
-                or debian_os_image(docker_client, platform=ARM64))
-    return build_cpu_base(docker_client, os_image=os_image, platform=ARM64).tags[0]
+    def make() -> str:
+        os_image = (os.environ.get("TRITON_BUILDER_OS_IMAGE_ARM64")
+                    or debian_os_image(docker_client, platform=ARM64))
+        return build_cpu_base(docker_client, os_image=os_image, platform=ARM64).tags[0]
+
+    return once_per_run("arm64_cpu_base_image", make)
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +127,8 @@ def slim_base_image(docker_client, os_image) -> str:
     from builder.base.gpu_slim import build_slim_base
     from builder.base.releases import builder_python
 
-    return build_slim_base(docker_client, builder_python(), os_image=os_image).tags[0]
+    return once_per_run("slim_base_image", lambda: build_slim_base(
+        docker_client, builder_python(), os_image=os_image).tags[0])
 
 
 @pytest.fixture(scope="session")
@@ -148,8 +158,11 @@ def trixie_base_image(docker_client) -> str:
     from builder.base.cpu import build_cpu_base
     from builder.base.os_image import debian_os_image
 
-    os_image = debian_os_image(docker_client, suite="trixie")
-    return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]
+    def make() -> str:
+        os_image = debian_os_image(docker_client, suite="trixie")
+        return build_cpu_base(docker_client, os_image=os_image, python_version="3.13").tags[0]
+
+    return once_per_run("trixie_base_image", make)
 
 
 def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> str:
@@ -158,11 +171,12 @@ def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> s
 
     from builder.engine.image_build import build_image
 
-    try:
-        client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        build_image(client, IMAGES, [tag], dockerfile=dockerfile, buildargs=buildargs,
-                    network_mode="host")
+    with one_at_a_time(tag):
+        try:
+            client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            build_image(client, IMAGES, [tag], dockerfile=dockerfile, buildargs=buildargs,
+                        network_mode="host")
     return tag
 
 
@@ -170,7 +184,7 @@ def _stand_in(client, dockerfile: str, tag: str, buildargs: dict[str, str]) -> s
 def bullseye_image(docker_client) -> str:
     from builder.base.os_image import debian_os_image
 
-    return debian_os_image(docker_client, suite="bullseye")
+    return once_per_run("bullseye_image", lambda: debian_os_image(docker_client, suite="bullseye"))
 
 
 @pytest.fixture(scope="session")
@@ -243,20 +257,27 @@ def cuda_13_0_release_image(docker_client) -> str:
 def _cuda_stand_in(client, dockerfile: str, cuda: str, buildargs: dict[str, str]) -> str:
     """Build ``tests/images/<dockerfile>`` with :data:`CUDA_WHEELS` ``[cuda]`` in its context's
     ``wheels/``, as ``triton-builder-test/cuda-<cuda>-release``, unless the engine has it."""
+    import docker.errors
+
+    tag = f"triton-builder-test/cuda-{cuda}-release:1"
+    with one_at_a_time(tag):
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        _build_cuda_stand_in(client, dockerfile, cuda, buildargs, tag)
+    return tag
+
+
+def _build_cuda_stand_in(client, dockerfile: str, cuda: str, buildargs: dict[str, str],
+                         tag: str) -> None:
     import shutil
     import tempfile
-
-    import docker.errors
 
     from builder.cache import cached_download
     from builder.engine.image_build import build_image
 
-    tag = f"triton-builder-test/cuda-{cuda}-release:1"
-    try:
-        client.images.get(tag)
-        return tag
-    except docker.errors.ImageNotFound:
-        pass
     with tempfile.TemporaryDirectory(prefix="cuda-stand-in-") as workdir:
         context = Path(workdir)
         (context / "wheels").mkdir()
@@ -269,7 +290,6 @@ def _cuda_stand_in(client, dockerfile: str, cuda: str, buildargs: dict[str, str]
                                     "--python-version", "3.11")
             shutil.copyfile(wheel, context / "wheels" / wheel.name)
         build_image(client, context, [tag], buildargs=buildargs, network_mode="host")
-    return tag
 
 
 @pytest.fixture(scope="session")
@@ -279,5 +299,9 @@ def text_embedding_image(docker_client, cpu_base_image) -> str:
     from pipelines.text_embedding import pipeline
 
     reference = f"{TEST_IMAGES}/text-embedding-serving:1"
-    build_docker_image(pipeline, reference, client=docker_client)
-    return reference
+
+    def make() -> str:
+        build_docker_image(pipeline, reference, client=docker_client)
+        return reference
+
+    return once_per_run("text_embedding_image", make)

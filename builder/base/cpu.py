@@ -29,7 +29,7 @@ import docker.errors
 from packaging.requirements import Requirement
 
 from builder.base.os_choice import os_image_for, os_image_variable
-from builder.cache import cache_dir, content_hash
+from builder.cache import cache_dir, content_hash, publish
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
 from builder.engine.platforms import (
@@ -39,6 +39,7 @@ from builder.engine.platforms import (
     per_platform_tag,
 )
 from builder.errors import TritonBuilderError
+from builder.host_lock import host_lock
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
@@ -91,7 +92,9 @@ def build_cpu_base(
 ) -> BuiltImage:
     """Build (or reuse) the CPU Triton base image for ``platform`` and return it.
 
-    ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache.
+    ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache. The look for
+    a built one and the build hold the tag's lock (:mod:`builder.host_lock`): a second process
+    asking for the same base meanwhile waits, then finds it, rather than building it again.
     """
     os_image = os_image or os_image_for(client, python_version, platform)
     tag = tag or cpu_base_tag(python_version, platform)
@@ -107,21 +110,22 @@ def build_cpu_base(
         distribution.root.name, ONNXRUNTIME_BACKEND,
         *([platform.name] if platform != DEFAULT_PLATFORM else []),
     )
-    cached = None if rebuild else find_built(client, tag, digest)
-    if cached is not None:
-        return cached
-    packages = _python_packages(requirements_for(requirements, python_version), python_version,
-                                platform)
-    with tempfile.TemporaryDirectory(prefix="tritonserver-cpu-") as workdir:
-        context = Path(workdir)
-        (context / "Dockerfile").write_text(dockerfile)
-        shutil.copytree(packages, context / "python", symlinks=True)
-        distribution.install_layout(context / "tritonserver", python_version)
-        labels = base_labels("tritonserver-cpu", digest, python_version, os_image, os_image_id,
-                             {PLATFORM_LABEL: platform.name} if platform != DEFAULT_PLATFORM
-                             else {})
-        return build_image(client, context, [tag], labels=labels, nocache=rebuild,
-                           platform=platform.name, on_log=on_log)
+    with host_lock(f"image-{tag}"):
+        cached = None if rebuild else find_built(client, tag, digest)
+        if cached is not None:
+            return cached
+        packages = _python_packages(requirements_for(requirements, python_version), python_version,
+                                    platform)
+        with tempfile.TemporaryDirectory(prefix="tritonserver-cpu-") as workdir:
+            context = Path(workdir)
+            (context / "Dockerfile").write_text(dockerfile)
+            shutil.copytree(packages, context / "python", symlinks=True)
+            distribution.install_layout(context / "tritonserver", python_version)
+            labels = base_labels("tritonserver-cpu", digest, python_version, os_image, os_image_id,
+                                 {PLATFORM_LABEL: platform.name} if platform != DEFAULT_PLATFORM
+                                 else {})
+            return build_image(client, context, [tag], labels=labels, nocache=rebuild,
+                               platform=platform.name, on_log=on_log)
 
 
 def base_labels(title: str, digest: str, python_version: str, os_image: str, os_image_id: str,
@@ -193,32 +197,41 @@ def requirements_for(requirements: str, python_version: str) -> str:
 
 
 def _python_packages(requirements: str, python_version: str, platform: Platform) -> Path:
-    """Install ``requirements`` for the image's Python and platform into a cached directory."""
+    """Install ``requirements`` for the image's Python and platform into a cached directory.
+
+    pip installs into a temporary directory beside it, marked complete there and renamed into
+    place: ``pip --target`` skips what the directory already holds, so two processes sharing
+    one would each take the other's half-written packages for installed."""
     tags = [tag.format(machine=platform.machine) for tag in WHEEL_PLATFORMS]
-    target = cache_dir("base-python", content_hash(requirements, python_version, *tags)[:16])
+    target = cache_dir("base-python") / content_hash(requirements, python_version, *tags)[:16]
     if (target / ".complete").exists():
         return target / "site-packages"
-    staging = target / "site-packages"
-    shutil.rmtree(staging, ignore_errors=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as spec:
-        spec.write(requirements)
-        spec.flush()
-        command = [
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
-            "--only-binary=:all:", "--implementation", "cp",
-            "--python-version", python_version, "--target", str(staging),
-            *(arg for tag in tags for arg in ("--platform", tag)),
-            "-r", spec.name,
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BaseImageError(
-            f"could not fetch the base image's Python packages for Python {python_version} on "
-            f"{platform}:\n"
-            f"{result.stderr.strip()[-3000:]}"
-        )
-    (target / ".complete").touch()
-    return staging
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
+    try:
+        staging.chmod(0o755)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as spec:
+            spec.write(requirements)
+            spec.flush()
+            command = [
+                sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+                "--only-binary=:all:", "--implementation", "cp",
+                "--python-version", python_version,
+                "--target", str(staging / "site-packages"),
+                *(arg for tag in tags for arg in ("--platform", tag)),
+                "-r", spec.name,
+            ]
+            result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BaseImageError(
+                f"could not fetch the base image's Python packages for Python {python_version} "
+                f"on {platform}:\n"
+                f"{result.stderr.strip()[-3000:]}"
+            )
+        (staging / ".complete").touch()
+        publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target / "site-packages"
 
 
 def cpu_backend_requirements(python_version: str,

@@ -26,6 +26,7 @@ from builder.base.releases import DEBIAN_SUITES
 from builder.engine.image_config import load_config, restamp_platform
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
 from builder.errors import TritonBuilderError
+from builder.host_lock import host_lock
 from builder.host_packages import ensure_program
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
@@ -54,16 +55,27 @@ def debian_os_image(client: docker.DockerClient, tag: str | None = None,
                     platform: Platform = DEFAULT_PLATFORM) -> str:
     """Return ``tag`` (default :func:`debian_os_image_tag`), made with mmdebstrap unless it
     exists. ``trixie`` (Python 3.13) is the OS of the CPU base that stands in for a release
-    whose Python is not the builder's; ``platform`` picks the Debian architecture."""
+    whose Python is not the builder's; ``platform`` picks the Debian architecture.
+
+    The look and the making hold the tag's lock (:mod:`builder.host_lock`): a second process
+    asking for the same tag meanwhile waits, then finds it, rather than making it again."""
     if suite not in DEBIAN_SUITES:
         raise RootfsError(f"unknown Debian suite {suite!r}: one of {', '.join(DEBIAN_SUITES)}")
     tag = tag or debian_os_image_tag(suite, platform)
-    if not rebuild:
-        try:
-            client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
+    with host_lock(f"image-{tag}"):
+        if not rebuild:
+            try:
+                client.images.get(tag)
+                return tag
+            except docker.errors.ImageNotFound:
+                pass
+        _make_os_image(client, tag, suite, platform)
+    return tag
+
+
+def _make_os_image(client: docker.DockerClient, tag: str, suite: str,
+                   platform: Platform) -> None:
+    """Make ``tag`` with mmdebstrap and ``docker import``."""
     mmdebstrap = ensure_program("mmdebstrap", "mmdebstrap")
     if platform != DEFAULT_PLATFORM:
         ensure_program("arch-test", "arch-test")  # mmdebstrap's check of foreign architectures
@@ -90,7 +102,6 @@ def debian_os_image(client: docker.DockerClient, tag: str | None = None,
             finally:
                 client.images.remove(image_id, noprune=True)
     client.images.get(tag)
-    return tag
 
 
 def _imported_id(answer: str) -> str:

@@ -34,7 +34,7 @@ import docker.errors
 from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
 from builder.bridge.errors import StubBuildError
 from builder.bridge.interpreter import COPY_SCRIPT
-from builder.cache import DownloadError, cache_dir, cached_download, content_hash
+from builder.cache import DownloadError, cache_dir, cached_download, content_hash, publish
 from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
@@ -232,18 +232,30 @@ def _image(client: docker.DockerClient, name: str, what: str) -> docker.models.i
 
 def _copy_out(client: docker.DockerClient, image_id: str, entry: Path, backend: bool) -> None:
     with throwaway_container(client, image_id, command=["true"]) as container:
-        archives = [io.BytesIO(b"".join(container.get_archive(path)[0]))
+        archives = [b"".join(container.get_archive(path)[0])
                     for path in (STUB_PATH, *((BACKEND_PATH,) if backend else ()))]
-    staging = entry.with_name(entry.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for data in archives:
-        with tarfile.open(fileobj=data) as archive:
-            archive.extractall(staging, filter="tar")
-    if backend:
-        for name in BACKEND_FILES:
-            (staging / Path(BACKEND_PATH).name / name).rename(staging / name)
-        (staging / Path(BACKEND_PATH).name).rmdir()
-    (staging / "triton_python_backend_stub").chmod(0o755)
-    shutil.rmtree(entry, ignore_errors=True)
-    staging.rename(entry)
+    _place(archives, entry, backend)
+
+
+def _place(archives: list[bytes], entry: Path, backend: bool) -> None:
+    """Unpack the stage's archives (the stub's, then with ``backend`` the backend's) as the
+    cache ``entry``, through a temporary directory beside it renamed into place: two processes
+    compiling the same stub at once neither delete nor overwrite each other's files, and the
+    one that renames second takes the first one's entry. Only an entry without every file is
+    removed first (an interrupted older builder's): a whole one may be in use."""
+    produced = ("triton_python_backend_stub", *(BACKEND_FILES if backend else ()))
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=entry.name + ".partial-", dir=entry.parent))
+    try:
+        staging.chmod(0o755)
+        for data in archives:
+            with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+                archive.extractall(staging, filter="tar")
+        if backend:
+            for name in BACKEND_FILES:
+                (staging / Path(BACKEND_PATH).name / name).rename(staging / name)
+            (staging / Path(BACKEND_PATH).name).rmdir()
+        (staging / "triton_python_backend_stub").chmod(0o755)
+        publish(staging, entry, lambda at: all((at / name).is_file() for name in produced))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

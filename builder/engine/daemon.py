@@ -6,7 +6,8 @@ Every image operation goes through the Docker SDK. :func:`docker_client` only co
 
 An engine is started only on a machine that has none: not when ``DOCKER_HOST`` names one (a
 second daemon would not be the one the user meant, and dies on the first one's pid file), and
-not when a ``dockerd`` already runs (it may still be starting, or be unhealthy: say so).
+not when a ``dockerd`` already runs (it may still be starting: wait for it; or be unhealthy:
+say so).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import docker
 import docker.errors
 
 from builder.errors import TritonBuilderError
+from builder.host_lock import host_lock, machine_lock_directory
 from builder.host_packages import ensure_program
 
 PING_TIMEOUT = 5
@@ -56,31 +58,44 @@ def docker_client(timeout: int = 600) -> docker.DockerClient:
 
 
 def ensure_engine(wait: float = 60.0, log: Path = Path("/tmp/dockerd.log")) -> docker.DockerClient:
-    """Return a client, starting (and if needed installing) ``dockerd`` on a machine with none."""
+    """Return a client, starting (and if needed installing) ``dockerd`` on a machine with none.
+
+    Where none answers, the rest happens under the machine's lock ``dockerd``
+    (:mod:`builder.host_lock`), looking again once it is held: two builds starting at once
+    start one ``dockerd``, and the second waits for it. A ``dockerd`` already running but not
+    answering yet (starting, for another build or at boot) is waited for as ours would be,
+    ``wait`` seconds."""
     try:
         return docker_client()
-    except EngineError as first:
+    except EngineError:
         if configured_host() is not None:
             raise
-        running = running_dockerd()
-        if running is not None:
-            raise EngineError(f"{first}; a dockerd (pid {running}) is running but does not "
-                              "answer: see its log, or wait until it has started") from None
-        if os.geteuid() != 0:
-            raise EngineError(f"{first}; start dockerd (or run as root to let us)") from None
-    dockerd = ensure_program("dockerd", "docker.io")
-    with open(log, "ab") as stream:
-        subprocess.Popen([dockerd], stdout=stream, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + wait
-    while True:
+    with host_lock("dockerd", machine_lock_directory()):
         try:
             return docker_client()
-        except EngineError:
-            if time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                raise EngineError(f"dockerd did not answer within {wait:.0f}s:\n{tail}") from None
-            time.sleep(0.5)
+        except EngineError as error:
+            first = str(error)
+        running = running_dockerd()
+        if running is None:
+            if os.geteuid() != 0:
+                raise EngineError(f"{first}; start dockerd (or run as root to let us)")
+            dockerd = ensure_program("dockerd", "docker.io")
+            with open(log, "ab") as stream:
+                subprocess.Popen([dockerd], stdout=stream, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return docker_client()
+            except EngineError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+    if running is not None:
+        raise EngineError(f"{first}; a dockerd (pid {running}) is running but did not answer "
+                          f"within {wait:.0f}s: see its log")
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+    raise EngineError(f"dockerd did not answer within {wait:.0f}s:\n{tail}")
 
 
 def running_dockerd(proc: Path = Path("/proc")) -> int | None:

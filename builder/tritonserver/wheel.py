@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import DownloadError, cache_dir, cached_download, file_sha256
+from builder.cache import DownloadError, cache_dir, cached_download, file_sha256, publish
 from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
@@ -162,20 +163,27 @@ def unpack_wheel(wheel: Path, root: Path,
                  prefixes: tuple[str, ...] = ("pytriton/tritonserver/",
                                               "nvidia_pytriton.libs/")) -> None:
     """Extract the members of ``wheel`` under ``prefixes`` to ``root`` with their modes (the
-    executables stay executable); ``root/.complete`` marks a finished extraction."""
-    staging = root.with_name(root.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with zipfile.ZipFile(wheel) as archive:
-        for info in archive.infolist():
-            if info.filename.startswith(prefixes):
-                path = Path(archive.extract(info, staging))
-                mode = info.external_attr >> 16
-                if mode:
-                    path.chmod(mode & 0o777)
-    (staging / ".complete").touch()
-    shutil.rmtree(root, ignore_errors=True)
-    staging.rename(root)
+    executables stay executable); ``root/.complete`` marks a finished extraction.
+
+    Each call extracts into its own temporary directory beside ``root`` and renames it into
+    place: two processes unpacking at once neither delete nor overwrite each other's tree, and
+    the one that renames second takes the first one's ``root``. Only a ``root`` without its
+    marker (left by an older builder) is removed first: a finished one may be in use."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=root.name + ".partial-", dir=root.parent))
+    try:
+        staging.chmod(0o755)
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                if info.filename.startswith(prefixes):
+                    path = Path(archive.extract(info, staging))
+                    mode = info.external_attr >> 16
+                    if mode:
+                        path.chmod(mode & 0o777)
+        (staging / ".complete").touch()
+        publish(staging, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _env_path(name: str) -> Path | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.cache import DownloadError, cache_dir, cached_download
+from builder.cache import DownloadError, cache_dir, cached_download, publish
 from builder.errors import InputError, TritonBuilderError
 from builder.pipeline.signature import PipelineSignature
 
@@ -106,11 +106,7 @@ def _unpack(root: Path, machine: str) -> None:
                  staging / "lib" / "libcudart.so.12")
         if not _system_has("libb64.so.0d"):
             _fetch_libb64(staging / "lib")
-        try:
-            staging.rename(root)
-        except OSError:  # another process renamed its own first: use that one
-            if not root.exists():
-                raise
+        publish(staging, root, Path.exists)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

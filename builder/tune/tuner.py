@@ -60,7 +60,8 @@ def tune(
     log: Callable[[str], None] | None = None,
 ) -> Tuning:
     """Search the settings of ``pipe`` served on this machine for the most requests/s whose p99
-    (at the pipeline's input) stays within ``latency_budget_ms``, for at most ``minutes``. A
+    (at the pipeline's input) stays within ``latency_budget_ms``, for at most ``minutes`` (from
+    when perf_analyzer is ready: its first fetch on a machine is not the search's time). A
     streaming pipeline is loaded with streams (gRPC), and its p99 is that of each stream's first
     item: what its budget bounds when served.
 
@@ -83,8 +84,8 @@ def tune(
         raise TuneError(f"minutes must be positive, got {minutes!r}")
     say = log or (lambda line: None)
     streams = bool(pipe.signature().streamed)
+    analyzer = perf_analyzer()  # fetched once per machine: not the search's time
     started = time.monotonic()
-    analyzer = perf_analyzer()
     with tempfile.TemporaryDirectory(prefix="triton-builder-tune-") as scratch:
         if image is None:
             repository, serve = _built(pipe, Path(scratch) / "models", latency_budget_ms,

@@ -21,7 +21,7 @@ from builder.base.releases import resolve
 from builder.bridge import BasePythonError, fit_base_python, plan_python
 from tests.support.example_inputs import EXAMPLES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,8 @@ from builder.pipeline.signature_document import signature_parameter
 from builder.tritonserver.host_process import TritonServer
 from builder.verify.equality import check_same
 
+pytestmark = pytest.mark.alongside
+
 SCHEMES = ("grpc", "http")
 ATOL = 1e-4  # served model operators run in onnxruntime, in-process ones in torch
 

@@ -44,6 +44,8 @@ from torch import nn
 from {helpers} import word_id
 from builder import ModelOp, pipe
 
+pytestmark = pytest.mark.alongside
+
 
 class BagOfWords:
     """A custom operator: hashed word counts."""

@@ -32,7 +32,7 @@ from builder.environment.tarball import pack_environment
 from builder.environment.target import host_target
 from tests.e2e.test_environment_host import write_probe_repository
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 _STDLIB_LEFT_OUT = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",

@@ -25,6 +25,8 @@ from builder.environment.tarball import environment_key, pack_environment
 from builder.environment.target import host_target
 from tests.support.paths import MODELS, REPO_ROOT
 
+pytestmark = pytest.mark.alongside
+
 PROBE_MODEL = MODELS / "env_probe.py"
 SPEC = REPO_ROOT / "envs" / "tabulate-demo.txt"
 EXTRACTION = re.compile(r'Extracting Python execution env (\S+?)"')

@@ -20,7 +20,7 @@ from builder.environment.spec import requirements_spec
 from builder.environment.tarball import pack_environment
 from builder.environment.target import host_target
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 OTHER_CA = Path("/etc/ssl/certs/ISRG_Root_X1.pem")  # a real root CA, not the proxy's

@@ -27,6 +27,8 @@ from pipelines import image_classification, text_embedding, text_recognizer
 from tests.support.example_inputs import EXAMPLES, TEXTS, images, text_lines
 from tests.support.pipeline_client import infer, infer_concurrently
 
+pytestmark = pytest.mark.alongside
+
 
 # -- in process -------------------------------------------------------------------------------
 def test_text_embedding_gives_unit_vectors_that_depend_on_the_text():

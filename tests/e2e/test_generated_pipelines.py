@@ -41,6 +41,8 @@ from builder import ModelOp, PipelineError, build_pipeline_model, pipe, vectoriz
 from builder.client.pipeline import Client
 from builder.verify.equality import check_same
 
+pytestmark = pytest.mark.alongside
+
 SEED = int(os.environ.get("TRITON_BUILDER_HYPOTHESIS_SEED") or secrets.randbelow(2 ** 32))
 EXAMPLES = int(os.environ.get("TRITON_BUILDER_HYPOTHESIS_EXAMPLES", "12"))
 PHASES = [Phase.explicit, Phase.generate] + (

@@ -34,6 +34,8 @@ from builder.bridge.stub_build import compile_stub, render_stub_dockerfile, stub
 from builder.host_packages import ensure_program
 from tests.support.paths import TRITON_SOURCES
 
+pytestmark = pytest.mark.alongside
+
 SOURCES = TRITON_SOURCES
 ROUTES = [  # release, its stand-in's fixture, the CUDA runtime the stub must link
     ("22.12", "cuda_11_8_release_image", "libcudart.so.11.0"),

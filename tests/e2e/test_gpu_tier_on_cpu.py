@@ -21,7 +21,7 @@ from tests.support.gpu_serving import (
     served_text_embedding,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
+pytestmark = [pytest.mark.slow, pytest.mark.tritonserver, pytest.mark.alongside]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from builder.verify.equality import check_same
 from builder.verify.verification import NothingToVerifyError, VerificationError
 from tests.support.example_inputs import EXAMPLES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 CALLS = 4
 
 

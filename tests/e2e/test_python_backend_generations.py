@@ -44,7 +44,7 @@ from tests.support import pb_utils_standin
 from tests.support.example_inputs import EXAMPLES, TEXTS
 from tests.support.pipeline_client import infer, infer_concurrently
 
-pytestmark = [pytest.mark.slow, needs_sources]
+pytestmark = [pytest.mark.slow, needs_sources, pytest.mark.alongside]
 BRANCHES = ["r22.12", "r23.05"]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -20,7 +20,7 @@ from tests.support.paths import REPO_ROOT
 from tests.unit.cli.test_commands import cli
 from tests.unit.image.test_sbom import example_sbom, validate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 SPEC = REPO_ROOT / "envs" / "tabulate-demo.txt"
 

@@ -38,7 +38,7 @@ from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.support.example_inputs import EXAMPLES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 REGION = re.compile(r"triton_\w+_backend_shm_region_[0-9a-f-]+")
 """python_backend's default ``shm-region-prefix-name`` (``triton_python_backend_shm_region_``,

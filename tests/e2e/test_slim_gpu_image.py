@@ -41,7 +41,7 @@ from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
 from tests.unit.cli.test_commands import cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 PIPELINE = f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline"
 REFERENCE = "triton-builder-test/slim-gpu-text-embedding:12.6"

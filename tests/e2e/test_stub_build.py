@@ -25,6 +25,8 @@ from tests.support.example_inputs import EXAMPLES
 from tests.support.paths import TRITON_SOURCES
 from tests.support.stub_digest import placed_stub_sha256
 
+pytestmark = pytest.mark.alongside
+
 SOURCES = TRITON_SOURCES
 needs_sources = pytest.mark.skipif(
     not (SOURCES / "python_backend-r24.10.tar.gz").is_file(),

@@ -22,7 +22,8 @@ ROOT = Path(builder.__file__).parent
 # (job, cli).
 LAYERS = [
     "runtime",
-    "errors", "build_epoch", "cache", "progress", "interrupts", "host_packages", "engine",
+    "errors", "build_epoch", "cache", "host_lock", "progress", "interrupts", "host_packages",
+    "engine",
     "tritonserver",
     "pipeline", "client",
     "base", "bridge", "repository", "environment", "image", "verify", "push", "deploy",

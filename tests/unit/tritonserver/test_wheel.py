@@ -22,6 +22,7 @@ from builder.tritonserver.wheel import (
     triton_distribution,
     unpack_wheel,
 )
+from tests.support.at_once import at_once
 
 SERVER = "pytriton/tritonserver/"
 MEMBERS = {
@@ -66,13 +67,46 @@ def test_only_the_server_is_unpacked_and_executables_stay_executable(wheel, tmp_
 
 
 def test_an_interrupted_unpacking_is_redone_and_never_seen_half_done(wheel, tmp_path):
+    """What a killed build left: its own staging directory (never taken for another's), or,
+    from an older builder, a ``root`` without its marker (replaced)."""
     root = tmp_path / "unpacked"
-    partial = root.with_name(root.name + ".partial")
-    (partial / SERVER / "bin").mkdir(parents=True)
-    (partial / SERVER / "bin/stale").write_text("left by a killed build")
+    for left in (root.with_name(root.name + ".partial-killed"), root):
+        (left / SERVER / "bin").mkdir(parents=True)
+        (left / SERVER / "bin/stale").write_text("left by a killed build")
     unpack_wheel(wheel, root)
-    assert not partial.exists() and not (root / SERVER / "bin/stale").exists()
+    assert not (root / SERVER / "bin/stale").exists()
     assert (root / ".complete").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("unpacked")) == [
+        "unpacked", "unpacked.partial-killed"]
+
+
+def _unpack_and_list(wheel: Path, root: Path) -> dict[str, str]:
+    """Unpack, then read back every file of ``root`` at once, as the caller would use it."""
+    unpack_wheel(wheel, root)
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_two_processes_unpacking_at_once_both_get_the_whole_tree(tmp_path):
+    """Two builds that find the server not yet unpacked (two pytest-xdist workers on an empty
+    cache) unpack it together: neither may delete the other's half-done or finished tree."""
+    wheel = tmp_path / "nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl"
+    members = {**MEMBERS, **{f"{SERVER}lib/part{i:03}.so": 0o755 for i in range(400)}}
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, mode in members.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            archive.writestr(info, f"contents of {name}\n" * 2000)
+    expected = {name: f"contents of {name}\n" * 2000 for name in members
+                if name.startswith((SERVER, "nvidia_pytriton.libs/"))}
+    expected[".complete"] = ""
+    for attempt in range(3):
+        root = tmp_path / f"unpacked-{attempt}"
+        first, second = at_once(_unpack_and_list, [(wheel, root)] * 2)
+        assert first == expected
+        assert second == expected
+        assert _unpack_and_list(wheel, root) == expected
+        assert sorted(tmp_path.glob(f"{root.name}*")) == [root], "a staging directory was left"
 
 
 def test_the_distribution_is_unpacked_once_per_wheel_content(distribution, wheel):

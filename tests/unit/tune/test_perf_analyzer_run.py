@@ -123,3 +123,32 @@ def test_a_stream_is_measured_to_its_first_response(tmp_path, analyzer):
     assert 20 <= point.p50_ms <= point.p99_ms < 150
     assert 0 < point.rate < 2 / 0.2 * 1.1  # two streams in flight, 200 ms each
     assert after - success >= point.requests and failures == 0
+
+
+def test_fetching_perf_analyzer_is_not_the_searchs_time(analyzer, monkeypatch):
+    """On a fresh machine perf_analyzer is fetched on tune's first call (PyPI, Debian's libb64):
+    tens of seconds that once ate a one-minute search, which then kept the defaults untried
+    (the suite on an empty machine). The search's deadline starts once the tool is ready."""
+    import time
+
+    from builder.tune import tuner
+    from pipelines import text_embedding
+
+    fetch_s = 3.0
+
+    def slow_fetch():
+        time.sleep(fetch_s)
+        return analyzer
+
+    class Stop(Exception):
+        pass
+
+    def search(trial, deadline, log):
+        raise Stop(deadline - time.monotonic())
+
+    monkeypatch.setattr(tuner, "perf_analyzer", slow_fetch)
+    monkeypatch.setattr(tuner, "Search", search)
+    with pytest.raises(Stop) as stopped:
+        tuner.tune(text_embedding.pipeline, 50, minutes=0.1)
+    left = stopped.value.args[0]
+    assert left > 0.1 * 60 - fetch_s / 2, f"{left:.1f} s of a 6 s search left once it began"

@@ -1,0 +1,113 @@
+"""Two tests at once, only where neither can tell: a pytest plugin for ``pytest -n 2``.
+
+Why: much of the suite waits on one core (the builder's own Python, a server, a download) while
+the other idles, and a fresh machine compiles for half an hour; two pytest-xdist workers use
+both. Why not every test: some measure time or load (a latency budget, a drain, a tuner), some
+count what the whole engine holds (no layer left behind, the same image set before and after),
+and a second test beside them would change their answer. So a test runs *alone* unless its
+module is marked ``alongside``, and the workers take turns through one reader-writer lock
+(``fcntl.flock`` on a file of the run): an ``alongside`` test holds it shared, any other test
+holds it exclusively. A gate taken before either keeps a waiting exclusive test from being
+overtaken forever. ``alongside`` modules are collected first, so both workers start on them.
+
+Session fixtures run once per worker under xdist: :func:`once_per_run` makes the first worker
+build a shared image and the others read its name (pytest-xdist's documented recipe, with
+``filelock``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from filelock import FileLock
+
+MARKER = "alongside"
+T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: may run beside another {MARKER} test under pytest -n (neither "
+        "measures time or load, nor counts what the whole engine holds); every other test runs "
+        "alone (tests/support/concurrency.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``alongside`` tests first, each group in its collection order (a stable sort): with
+    ``--dist loadfile --no-loadscope-reorder`` both workers start on modules that can share the
+    machine."""
+    items.sort(key=lambda item: item.get_closest_marker(MARKER) is None)
+
+
+def _run_directory() -> Path | None:
+    """Where this run's workers keep their locks (one directory per run, named by xdist's id
+    of the run); ``None`` outside an xdist worker."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    root = Path(tempfile.gettempdir(), f"triton-builder-tests-{run}")
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@contextmanager
+def _turn(root: Path, alongside: bool) -> Iterator[None]:
+    """Hold the run's test lock shared (``alongside``) or exclusively, through the gate."""
+    with open(root / "gate", "a") as gate, open(root / "tests", "a") as tests:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_SH if alongside else fcntl.LOCK_EX)
+        finally:
+            if alongside:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test's setup, call and teardown inside its turn (outside pytest-timeout's clock)."""
+    root = _run_directory()
+    if root is None:
+        yield
+        return
+    with _turn(root, item.get_closest_marker(MARKER) is not None):
+        yield
+
+
+def once_per_run(name: str, make: Callable[[], T]) -> T:
+    """``make()`` once per run however many workers ask: the first builds under a lock and
+    writes what it returned (JSON), the others read it. Without xdist, just ``make()``."""
+    root = _run_directory()
+    if root is None:
+        return make()
+    made = root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if made.is_file():
+            return json.loads(made.read_text())
+        value: Any = make()
+        made.write_text(json.dumps(value))
+        return value
+
+
+@contextmanager
+def one_at_a_time(name: str) -> Iterator[None]:
+    """One worker at a time in the block (starting the engine, enabling emulation): what each
+    worker needs for itself, but two at once would race."""
+    root = _run_directory()
+    if root is None:
+        yield
+        return
+    with FileLock(str(root / f"{name}.lock")):
+        yield

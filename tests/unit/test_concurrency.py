@@ -1,0 +1,115 @@
+"""The suite's two workers (``tests/support/concurrency.py``), run for real: pytest-xdist with
+two workers on generated modules that record when each test ran."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+MODULE = """
+import json, os, time
+{mark}
+
+def _record(name):
+    started = time.monotonic()
+    time.sleep(0.6)
+    with open(os.environ["SPANS"], "a") as spans:
+        spans.write(json.dumps([name, started, time.monotonic()]) + "\\n")
+
+{tests}
+"""
+
+
+def _module(pytester: pytest.Pytester, name: str, alongside: bool, count: int = 2) -> None:
+    mark = "import pytest\npytestmark = pytest.mark.alongside" if alongside else ""
+    tests = "\n".join(f"def test_{i}():\n    _record('{name}.{i}')\n" for i in range(count))
+    pytester.makepyfile(**{name: MODULE.format(mark=mark, tests=tests)})
+
+
+def _spans(path: Path) -> dict[str, tuple[float, float]]:
+    return {name: (start, end)
+            for name, start, end in map(json.loads, path.read_text().splitlines())}
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+@pytest.fixture
+def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    for outer in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID"):  # this suite's own workers
+        monkeypatch.delenv(outer, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    monkeypatch.setenv("SPANS", str(tmp_path / "spans.jsonl"))
+    pytester.makeconftest('pytest_plugins = ["tests.support.concurrency"]\n')
+
+    def run() -> dict[str, tuple[float, float]]:
+        result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile",
+                                               "--no-loadscope-reorder", "-p", "no:cacheprovider")
+        result.assert_outcomes(passed=sum(1 for _ in pytester.path.glob("test_*.py")) * 2)
+        return _spans(tmp_path / "spans.jsonl")
+
+    return run
+
+
+def test_a_test_not_marked_alongside_runs_with_no_other_test_beside_it(pytester, two_workers):
+    for name, alongside in (("test_a", True), ("test_b", False), ("test_c", False),
+                            ("test_d", True)):
+        _module(pytester, name, alongside)
+    spans = two_workers()
+    alone = [name for name in spans if name.startswith(("test_b", "test_c"))]
+    for name in alone:
+        others = [other for other in spans if other != name]
+        assert not any(_overlap(spans[name], spans[other]) for other in others), (name, spans)
+
+
+def test_alongside_tests_run_at_once_and_first(pytester, two_workers):
+    """Modules marked ``alongside`` are collected first, so both workers start on them, and two
+    of them share the machine."""
+    _module(pytester, "test_a", False)
+    _module(pytester, "test_b", True)
+    _module(pytester, "test_c", True)
+    spans = two_workers()
+    assert any(_overlap(spans[f"test_b.{i}"], spans[f"test_c.{j}"])
+               for i in range(2) for j in range(2)), spans
+    first_alone = min(start for name, (start, _) in spans.items() if name.startswith("test_a"))
+    assert spans["test_b.0"][0] < first_alone and spans["test_c.0"][0] < first_alone, spans
+
+
+def test_once_per_run_makes_a_session_value_once_for_both_workers(pytester, two_workers,
+                                                                 tmp_path):
+    made = tmp_path / "made"
+    for name in ("test_a", "test_b"):
+        pytester.makepyfile(**{name: textwrap.dedent(f"""
+            import os, time
+            import pytest
+            from tests.support.concurrency import once_per_run
+
+            pytestmark = pytest.mark.alongside
+
+            @pytest.fixture(scope="session")
+            def shared():
+                def make():
+                    with open({str(made)!r}, "a") as log:
+                        log.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+                    time.sleep(0.5)
+                    return "built"
+                return once_per_run("shared", make)
+
+            def test_0(shared):
+                assert shared == "built"
+                with open(os.environ["SPANS"], "a") as spans:
+                    spans.write('["{name}.0", 0, 0]\\n')
+
+            def test_1(shared):
+                assert shared == "built"
+                with open(os.environ["SPANS"], "a") as spans:
+                    spans.write('["{name}.1", 0, 0]\\n')
+            """)})
+    two_workers()
+    assert len(made.read_text().split()) == 1
