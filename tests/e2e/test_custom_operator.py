@@ -26,6 +26,8 @@ from builder.tritonserver.host_process import TritonServer
 from builder.verify.equality import check_same as assert_same
 from tests.support.pipeline_client import infer, infer_concurrently
 
+pytestmark = pytest.mark.alongside
+
 HELPERS = '''
 import zlib
 
@@ -43,8 +45,6 @@ from torch import nn
 
 from {helpers} import word_id
 from builder import ModelOp, pipe
-
-pytestmark = pytest.mark.alongside
 
 
 class BagOfWords:

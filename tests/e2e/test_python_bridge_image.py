@@ -28,7 +28,7 @@ from tests.e2e.test_stub_build import SOURCES, needs_sources
 from tests.support.example_inputs import EXAMPLES
 from tests.support.stub_digest import placed_stub_sha256
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +118,7 @@ def test_a_stub_compiled_against_the_interpreter_image_serves_through_the_bridge
         client.images.remove(reference, force=True)
 
 
+@pytest.mark.alone  # compares the whole engine's images before and after
 def test_bridge_off_fails_before_anything_is_built(bridged, tmp_path, monkeypatch):
     pipeline, inputs = EXAMPLES["text_embedding"]
     client = bridged["client"]

@@ -5,10 +5,11 @@ the other idles, and a fresh machine compiles for half an hour; two pytest-xdist
 both. Why not every test: some measure time or load (a latency budget, a drain, a tuner), some
 count what the whole engine holds (no layer left behind, the same image set before and after),
 and a second test beside them would change their answer. So a test runs *alone* unless its
-module is marked ``alongside``, and the workers take turns through one reader-writer lock
-(``fcntl.flock`` on a file of the run): an ``alongside`` test holds it shared, any other test
-holds it exclusively. A gate taken before either keeps a waiting exclusive test from being
-overtaken forever. ``alongside`` modules are collected first, so both workers start on them.
+module is marked ``alongside`` (and the test itself not ``alone``), and the workers take turns
+through one reader-writer lock (``fcntl.flock`` on a file of the run): an ``alongside`` test
+holds it shared, any other test exclusively. A gate taken before either keeps a waiting
+exclusive test from being overtaken forever. ``alongside`` modules are collected first, so both
+workers start on them.
 
 Session fixtures run once per worker under xdist: :func:`once_per_run` makes the first worker
 build a shared image and the others read its name (pytest-xdist's documented recipe, with
@@ -20,7 +21,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +34,7 @@ import pytest
 from filelock import FileLock
 
 MARKER = "alongside"
+ALONE = "alone"
 T = TypeVar("T")
 
 
@@ -38,13 +43,38 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{MARKER}: may run beside another {MARKER} test under pytest -n (neither "
         "measures time or load, nor counts what the whole engine holds); every other test runs "
         "alone (tests/support/concurrency.py)")
+    config.addinivalue_line(
+        "markers", f"{ALONE}: runs alone though its module is marked {MARKER} (it counts what "
+        "the whole engine holds, or times something)")
+    if _controller(config) and not config.option.testrunuid:
+        config.option.testrunuid = uuid.uuid4().hex  # known here, to remove its directory
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the run's directory once its workers are gone."""
+    if _controller(config) and config.option.testrunuid:
+        shutil.rmtree(_directory(config.option.testrunuid), ignore_errors=True)
+
+
+def _controller(config: pytest.Config) -> bool:
+    """Whether this process hands tests to xdist workers (it runs none itself)."""
+    return (config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
+            and bool(config.getoption("numprocesses", None)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``alongside`` tests first, each group in its collection order (a stable sort): with
     ``--dist loadfile --no-loadscope-reorder`` both workers start on modules that can share the
     machine."""
-    items.sort(key=lambda item: item.get_closest_marker(MARKER) is None)
+    def alone_module(item: pytest.Item) -> bool:
+        module = item.getparent(pytest.Module)
+        return module is None or module.get_closest_marker(MARKER) is None
+
+    items.sort(key=alone_module)
+
+
+def _alongside(item: pytest.Item) -> bool:
+    return item.get_closest_marker(MARKER) is not None and item.get_closest_marker(ALONE) is None
 
 
 def _run_directory() -> Path | None:
@@ -53,9 +83,18 @@ def _run_directory() -> Path | None:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         return None
-    root = Path(tempfile.gettempdir(), f"triton-builder-tests-{run}")
+    root = _directory(run)
     root.mkdir(exist_ok=True)
     return root
+
+
+def _directory(run: str) -> Path:
+    return Path(tempfile.gettempdir(), f"triton-builder-tests-{run}")
+
+
+def _lock(root: Path, name: str) -> FileLock:
+    """The run's lock ``name`` (an image tag's ``/`` and ``:`` made ``_``)."""
+    return FileLock(str(root / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.lock"))
 
 
 @contextmanager
@@ -82,7 +121,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if root is None:
         yield
         return
-    with _turn(root, item.get_closest_marker(MARKER) is not None):
+    with _turn(root, _alongside(item)):
         yield
 
 
@@ -93,7 +132,7 @@ def once_per_run(name: str, make: Callable[[], T]) -> T:
     if root is None:
         return make()
     made = root / f"{name}.json"
-    with FileLock(str(root / f"{name}.lock")):
+    with _lock(root, name):
         if made.is_file():
             return json.loads(made.read_text())
         value: Any = make()
@@ -109,5 +148,5 @@ def one_at_a_time(name: str) -> Iterator[None]:
     if root is None:
         yield
         return
-    with FileLock(str(root / f"{name}.lock")):
+    with _lock(root, name):
         yield

@@ -4,6 +4,7 @@ two workers on generated modules that record when each test ran."""
 from __future__ import annotations
 
 import json
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -49,9 +50,13 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
     pytester.makeconftest('pytest_plugins = ["tests.support.concurrency"]\n')
 
     def run() -> dict[str, tuple[float, float]]:
+        runs = Path(tempfile.gettempdir()).glob("triton-builder-tests-*")
+        before = set(runs)
         result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile",
                                                "--no-loadscope-reorder", "-p", "no:cacheprovider")
         result.assert_outcomes(passed=sum(1 for _ in pytester.path.glob("test_*.py")) * 2)
+        left = set(Path(tempfile.gettempdir()).glob("triton-builder-tests-*")) - before
+        assert not left, "the run's lock directory is removed when it ends"
         return _spans(tmp_path / "spans.jsonl")
 
     return run
@@ -113,3 +118,14 @@ def test_once_per_run_makes_a_session_value_once_for_both_workers(pytester, two_
             """)})
     two_workers()
     assert len(made.read_text().split()) == 1
+
+
+def test_a_test_marked_alone_in_an_alongside_module_runs_alone(pytester, two_workers):
+    _module(pytester, "test_a", True)
+    pytester.makepyfile(test_b=MODULE.format(
+        mark="import pytest\npytestmark = pytest.mark.alongside",
+        tests="def test_0():\n    _record('test_b.0')\n\n"
+              "@pytest.mark.alone\ndef test_1():\n    _record('test_b.1')\n"))
+    spans = two_workers()
+    assert not any(_overlap(spans["test_b.1"], spans[other]) for other in spans
+                   if other != "test_b.1"), spans
