@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from builder.errors import TritonBuilderError
@@ -59,12 +60,29 @@ def marked_complete(entry: Path) -> bool:
     return (entry / ".complete").exists()
 
 
-def publish(staging: Path, entry: Path, complete: Callable[[Path], bool] = marked_complete
-            ) -> None:
-    """Rename a finished ``staging`` directory (made beside ``entry``) to the cache ``entry``:
-    the cache's one way of writing what two processes may make at once. The one that renames
-    second finds the first one's entry and uses it. Only an entry that is not ``complete`` (an
-    interrupted older builder's) is removed first: a whole one may be in use."""
+@contextmanager
+def staged(entry: Path, complete: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """A new directory beside the cache ``entry`` to fill in the block; renamed to ``entry``
+    when the block ends without an error, removed in any case.
+
+    The cache's one way of writing what two processes may make at once: each fills its own
+    directory, and the one that renames second finds the first one's entry and uses it. Only an
+    entry that is not ``complete`` (an interrupted older builder's) is removed first: a whole
+    one may be in use. Without ``complete``, the directory is marked (``.complete``, written
+    last) and the mark is what makes an entry whole."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{entry.name}.partial-", dir=entry.parent))
+    try:
+        staging.chmod(0o755)
+        yield staging
+        if complete is None:
+            (staging / ".complete").touch()
+        _publish(staging, entry, complete or marked_complete)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, entry: Path, complete: Callable[[Path], bool]) -> None:
     if entry.exists() and not complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
     try:

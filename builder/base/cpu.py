@@ -29,7 +29,7 @@ import docker.errors
 from packaging.requirements import Requirement
 
 from builder.base.os_choice import os_image_for, os_image_variable
-from builder.cache import cache_dir, content_hash, publish
+from builder.cache import cache_dir, content_hash, staged
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import CONTENT_HASH_LABEL, BuiltImage, build_image, find_built
 from builder.engine.platforms import (
@@ -206,31 +206,24 @@ def _python_packages(requirements: str, python_version: str, platform: Platform)
     target = cache_dir("base-python") / content_hash(requirements, python_version, *tags)[:16]
     if (target / ".complete").exists():
         return target / "site-packages"
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
-    try:
-        staging.chmod(0o755)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt") as spec:
-            spec.write(requirements)
-            spec.flush()
-            command = [
-                sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
-                "--only-binary=:all:", "--implementation", "cp",
-                "--python-version", python_version,
-                "--target", str(staging / "site-packages"),
-                *(arg for tag in tags for arg in ("--platform", tag)),
-                "-r", spec.name,
-            ]
-            result = subprocess.run(command, capture_output=True, text=True)
+    with staged(target) as staging, tempfile.NamedTemporaryFile("w", suffix=".txt") as spec:
+        spec.write(requirements)
+        spec.flush()
+        command = [
+            sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+            "--only-binary=:all:", "--implementation", "cp",
+            "--python-version", python_version,
+            "--target", str(staging / "site-packages"),
+            *(arg for tag in tags for arg in ("--platform", tag)),
+            "-r", spec.name,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise BaseImageError(
                 f"could not fetch the base image's Python packages for Python {python_version} "
                 f"on {platform}:\n"
                 f"{result.stderr.strip()[-3000:]}"
             )
-        (staging / ".complete").touch()
-        publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target / "site-packages"
 
 

@@ -34,7 +34,7 @@ import docker.errors
 from builder.bridge.cmake_wheel import CMAKE_REQUIREMENT, cmake_directory
 from builder.bridge.errors import StubBuildError
 from builder.bridge.interpreter import COPY_SCRIPT
-from builder.cache import DownloadError, cache_dir, cached_download, content_hash, publish
+from builder.cache import DownloadError, cache_dir, cached_download, content_hash, staged
 from builder.engine.container_lifecycle import throwaway_container
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import build_image
@@ -244,10 +244,7 @@ def _place(archives: list[bytes], entry: Path, backend: bool) -> None:
     one that renames second takes the first one's entry. Only an entry without every file is
     removed first (an interrupted older builder's): a whole one may be in use."""
     produced = ("triton_python_backend_stub", *(BACKEND_FILES if backend else ()))
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=entry.name + ".partial-", dir=entry.parent))
-    try:
-        staging.chmod(0o755)
+    with staged(entry, lambda at: all((at / name).is_file() for name in produced)) as staging:
         for data in archives:
             with tarfile.open(fileobj=io.BytesIO(data)) as archive:
                 archive.extractall(staging, filter="tar")
@@ -256,6 +253,3 @@ def _place(archives: list[bytes], entry: Path, backend: bool) -> None:
                 (staging / Path(BACKEND_PATH).name / name).rename(staging / name)
             (staging / Path(BACKEND_PATH).name).rmdir()
         (staging / "triton_python_backend_stub").chmod(0o755)
-        publish(staging, entry, lambda at: all((at / name).is_file() for name in produced))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.build_epoch import build_epoch
-from builder.cache import cache_dir, content_hash
+from builder.cache import cache_dir, content_hash, marked_complete, staged
 from builder.environment.archive_check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
 from builder.environment.index import PackageIndex
@@ -48,7 +48,6 @@ archives, the same bytes for the same files). An uncompressed archive is keyed a
 
 LOCK_NAME = "environment.lock.txt"
 METADATA_NAME = "environment.json"
-_COMPLETE = ".complete"
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def pack_environment(
     root = Path(cache) if cache is not None else cache_dir("environments")
     root.mkdir(parents=True, exist_ok=True)
     entry = root / key[:32]
-    if (entry / _COMPLETE).exists():
+    if marked_complete(entry):
         log(f"environment {key[:12]} is cached: {entry / name}")
         return _load(entry, reused=True, started=started)
     with tempfile.TemporaryDirectory(prefix=f"{key[:12]}.partial-", dir=root) as workdir:
@@ -139,35 +138,21 @@ def pack_environment(
                                                  for step, seconds in steps)
             + (f"; {result.downloaded_bytes / 1e9:.2f} GB of wheels downloaded"
                if result.downloaded_bytes else ""))
-        staged = work / "entry"
-        staged.mkdir()
-        shutil.move(archive, staged / name)
-        (staged / name).chmod(0o644)
-        (staged / LOCK_NAME).write_text(_lock_header(chosen.name, report.python_version,
-                                                     target) + result.lock)
-        (staged / METADATA_NAME).write_text(json.dumps({
-            "key": key, "packer": chosen.name, "python_version": report.python_version,
-            "numpy_version": report.numpy_version, "layout": report.layout,
-            "target": target.where, "target_image_id": target.image_id,
-            "spec": json.loads(spec.canonical()), "warnings": list(result.warnings),
-            "archive": name, "steps": dict(steps),
-            "downloaded_bytes": result.downloaded_bytes,
-        }, indent=2) + "\n")
-        (staged / _COMPLETE).touch()
-        _publish(staged, entry)
+        with staged(entry) as staging:
+            shutil.move(archive, staging / name)
+            (staging / name).chmod(0o644)
+            (staging / LOCK_NAME).write_text(_lock_header(chosen.name, report.python_version,
+                                                          target) + result.lock)
+            (staging / METADATA_NAME).write_text(json.dumps({
+                "key": key, "packer": chosen.name, "python_version": report.python_version,
+                "numpy_version": report.numpy_version, "layout": report.layout,
+                "target": target.where, "target_image_id": target.image_id,
+                "spec": json.loads(spec.canonical()), "warnings": list(result.warnings),
+                "archive": name, "steps": dict(steps),
+                "downloaded_bytes": result.downloaded_bytes,
+            }, indent=2) + "\n")
     log(f"environment {key[:12]} packed: {entry / name}")
     return _load(entry, reused=False, started=started)
-
-
-def _publish(staged: Path, entry: Path) -> None:
-    """Move a finished entry into place; a concurrent build of the same key may have won."""
-    if entry.exists() and not (entry / _COMPLETE).exists():
-        shutil.rmtree(entry)  # left by a build that died half-way
-    try:
-        staged.rename(entry)
-    except OSError:
-        if not (entry / _COMPLETE).exists():
-            raise
 
 
 def _load(entry: Path, *, reused: bool, started: float) -> EnvironmentTarball:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import DownloadError, cache_dir, cached_download, file_sha256, publish
+from builder.cache import DownloadError, cache_dir, cached_download, file_sha256, staged
 from builder.errors import TritonBuilderError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
@@ -169,10 +168,7 @@ def unpack_wheel(wheel: Path, root: Path,
     place: two processes unpacking at once neither delete nor overwrite each other's tree, and
     the one that renames second takes the first one's ``root``. Only a ``root`` without its
     marker (left by an older builder) is removed first: a finished one may be in use."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=root.name + ".partial-", dir=root.parent))
-    try:
-        staging.chmod(0o755)
+    with staged(root) as staging:
         with zipfile.ZipFile(wheel) as archive:
             for info in archive.infolist():
                 if info.filename.startswith(prefixes):
@@ -180,10 +176,6 @@ def unpack_wheel(wheel: Path, root: Path,
                     mode = info.external_attr >> 16
                     if mode:
                         path.chmod(mode & 0o777)
-        (staging / ".complete").touch()
-        publish(staging, root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _env_path(name: str) -> Path | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.cache import DownloadError, cache_dir, cached_download, publish
+from builder.cache import DownloadError, cache_dir, cached_download, staged
 from builder.errors import InputError, TritonBuilderError
 from builder.pipeline.signature import PipelineSignature
 
@@ -96,9 +96,7 @@ def _unpack(root: Path, machine: str) -> None:
     except DownloadError as error:
         raise PerfAnalyzerError(f"could not download perf_analyzer's wheels:\n{error.output}\n"
                                 f"set {ENV} to a perf_analyzer binary") from error
-    staging = Path(tempfile.mkdtemp(prefix=f"{root.name}.partial-", dir=root.parent))
-    try:
-        staging.chmod(0o755)
+    with staged(root, Path.exists) as staging:
         for part in ("bin", "lib"):
             (staging / part).mkdir()
         _extract(client, BINARY, staging / "bin" / "perf_analyzer").chmod(0o755)
@@ -106,9 +104,6 @@ def _unpack(root: Path, machine: str) -> None:
                  staging / "lib" / "libcudart.so.12")
         if not _system_has("libb64.so.0d"):
             _fetch_libb64(staging / "lib")
-        publish(staging, root, Path.exists)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _extract(wheel: Path, member: str, dest: Path) -> Path:

@@ -1,4 +1,5 @@
-"""A download into the cache is seen whole or not at all by another process looking for it.
+"""What the cache holds is seen whole or not at all by another process looking for it: a
+download, and an entry filled through :func:`builder.cache.staged`.
 
 The wheel is a local file of 64 MB that ``pip download`` copies, as it copies what it fetched
 from an index: big enough that a second process looking while pip writes would see it
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.cache import cache_dir, cached_download
+from builder.cache import cache_dir, cached_download, marked_complete, staged
 from tests.support.at_once import at_once
 
 PATTERN = "bulky-1.0-*.whl"
@@ -69,3 +70,43 @@ def test_two_processes_downloading_at_once_both_get_the_whole_wheel(wheel):
     assert names == [wheel.name] * 2
     assert (cache_dir("wheels") / wheel.name).read_bytes() == wheel.read_bytes()
     assert [p.name for p in cache_dir("wheels").iterdir()] == [wheel.name]
+
+
+def test_a_staged_entry_appears_whole_with_its_mark_and_nothing_beside_it(tmp_path):
+    entry = tmp_path / "entries" / "abc"
+    with staged(entry) as staging:
+        assert staging.parent == entry.parent and not entry.exists()
+        (staging / "payload").write_text("made")
+    assert (entry / "payload").read_text() == "made" and marked_complete(entry)
+    assert os.listdir(entry.parent) == ["abc"]
+
+
+def test_a_failed_block_leaves_no_entry_and_no_staging(tmp_path):
+    entry = tmp_path / "abc"
+    with pytest.raises(RuntimeError, match="pip failed"):
+        with staged(entry) as staging:
+            (staging / "half").write_text("half-written")
+            raise RuntimeError("pip failed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_whole_entry_is_kept_and_an_unfinished_one_replaced(tmp_path):
+    """The second of two makers finds the first one's entry and uses it (it may be in use);
+    one an interrupted builder left without its mark is made again."""
+    entry = tmp_path / "abc"
+    entry.mkdir()
+    (entry / "first").write_text("interrupted")
+    with staged(entry) as staging:
+        (staging / "second").write_text("whole")
+    assert sorted(os.listdir(entry)) == [".complete", "second"]
+    with staged(entry) as staging:
+        (staging / "third").write_text("also whole")
+    assert sorted(os.listdir(entry)) == [".complete", "second"]
+    assert os.listdir(tmp_path) == ["abc"]
+
+
+def test_an_entry_whole_by_its_own_rule_gets_no_mark(tmp_path):
+    entry = tmp_path / "stub"
+    with staged(entry, lambda at: (at / "binary").is_file()) as staging:
+        (staging / "binary").write_bytes(b"\x7fELF")
+    assert os.listdir(entry) == ["binary"]
