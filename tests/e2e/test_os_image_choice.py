@@ -24,7 +24,7 @@ from builder.base.os_choice import OS_PYTHON_LABEL, official_os_image, os_image_
 from builder.base.releases import builder_python
 from builder.engine.platforms import ARM64, DEFAULT_PLATFORM
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 VARIABLES = ("TRITON_BUILDER_OS_IMAGE", "TRITON_BUILDER_OS_IMAGE_ARM64")
 

@@ -19,6 +19,8 @@ from builder.engine.registry import (
 )
 from builder.push.docker_push import PushError, push_image
 
+pytestmark = pytest.mark.alongside
+
 
 @pytest.fixture(scope="module")
 def small_image(docker_client, tmp_path_factory):

@@ -25,7 +25,7 @@ from tests.support.sample_repository import (
     write_sample_repository,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 INPUTS = [np.random.default_rng(seed).standard_normal((1 + seed % 3, FEATURES)).astype(np.float32)
           for seed in range(6)]
