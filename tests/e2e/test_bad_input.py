@@ -33,7 +33,7 @@ from tests.support.engine_images import remove_images_made
 PIL = pytest.importorskip("PIL")
 from PIL import Image, UnidentifiedImageError  # noqa: E402 - after the skip
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 REFERENCE = "triton-builder-test/bad-input:1"
 LIMIT = 256 * 1024

@@ -37,7 +37,7 @@ from tests.support.tiny_models import Centered
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 CLIENTS = 16
 TEXTS = ["hello world", "a seal of the river office", "red", "stamp", "the quick brown fox",
          "jumps over the lazy dog again", "ocr", "hello", "world of seals and stamps", "x y z"]

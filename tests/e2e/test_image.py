@@ -30,7 +30,7 @@ from tests.support.sample_repository import (
     write_sample_repository,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 IMAGE = "triton-builder-test/image:1"
 LABELLED = ImageOptions(version="1.0.0", revision="0123abc",

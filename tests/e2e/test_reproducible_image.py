@@ -24,7 +24,7 @@ from builder.image.labels import INPUTS
 from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
 PIPELINE = f"{REPO_ROOT / 'pipelines' / 'text_embedding.py'}:pipeline"
 REFERENCE = "triton-builder-test/reproducible:1"
