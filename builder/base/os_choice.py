@@ -14,6 +14,7 @@ import os
 import docker
 import docker.errors
 
+from builder.engine.image_listing import listed_images
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
 
 DEBIAN_OS_IMAGE_TAG = "triton-builder/debian-{suite}:python{python}"
@@ -67,7 +68,7 @@ def made_os_image(client: docker.DockerClient, python_version: str,
     stays in each image ``FROM`` it), and is often newer. Of the labelled images, the OS image
     is the one with the fewest layers, each image built on it adding its own; the newest of
     those, where ``base os`` ran more than once."""
-    labelled = client.images.list(filters={"label": f"{OS_PYTHON_LABEL}={python_version}"})
+    labelled = listed_images(client, filters={"label": f"{OS_PYTHON_LABEL}={python_version}"})
     newest_first = sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True)
     for image in sorted(newest_first, key=_layer_count):
         if image.tags and platform.matches(image.attrs):
@@ -75,7 +76,7 @@ def made_os_image(client: docker.DockerClient, python_version: str,
     version = f"python{python_version}"  # made before the label existed: by the tag it gave
     if platform != DEFAULT_PLATFORM:
         version = per_platform_tag(version, platform)
-    tagged = client.images.list(filters={"reference": DEBIAN_OS_IMAGE_TAG.format(
+    tagged = listed_images(client, filters={"reference": DEBIAN_OS_IMAGE_TAG.format(
         suite="*", python=version.removeprefix("python"))})
     for image in tagged:
         if platform.matches(image.attrs):

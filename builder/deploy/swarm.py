@@ -187,8 +187,9 @@ class Replica:
 def replicas(client: docker.DockerClient, name: str) -> list[Replica]:
     """The running tasks of stack ``name`` on this node, with their containers' health."""
     found = []
-    for container in client.containers.list(
-            filters={"label": f"com.docker.swarm.service.name={name}_{SERVICE}"}):
+    for container in client.containers.list(  # a replaced task's container may go meanwhile
+            filters={"label": f"com.docker.swarm.service.name={name}_{SERVICE}"},
+            ignore_removed=True):
         state = container.attrs.get("State") or {}
         ports = {}
         for key, bindings in ((container.attrs.get("NetworkSettings") or {}).get("Ports")

@@ -29,6 +29,7 @@ import tritonclient.grpc as grpcclient
 
 from builder import ModelOp, build_docker_image, pipe, vectorized
 from builder.client.pipeline import Client
+from builder.engine.image_listing import listed_images
 from builder.errors import RowDependenceError
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
@@ -138,7 +139,7 @@ def test_row_mixing_pipelines_are_refused_before_any_image_is_built(name, client
     culprit = {"centered": "centered", "scaled": "by_batch_max", "clip": "clip"}[name]
     with pytest.raises(RowDependenceError, match=rf"'{culprit}'.*depends on the other rows"):
         build_docker_image(row_mixing_pipelines(opt_out=False)[name], reference, client=client)
-    assert not client.images.list(name=reference.split(":")[0])
+    assert not listed_images(client, name=reference.split(":")[0])
 
 
 def vision_models() -> tuple[ModelOp, ModelOp]:

@@ -18,6 +18,7 @@ import pytest
 
 from builder.base import BaseOptions
 from builder.engine.image_build import ImageBuildError
+from builder.engine.image_listing import listed_images
 from builder.image import ImageOptions
 from builder.image.serving_image import PAYLOAD_REPOSITORY, payload_reference
 from builder.job import build_image_from_repository
@@ -198,8 +199,8 @@ def test_a_failing_verification_raises_with_the_logs_and_leaves_no_tag(
     assert "broken on purpose" in failure.value.logs
     assert "broken on purpose" in str(failure.value)
     assert not _tag_exists(docker_client, reference)
-    leftovers = docker_client.images.list(
-        all=True, filters={"label": "org.opencontainers.image.title=broken-verification"})
+    leftovers = listed_images(docker_client, all=True, filters={
+        "label": "org.opencontainers.image.title=broken-verification"})
     assert leftovers == []
 
 
@@ -230,6 +231,6 @@ def test_a_failing_build_step_raises_with_its_output_and_leaves_no_tag(
 
 def test_payload_images_are_cached_under_one_repository(built, docker_client):
     result, _ = built
-    cached = docker_client.images.list(name=PAYLOAD_REPOSITORY)
+    cached = listed_images(docker_client, name=PAYLOAD_REPOSITORY)
     assert result.payload_id in {image.id for image in cached}
 

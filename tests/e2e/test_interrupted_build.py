@@ -39,6 +39,7 @@ import docker.errors
 import pytest
 
 from builder.engine.image_build import remove_images
+from builder.engine.image_listing import listed_images
 from builder.image.labels import OCI, PAYLOAD_HASH
 from builder.image.sbom import SBOM_PATH
 from tests.support.paths import REPO_ROOT
@@ -229,7 +230,7 @@ def _left_behind(client, title: str, reference: str, layers: list[str]) -> list[
     if _tagged(client, reference):
         left.append(f"the tag {reference}")
     titled = {image.id for image in
-              client.images.list(all=True, filters={"label": f"{OCI}title={title}"})}
+              listed_images(client, all=True, filters={"label": f"{OCI}title={title}"})}
     left += [f"image {image_id[7:19]} (titled {title})" for image_id in sorted(titled)]
     left += [f"layer {layer[7:19]} (holding its SBOM)" for layer in layers if layer not in titled]
     return left
@@ -264,7 +265,8 @@ def _holds_sbom_of(client, image_id: str, title: str) -> bool:
 
 
 def _payload_layers(client, payload_hash: str) -> list:
-    return client.images.list(all=True, filters={"label": f"{PAYLOAD_HASH}={payload_hash}"})
+    return listed_images(client, all=True,
+                         filters={"label": f"{PAYLOAD_HASH}={payload_hash}"})
 
 
 def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
@@ -280,7 +282,7 @@ def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
         time.sleep(0.2)
     with contextlib.suppress(docker.errors.ImageNotFound):
         client.images.remove(reference)
-    titled = client.images.list(all=True, filters={"label": f"{OCI}title={title}"})
+    titled = listed_images(client, all=True, filters={"label": f"{OCI}title={title}"})
     left = [image.id for image in titled] + list(layers)
     for _ in range(len(left)):  # a parent goes once its children have gone
         kept = remove_images(client, left)
