@@ -74,7 +74,11 @@ class _ServingPickler(cloudpickle.Pickler):
                     f"model operator {obj.name!r} has no exported model to call"
                 )
             return restore_model_op, (type(obj), obj.serving_state(target))
-        return super().reducer_override(obj)
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, type) and isinstance(reduced, tuple) and len(reduced) == 6 \
+                and reduced[5] is cloudpickle.cloudpickle._class_setstate:  # noqa: SLF001
+            reduced = (*reduced[:5], _set_class_state)
+        return reduced
 
     def persistent_id(self, obj: Any) -> None:
         """Never replaces anything; notes which modules the pickle will import on load."""
@@ -106,6 +110,29 @@ def _track_class(cls: type) -> None:
             ordinal += 1
         tracker._DYNAMIC_CLASS_TRACKER_BY_CLASS[cls] = key
         tracker._DYNAMIC_CLASS_TRACKER_BY_ID[key] = cls
+
+
+def _set_class_state(cls: type, state: tuple) -> type:
+    """cloudpickle's state setter for a class pickled by value, except on the live class.
+
+    Loaded where it was defined, a class pickled by value resolves to the live class (its
+    tracker ID), and cloudpickle sets the pickled attributes back onto it: copies of its
+    methods, whose globals are a copy of their module's. A plain ``pickle.loads`` of a
+    ``pipe.pickle`` in the building process would then change the user's classes, and the next
+    build's pickle (so its image) with them. The class its module still holds under its name is
+    the definition itself and is left as it is; a class made by the load (where the pipeline is
+    served) gets its state as cloudpickle gives it. Pickled by value into every
+    ``pipe.pickle``: it runs where the pipeline is served, on Python 3.8 too.
+    """
+    found = sys.modules.get(cls.__module__)
+    try:
+        for name in cls.__qualname__.split("."):
+            found = getattr(found, name, None)
+    except Exception:  # noqa: BLE001 - a module's __getattr__ may fail: not found, then
+        found = None
+    if found is cls:
+        return cls
+    return cloudpickle.cloudpickle._class_setstate(cls, state)  # noqa: SLF001
 
 
 @contextlib.contextmanager
@@ -142,11 +169,11 @@ def dumps(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[byt
 def round_trip(obj: Any, targets: Mapping[str, BlsTarget] | None = None) -> tuple[bytes, Any]:
     """``dumps(obj)``'s bytes, and the object loaded back from them in this process.
 
-    The caller's classes are left as they were: unpickling a class by value in the process that
-    defined it makes cloudpickle set the pickled methods back onto the live class, as copies
-    whose globals are a copy of their module's. The live operator would then no longer see later
-    changes to its module, and the next pickle would hold those copies (a set in them may
-    iterate in another order), so an unchanged pipeline would build a new image.
+    The caller's classes are left as they were. :func:`_set_class_state` keeps the load off a
+    class its module holds; one defined in a function (no name to find it by) is put back here.
+    Otherwise the live operator would no longer see later changes to its module, and the next
+    pickle would hold the load's copies of its methods (a set in them may iterate in another
+    order), so an unchanged pipeline would build a new image.
     """
     pickler = _pickled(obj, targets)
     classes = {cls: dict(vars(cls)) for cls in pickler.classes}

@@ -354,3 +354,27 @@ def test_a_library_pip_installed_into_a_directory_on_the_path_is_installed_not_u
     finally:
         sys.modules.pop("targetlib", None)
         sys.modules.pop("plainlib", None)
+
+
+def test_loading_a_pickle_where_it_was_made_leaves_the_classes_and_the_next_pickle_alone(
+        user_module):
+    """A plain ``pickle.loads`` of a pipeline in the process that defined it (a user looking at
+    their ``pipe.pickle``, a test) resolves its classes to the live ones: it must not set copies
+    of their methods onto them, or the next build pickles those copies and makes a new image."""
+    import pickle
+
+    from pipelines.text_embedding import pipeline as text_embedding
+
+    shifter = user_module.Shifter()
+    p = pipe.input("x").map("x", "y", shifter).output("y")
+    targets = {op.name: BlsTarget(op.name, "onnx", ("x",), ("output_0",), 8)
+               for op in text_embedding.model_ops()}
+    first, _ = dumps(p)
+    text_first, _ = dumps(text_embedding, targets)
+    before = dict(vars(user_module.Shifter))
+    loaded = pickle.loads(first)
+    pickle.loads(text_first)
+    assert {k: v for k, v in vars(user_module.Shifter).items() if v is not before.get(k)} == {}
+    assert loaded(1) == p(1)
+    assert dumps(p)[0] == first
+    assert dumps(text_embedding, targets)[0] == text_first
