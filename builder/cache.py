@@ -3,17 +3,24 @@ wheels, unpacked servers, environments, images."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from builder.errors import TritonBuilderError
+
+STAGING_PATTERNS = ("*.partial-*", ".download-*")
+"""The directories the cache's writers fill, then rename (:func:`staging_directory`)."""
+STALE_AFTER_S = 10.0
+"""A staging younger than this is never taken for stale: its maker may not hold its lock yet."""
 
 
 class DownloadError(TritonBuilderError, RuntimeError):
@@ -42,13 +49,14 @@ def cached_download(requirement: str, subdirectory: str, pattern: str, *options:
     dest = cache_dir(subdirectory)
     found = sorted(dest.glob(pattern))
     if not found:
-        with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as staging:
+        remove_stale_stagings(dest, ".download-*")
+        with staging_directory(".download-", dest) as directory:
             result = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--dest",
-                 staging, requirement], capture_output=True, text=True)
+                 str(directory), requirement], capture_output=True, text=True)
             if result.returncode == 0:
-                for name in os.listdir(staging):
-                    os.replace(os.path.join(staging, name), dest / name)
+                for name in os.listdir(directory):
+                    os.replace(directory / name, dest / name)
         found = sorted(dest.glob(pattern))
         if result.returncode != 0 or not found:
             raise DownloadError(requirement, result.stderr.strip())
@@ -71,22 +79,83 @@ def staged(entry: Path, complete: Callable[[Path], bool] | None = None) -> Itera
     one may be in use. Without ``complete``, the directory is marked (``.complete``, written
     last) and the mark is what makes an entry whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{entry.name}.partial-", dir=entry.parent))
-    try:
-        staging.chmod(0o755)
-        yield staging
+    remove_stale_stagings(entry.parent, f"{entry.name}.partial-*")
+    with staging_directory(f"{entry.name}.partial-", entry.parent) as directory:
+        directory.chmod(0o755)
+        yield directory
         if complete is None:
-            (staging / ".complete").touch()
-        _publish(staging, entry, complete or marked_complete)
+            (directory / ".complete").touch()
+        _publish(directory, entry, complete or marked_complete)
+
+
+@contextmanager
+def staging_directory(prefix: str, parent: Path) -> Iterator[Path]:
+    """A new directory ``prefix…`` in ``parent``, removed when the block ends (unless renamed
+    away), and locked (``flock``) until then.
+
+    Why the lock: a process killed outright (``SIGKILL``, the machine's OOM killer) runs no
+    clean-up, and its staging, an environment of gigabytes perhaps, stays. The kernel lets go
+    of the lock with the process, so a staging no one holds is a dead process's:
+    :func:`remove_stale_stagings` removes it, and the doctor lists those of the whole cache."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield path
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(descriptor)
 
 
-def _publish(staging: Path, entry: Path, complete: Callable[[Path], bool]) -> None:
+def stale_stagings(root: Path | None = None, depth: int = 3) -> list[Path]:
+    """The stagings (:data:`STAGING_PATTERNS`) no living process holds, in the top ``depth``
+    levels of ``root`` (default: the whole cache), where the cache's writers make them."""
+    root = root or cache_dir()
+    found = []
+    for directory, subdirectories, _ in os.walk(root):
+        for name in sorted(subdirectories):
+            path = Path(directory, name)
+            if any(path.match(pattern) for pattern in STAGING_PATTERNS):
+                subdirectories.remove(name)
+                if _unheld(path, remove=False):
+                    found.append(path)
+        if len(Path(directory).relative_to(root).parts) + 1 >= depth:
+            subdirectories.clear()
+    return found
+
+
+def remove_stale_stagings(parent: Path, pattern: str) -> list[Path]:
+    """Remove the stagings matching ``pattern`` in ``parent`` that no living process holds."""
+    return [path for path in sorted(parent.glob(pattern))
+            if path.is_dir() and _unheld(path, remove=True)]
+
+
+def _unheld(path: Path, *, remove: bool) -> bool:
+    """Whether no process holds ``path``'s lock (and it is old enough to have had one); with
+    ``remove``, removed under the lock taken to ask."""
+    try:
+        if time.time() - path.stat().st_mtime < STALE_AFTER_S:
+            return False
+        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        if remove:
+            shutil.rmtree(path, ignore_errors=True)
+        return True
+    finally:
+        os.close(descriptor)
+
+
+def _publish(directory: Path, entry: Path, complete: Callable[[Path], bool]) -> None:
     if entry.exists() and not complete(entry):
         shutil.rmtree(entry, ignore_errors=True)
     try:
-        staging.rename(entry)
+        directory.rename(entry)
     except OSError:
         if not complete(entry):
             raise

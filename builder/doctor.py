@@ -5,7 +5,8 @@ driver too old for the chosen release, a full disk, a base image that cannot be 
 here reads the real thing and says what to do. One looks back: a build killed with SIGKILL
 removes nothing, and its verification container (with the untagged image it runs) would stay
 on the engine for good; the doctor finds such leftovers by their owner's labels and, asked to,
-removes them (:mod:`builder.engine.leftovers`).
+removes them (:mod:`builder.engine.leftovers`), with the cache entries such a build left
+half-written.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from builder.base.releases import (
     slim_cuda_versions,
     version_key,
 )
-from builder.cache import cache_dir
+from builder.cache import cache_dir, remove_stale_stagings, stale_stagings
 from builder.engine.ownership import BUILD_LABEL
 
 MIN_FREE_GB = 10
@@ -84,6 +85,7 @@ def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None,
     elif release.gpu:
         checks.append(_chosen_torch_check(release, gpus))
     checks.append(_disk(client))
+    checks.append(cache_stagings_check(remove=remove_leftovers))
     if client is not None:
         checks.append(_base_image(client, release))
         checks.append(leftovers_check(client, remove=remove_leftovers))
@@ -112,6 +114,25 @@ def leftovers_check(client, *, remove: bool = False) -> Check:
                      f"untagged image(s) of killed builds: {listed}{older}")
     return Check("leftovers", "warn", f"{len(orphans)} container(s) of killed builds: {listed}. "
                  f"triton-builder doctor --remove-leftovers removes them{older}")
+
+
+def cache_stagings_check(*, remove: bool = False) -> Check:
+    """Half-written cache entries of builds killed outright (:mod:`builder.cache`'s stagings):
+    the next build of the same entry removes its own, but one never built again stays on the
+    disk; ``remove`` removes them all. A staging a running build holds is never one."""
+    stale = stale_stagings()
+    if not stale:
+        return Check("cache", "ok", f"no half-written entry of a killed build in {cache_dir()}")
+    size = sum(file.stat().st_size for path in stale for file in path.rglob("*")
+               if file.is_file() and not file.is_symlink())
+    listed = f"{len(stale)} half-written entr{'y' if len(stale) == 1 else 'ies'} of killed " \
+             f"builds ({size / 2**20:.0f} MiB): " + ", ".join(str(path) for path in stale)
+    if remove:
+        for path in stale:
+            remove_stale_stagings(path.parent, path.name)
+        return Check("cache", "ok", f"removed {listed}")
+    return Check("cache", "warn", f"{listed}. triton-builder doctor --remove-leftovers removes "
+                 f"them")
 
 
 NVIDIA_HOOK = "nvidia-container-runtime-hook"

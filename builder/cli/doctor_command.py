@@ -18,11 +18,12 @@ def doctor(
                                                 "runtime to check against the driver."),
     remove_leftovers: bool = typer.Option(False, "--remove-leftovers",
                                           help="Remove the containers (and their untagged "
-                                               "images) of builds that were killed."),
+                                               "images) of builds that were killed, and the "
+                                               "cache entries they left half-written."),
 ) -> None:
     """Check this machine: Docker engine, NVIDIA container runtime, driver against the
     release's minimum and an environment's CUDA runtime, disk, base image, and what builds
-    that were killed (SIGKILL) left on the engine.
+    that were killed (SIGKILL) left on the engine and in the cache.
 
     Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """

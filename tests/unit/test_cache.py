@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.cache import cache_dir, cached_download, marked_complete, staged
+from builder.cache import cache_dir, cached_download, marked_complete, staged, stale_stagings
 from tests.support.at_once import at_once
+from tests.support.staging_holder import StagingHolder
 
 PATTERN = "bulky-1.0-*.whl"
 
@@ -110,3 +111,20 @@ def test_an_entry_whole_by_its_own_rule_gets_no_mark(tmp_path):
     with staged(entry, lambda at: (at / "binary").is_file()) as staging:
         (staging / "binary").write_bytes(b"\x7fELF")
     assert os.listdir(entry) == ["binary"]
+
+
+def test_a_killed_makers_staging_goes_with_the_next_make_and_a_living_ones_stays(tmp_path):
+    """A maker killed outright (SIGKILL) cleans nothing up; its staging is found by its lock,
+    which the kernel let go, and the next maker of the entry removes it. One whose maker still
+    fills it is neither listed nor removed, and that maker then finishes as usual."""
+    entry = tmp_path / "entries" / "abc"
+    killed, living = StagingHolder(entry), StagingHolder(entry)
+    killed.kill()
+    assert killed.staging.is_dir() and living.staging.is_dir()
+    assert stale_stagings(tmp_path) == [killed.staging]
+    with staged(entry) as staging:
+        (staging / "whole").write_text("made")
+    assert not killed.staging.exists() and living.staging.is_dir()
+    assert living.finish() == 0
+    assert sorted(os.listdir(entry.parent)) == ["abc"]
+    assert sorted(os.listdir(entry)) == [".complete", "whole"]

@@ -16,13 +16,16 @@ import sys
 import pytest
 
 from builder.base.releases import resolve
+from builder.cache import cache_dir
 from builder.doctor import (
+    cache_stagings_check,
     container_runtime_check,
     driver_check,
     environment_cuda_check,
     parse_nvidia_smi,
     run_checks,
 )
+from tests.support.staging_holder import StagingHolder
 
 H100_550 = "NVIDIA H100 80GB HBM3, 550.54.15\n"
 TWO_GPUS_535 = "Tesla T4, 535.183.01\nNVIDIA A10G, 535.183.01\n"
@@ -185,3 +188,24 @@ def test_doctor_refuses_a_cuda_the_slim_route_cannot_serve_naming_the_ngc_route(
     (check,) = run_checks("11.8", slim=True)
     assert (check.name, check.status) == ("release", "fail")
     assert "--cuda 11.8 without --slim" in check.detail
+
+
+def test_doctor_lists_and_removes_the_cache_entries_killed_builds_left_half_written(
+        tmp_path, monkeypatch):
+    """A staging no living process holds is listed with its size, and removed on request; one
+    a running build fills is not."""
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path))
+    killed = StagingHolder(cache_dir("environments") / "0123abcd")
+    living = StagingHolder(cache_dir("stubs", "r24.12") / "stub")
+    killed.kill()
+    try:
+        listed = cache_stagings_check()
+        assert listed.status == "warn" and "1 half-written entry" in listed.detail
+        assert str(killed.staging) in listed.detail and "(1 MiB)" in listed.detail
+        assert str(living.staging) not in listed.detail
+        removed = cache_stagings_check(remove=True)
+        assert removed.status == "ok" and str(killed.staging) in removed.detail
+        assert not killed.staging.exists() and living.staging.is_dir()
+        assert cache_stagings_check().status == "ok"
+    finally:
+        assert living.finish() == 0
