@@ -239,10 +239,7 @@ def _copy_out(client: docker.DockerClient, image_id: str, entry: Path, backend: 
 
 def _place(archives: list[bytes], entry: Path, backend: bool) -> None:
     """Unpack the stage's archives (the stub's, then with ``backend`` the backend's) as the
-    cache ``entry``, through a temporary directory beside it renamed into place: two processes
-    compiling the same stub at once neither delete nor overwrite each other's files, and the
-    one that renames second takes the first one's entry. Only an entry without every file is
-    removed first (an interrupted older builder's): a whole one may be in use."""
+    cache ``entry`` (:func:`builder.cache.staged`); an entry is whole when it has every file."""
     produced = ("triton_python_backend_stub", *(BACKEND_FILES if backend else ()))
     with staged(entry, lambda at: all((at / name).is_file() for name in produced)) as staging:
         for data in archives:

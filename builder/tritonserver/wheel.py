@@ -162,12 +162,8 @@ def unpack_wheel(wheel: Path, root: Path,
                  prefixes: tuple[str, ...] = ("pytriton/tritonserver/",
                                               "nvidia_pytriton.libs/")) -> None:
     """Extract the members of ``wheel`` under ``prefixes`` to ``root`` with their modes (the
-    executables stay executable); ``root/.complete`` marks a finished extraction.
-
-    Each call extracts into its own temporary directory beside ``root`` and renames it into
-    place: two processes unpacking at once neither delete nor overwrite each other's tree, and
-    the one that renames second takes the first one's ``root``. Only a ``root`` without its
-    marker (left by an older builder) is removed first: a finished one may be in use."""
+    executables stay executable), as a cache entry (:func:`builder.cache.staged`): two
+    processes unpacking at once neither delete nor overwrite each other's tree."""
     with staged(root) as staging:
         with zipfile.ZipFile(wheel) as archive:
             for info in archive.infolist():
