@@ -6,9 +6,9 @@ same check-then-act steps (is the image there? is apt's program installed? does 
 answer?) and would both act. ``flock`` rather than a marker file: the kernel lets go of it
 when its holder dies, so a killed build leaves no lock behind for the next one to wait on.
 
-A lock on what the cache holds (an image tag, built once) lives in ``cache_dir("locks")``;
-one on the machine itself (apt, dockerd), which builds with other caches or of other users
-share, in :func:`machine_lock_directory`.
+A lock on what the cache holds lives in ``cache_dir("locks")``; one on what builds with other
+caches or of other users share — apt, dockerd, the engine's images (:func:`image_lock`) — in
+:func:`machine_lock_directory`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from builder.cache import cache_dir
@@ -57,3 +57,9 @@ def host_lock(name: str, directory: Path | None = None) -> Iterator[None]:
     finally:
         fcntl.flock(descriptor, fcntl.LOCK_UN)
         os.close(descriptor)
+
+
+def image_lock(tag: str) -> AbstractContextManager[None]:
+    """The lock of making the image ``tag`` (find it on the engine, else build and tag it): the
+    machine's, since a build with another ``TRITON_BUILDER_CACHE`` uses the same engine."""
+    return host_lock(f"image-{tag}", machine_lock_directory())

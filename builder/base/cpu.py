@@ -39,7 +39,7 @@ from builder.engine.platforms import (
     per_platform_tag,
 )
 from builder.errors import TritonBuilderError
-from builder.host_lock import host_lock
+from builder.host_lock import image_lock
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
@@ -93,8 +93,9 @@ def build_cpu_base(
     """Build (or reuse) the CPU Triton base image for ``platform`` and return it.
 
     ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache. The look for
-    a built one and the build hold the tag's lock (:mod:`builder.host_lock`): a second process
-    asking for the same base meanwhile waits, then finds it, rather than building it again.
+    a built one and the build hold the tag's lock (:func:`builder.host_lock.image_lock`): a
+    second process asking for the same base meanwhile waits, then finds it, rather than
+    building it again.
     """
     os_image = os_image or os_image_for(client, python_version, platform)
     tag = tag or cpu_base_tag(python_version, platform)
@@ -110,7 +111,7 @@ def build_cpu_base(
         distribution.root.name, ONNXRUNTIME_BACKEND,
         *([platform.name] if platform != DEFAULT_PLATFORM else []),
     )
-    with host_lock(f"image-{tag}"):
+    with image_lock(tag):
         cached = None if rebuild else find_built(client, tag, digest)
         if cached is not None:
             return cached

@@ -29,7 +29,7 @@ from builder.base.os_choice import os_image_for
 from builder.cache import content_hash
 from builder.engine.dockerfile import render, template_source
 from builder.engine.image_build import BuiltImage, build_image, find_built
-from builder.host_lock import host_lock
+from builder.host_lock import image_lock
 from builder.progress import Log
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND, TRITON_VERSION, triton_distribution
 
@@ -62,7 +62,7 @@ def build_slim_base(
     """Build (or reuse) the slim GPU base for ``python_version`` and return it.
 
     ``rebuild`` builds it from scratch: no content-hash reuse, no layer cache. The look for
-    a built one and the build hold the tag's lock (:mod:`builder.host_lock`), as the CPU
+    a built one and the build hold the tag's lock (:func:`builder.host_lock.image_lock`), as the CPU
     base's do.
     """
     os_image = os_image or os_image_for(client, python_version)
@@ -74,7 +74,7 @@ def build_slim_base(
                         check_python=_CHECK_PYTHON.format(python_version))
     digest = content_hash(dockerfile, template_source(TEMPLATE), os_image_id, python_version,
                           distribution.root.name, ONNXRUNTIME_BACKEND.read_text())
-    with host_lock(f"image-{tag}"):
+    with image_lock(tag):
         cached = None if rebuild else find_built(client, tag, digest)
         if cached is not None:
             return cached

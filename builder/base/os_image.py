@@ -26,7 +26,7 @@ from builder.base.releases import DEBIAN_SUITES
 from builder.engine.image_config import load_config, restamp_platform
 from builder.engine.platforms import DEFAULT_PLATFORM, Platform, per_platform_tag
 from builder.errors import TritonBuilderError
-from builder.host_lock import host_lock
+from builder.host_lock import image_lock
 from builder.host_packages import ensure_program
 
 DEBIAN_OS_IMAGE = "triton-builder/debian-bookworm:python3.11"
@@ -57,12 +57,13 @@ def debian_os_image(client: docker.DockerClient, tag: str | None = None,
     exists. ``trixie`` (Python 3.13) is the OS of the CPU base that stands in for a release
     whose Python is not the builder's; ``platform`` picks the Debian architecture.
 
-    The look and the making hold the tag's lock (:mod:`builder.host_lock`): a second process
-    asking for the same tag meanwhile waits, then finds it, rather than making it again."""
+    The look and the making hold the tag's lock (:func:`builder.host_lock.image_lock`): a
+    second process asking for the same tag meanwhile waits, then finds it, rather than making
+    it again."""
     if suite not in DEBIAN_SUITES:
         raise RootfsError(f"unknown Debian suite {suite!r}: one of {', '.join(DEBIAN_SUITES)}")
     tag = tag or debian_os_image_tag(suite, platform)
-    with host_lock(f"image-{tag}"):
+    with image_lock(tag):
         if not rebuild:
             try:
                 client.images.get(tag)

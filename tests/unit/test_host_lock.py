@@ -5,15 +5,18 @@ holder killed outright leaves nothing behind to wait for."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
 import builder.host_lock
-from builder.host_lock import host_lock, machine_lock_directory
+from builder.host_lock import host_lock, image_lock, machine_lock_directory
 from tests.support.at_once import at_once
 
 TAG = "triton-builder/tritonserver-cpu:2.51.0-py3.11"
@@ -28,9 +31,14 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
 def _hold(name: str, seconds: float, times: int,
           directory: Path | None = None) -> list[tuple[float, float]]:
     """Take the lock ``times`` times, holding it ``seconds`` each: when it was held."""
+    return _held(lambda: host_lock(name, directory), seconds, times)
+
+
+def _held(lock: Callable[[], AbstractContextManager[None]], seconds: float,
+          times: int) -> list[tuple[float, float]]:
     held = []
     for _ in range(times):
-        with host_lock(name, directory):
+        with lock():
             start = time.monotonic()
             time.sleep(seconds)
             held.append((start, time.monotonic()))
@@ -48,6 +56,22 @@ def test_two_processes_never_hold_one_lock_at_once(where, tmp_path):
     spans = sorted(first + second)
     overlaps = [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
     assert overlaps == []
+
+
+def _hold_image(cache: Path, seconds: float, times: int) -> list[tuple[float, float]]:
+    """:func:`_hold` of a base image's lock, by a build whose cache is ``cache``."""
+    os.environ["TRITON_BUILDER_CACHE"] = str(cache)
+    return _held(lambda: image_lock(TAG), seconds, times)
+
+
+def test_builds_with_other_caches_take_turns_at_one_image(tmp_path, monkeypatch):
+    """The engine is the machine's: two builds of one base image, each with its own
+    ``TRITON_BUILDER_CACHE``, must not both build it."""
+    monkeypatch.setattr(builder.host_lock, "MACHINE_LOCKS", tmp_path / "run-lock")
+    (tmp_path / "run-lock").mkdir()
+    first, second = at_once(_hold_image, [(tmp_path / "a", 0.2, 3), (tmp_path / "b", 0.2, 3)])
+    spans = sorted(first + second)
+    assert [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1]] == []
 
 
 def test_locks_of_other_names_do_not_wait_for_each_other():
