@@ -49,7 +49,6 @@ def cached_download(requirement: str, subdirectory: str, pattern: str, *options:
     dest = cache_dir(subdirectory)
     found = sorted(dest.glob(pattern))
     if not found:
-        remove_stale_stagings(dest, ".download-*")
         with staging_directory(".download-", dest) as directory:
             result = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--dest",
@@ -79,7 +78,6 @@ def staged(entry: Path, complete: Callable[[Path], bool] | None = None) -> Itera
     one may be in use. Without ``complete``, the directory is marked (``.complete``, written
     last) and the mark is what makes an entry whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_stagings(entry.parent, f"{entry.name}.partial-*")
     with staging_directory(f"{entry.name}.partial-", entry.parent) as directory:
         directory.chmod(0o755)
         yield directory
@@ -95,8 +93,11 @@ def staging_directory(prefix: str, parent: Path) -> Iterator[Path]:
 
     Why the lock: a process killed outright (``SIGKILL``, the machine's OOM killer) runs no
     clean-up, and its staging, an environment of gigabytes perhaps, stays. The kernel lets go
-    of the lock with the process, so a staging no one holds is a dead process's:
-    :func:`remove_stale_stagings` removes it, and the doctor lists those of the whole cache."""
+    of the lock with the process, so a staging no one holds is a dead process's: the next
+    staging of the same ``prefix`` removes it first, and the doctor lists those of the whole
+    cache (:func:`stale_stagings`)."""
+    for older in sorted(parent.glob(f"{prefix}*")):
+        remove_stale_staging(older)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -124,10 +125,9 @@ def stale_stagings(root: Path | None = None, depth: int = 3) -> list[Path]:
     return found
 
 
-def remove_stale_stagings(parent: Path, pattern: str) -> list[Path]:
-    """Remove the stagings matching ``pattern`` in ``parent`` that no living process holds."""
-    return [path for path in sorted(parent.glob(pattern))
-            if path.is_dir() and _unheld(path, remove=True)]
+def remove_stale_staging(path: Path) -> bool:
+    """Remove the staging ``path`` if no living process holds it; whether it was removed."""
+    return path.is_dir() and _unheld(path, remove=True)
 
 
 def _unheld(path: Path, *, remove: bool) -> bool:

@@ -27,7 +27,7 @@ from builder.base.releases import (
     slim_cuda_versions,
     version_key,
 )
-from builder.cache import cache_dir, remove_stale_stagings, stale_stagings
+from builder.cache import cache_dir, remove_stale_staging, stale_stagings
 from builder.engine.ownership import BUILD_LABEL
 
 MIN_FREE_GB = 10
@@ -129,7 +129,7 @@ def cache_stagings_check(*, remove: bool = False) -> Check:
              f"builds ({size / 2**20:.0f} MiB): " + ", ".join(str(path) for path in stale)
     if remove:
         for path in stale:
-            remove_stale_stagings(path.parent, path.name)
+            remove_stale_staging(path)
         return Check("cache", "ok", f"removed {listed}")
     return Check("cache", "warn", f"{listed}. triton-builder doctor --remove-leftovers removes "
                  f"them")

@@ -23,14 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.build_epoch import build_epoch
-from builder.cache import (
-    cache_dir,
-    content_hash,
-    marked_complete,
-    remove_stale_stagings,
-    staged,
-    staging_directory,
-)
+from builder.cache import cache_dir, content_hash, marked_complete, staged, staging_directory
 from builder.environment.archive_check import check_archive, check_spec, numpy_constraint
 from builder.environment.errors import ArchiveCheckError
 from builder.environment.index import PackageIndex
@@ -130,7 +123,6 @@ def pack_environment(
     if marked_complete(entry):
         log(f"environment {key[:12]} is cached: {entry / name}")
         return _load(entry, reused=True, started=started)
-    remove_stale_stagings(root, f"{key[:12]}.partial-*")
     with staging_directory(f"{key[:12]}.partial-", root) as work:
         result = chosen.pack(spec, target, work, index=index, on_log=log)
         clock = StepClock()
