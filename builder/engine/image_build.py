@@ -225,31 +225,43 @@ class _BuildStream:
 
 
 def discard_build(client: docker.DockerClient, made: list[str], running: list[str],
-                  build: _BuildStream | None = None, wait: float = 15.0) -> None:
+                  build: _BuildStream | None = None, wait: float = 60.0,
+                  removal_wait: float = 15.0) -> None:
     """Remove what a failed or interrupted build made; a second interrupt waits for it.
 
     The engine does not stop a build whose stream the client left (the SDK keeps the response
-    open): it goes on with the next step, whose container holds the last layer. So the step
-    containers are removed first — which fails the step and ends the build — and, once the
-    stream has ended (``made`` is then complete), the layers, again until none is left or
-    ``wait`` seconds have passed.
+    open): it goes on with the next step. A ``RUN`` step's container holds the last layer, and
+    removing it fails the step and ends the build; a ``COPY`` step runs in no container and
+    cannot be stopped. So the step containers are removed until the stream has ended (up to
+    ``wait`` seconds), and only then the layers (``made`` is complete), again until none is
+    left or ``removal_wait`` seconds have passed. Not before: the engine commits the running
+    step's layer on the newest one, and with that one removed meanwhile the commit fails
+    half-way ("failed to set parent"), leaving a layer with no parent that no stream names.
     """
-    deadline = time.monotonic() + wait
     with deferred_interrupts():
         if build is not None:
             build.abandon()
+        deadline = time.monotonic() + wait
         while True:
-            for container_id in running + _step_containers(client, made):
-                try:
-                    client.api.remove_container(container_id, force=True)
-                except docker.errors.APIError:
-                    pass
-            ended = build is None or build.ended(0.5)
+            _remove_step_containers(client, made, running)
+            if build is None or build.ended(0.5) or time.monotonic() > deadline:
+                break
+        deadline = time.monotonic() + removal_wait
+        while True:
             made.extend(_descendants(client, made))
-            left = remove_images(client, reversed(made))
-            if (ended and not left) or time.monotonic() > deadline:
+            if not remove_images(client, reversed(made)) or time.monotonic() > deadline:
                 return
             time.sleep(0.2)
+            _remove_step_containers(client, made, running)
+
+
+def _remove_step_containers(client: docker.DockerClient, made: list[str],
+                            running: list[str]) -> None:
+    for container_id in running + _step_containers(client, made):
+        try:
+            client.api.remove_container(container_id, force=True)
+        except docker.errors.APIError:
+            pass
 
 
 def _descendants(client: docker.DockerClient, layers: list[str]) -> list[str]:
