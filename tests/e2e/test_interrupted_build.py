@@ -14,10 +14,10 @@ config) and then from "verifying <name>" (the container created and started, Tri
 the checks) until a build finishes before its signal comes; SIGINT and SIGTERM take turns. After
 every build: no container, image or layer of that name, no tag.
 
-Everything checked is of the test's own names, but the module runs alone: on a machine loaded
-by the unit tests beside it (stop 54's second check), an interrupt 0.4 s into "building" left
-one layer of the serving image behind, an open defect (CONTRIBUTING, "Interrupted builds under
-load").
+Everything checked is of the test's own names, so the module runs beside other ``alongside``
+tests: a loaded machine moves the instants swept, and found a defect a quiet one hid (a layer
+left by an interrupt as a ``COPY`` step ran, ``tests/unit/engine/test_interrupted_copy.py``).
+The doctor's test, which removes the leftovers of every killed build on the engine, runs alone.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from builder.image.labels import OCI, PAYLOAD_HASH
 from builder.image.sbom import SBOM_PATH
 from tests.support.paths import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 PIPELINE = "pipelines/text_embedding.py:pipeline"
 SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "100")) / 1000
 """Between the instants of two builds' interrupts (``TRITON_BUILDER_INTERRUPT_STEP_MS``)."""
@@ -389,6 +389,7 @@ def _running_container(client, title: str, timeout: float = 120):
     raise AssertionError(f"no running verification container of {title}")
 
 
+@pytest.mark.alone
 def test_doctor_removes_what_a_killed_build_left_and_spares_a_live_one(docker_client,
                                                                       text_embedding_image):
     """SIGKILL while the verification container runs: nothing can clean up, and the container

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import docker.errors
 import numpy as np
+import pytest
 
 from builder.tritonserver.host_process import free_ports
 from builder.verify.equality import check_same
@@ -28,6 +29,8 @@ from tests.support.readme import (
     load_first_image,
     python_blocks,
 )
+
+pytestmark = pytest.mark.alongside
 
 README_TAG = "embed:1"
 WALK_THROUGH_TAG = "triton-builder-test/readme-first-image:1"

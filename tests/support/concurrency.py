@@ -5,7 +5,9 @@ the other idles, and a fresh machine compiles for half an hour; two pytest-xdist
 both. Why not every test: some measure time or load (a latency budget, a drain, a tuner), some
 count what the whole engine holds (no layer left behind, the same image set before and after),
 and a second test beside them would change their answer. So a test runs *alone* unless its
-module is marked ``alongside`` (and the test itself not ``alone``), and the workers take turns
+module is marked ``alongside`` (and the test itself not ``alone``) or lies under a directory
+named in the ini option ``alongside_directories`` (and the module is not marked ``alone``), and
+the workers take turns
 through one reader-writer lock (``fcntl.flock`` on a file of the run): an ``alongside`` test
 holds it shared, any other test exclusively. A gate taken before either keeps a waiting
 exclusive test from being overtaken forever. ``alongside`` modules are collected first, so both
@@ -38,14 +40,21 @@ ALONE = "alone"
 T = TypeVar("T")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "alongside_directories", type="paths", default=[],
+        help=f"directories whose modules are {MARKER} unless marked {ALONE} (tests that "
+             "neither time nor count the engine, written so by default: the unit tests)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}: may run beside another {MARKER} test under pytest -n (neither "
         "measures time or load, nor counts what the whole engine holds); every other test runs "
         "alone (tests/support/concurrency.py)")
     config.addinivalue_line(
-        "markers", f"{ALONE}: runs alone though its module is marked {MARKER} (it counts what "
-        "the whole engine holds, or times something)")
+        "markers", f"{ALONE}: runs alone though its module is marked {MARKER} or lies in "
+        "alongside_directories (it counts what the whole engine holds, or times something)")
     if _controller(config) and not config.option.testrunuid:
         config.option.testrunuid = uuid.uuid4().hex  # known here, to remove its directory
 
@@ -66,6 +75,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``alongside`` tests first, each group in its collection order (a stable sort): with
     ``--dist loadfile --no-loadscope-reorder`` both workers start on modules that can share the
     machine."""
+    directories = config.getini("alongside_directories")
+    for module in {id(module): module for module in
+                   (item.getparent(pytest.Module) for item in items) if module}.values():
+        if (module.get_closest_marker(MARKER) is None and module.get_closest_marker(ALONE) is None
+                and any(module.path.is_relative_to(directory) for directory in directories)):
+            module.add_marker(MARKER)
+
     def alone_module(item: pytest.Item) -> bool:
         module = item.getparent(pytest.Module)
         return module is None or module.get_closest_marker(MARKER) is None

@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
+pytestmark = pytest.mark.alone  # runs two workers of its own, timed
+
 MODULE = """
 import json, os, time
 {mark}
@@ -26,8 +28,11 @@ def _record(name):
 """
 
 
-def _module(pytester: pytest.Pytester, name: str, alongside: bool, count: int = 2) -> None:
-    mark = "import pytest\npytestmark = pytest.mark.alongside" if alongside else ""
+def _module(pytester: pytest.Pytester, name: str, alongside: bool | None, count: int = 2) -> None:
+    """A module of ``count`` recorded tests, marked ``alongside`` (True), ``alone`` (False) or
+    neither (None)."""
+    mark = "" if alongside is None else \
+        f"import pytest\npytestmark = pytest.mark.{'alongside' if alongside else 'alone'}"
     tests = "\n".join(f"def test_{i}():\n    _record('{name}.{i}')\n" for i in range(count))
     pytester.makepyfile(**{name: MODULE.format(mark=mark, tests=tests)})
 
@@ -39,6 +44,19 @@ def _spans(path: Path) -> dict[str, tuple[float, float]]:
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
+
+
+def _ran_alone(spans: dict[str, tuple[float, float]], name: str) -> bool:
+    return not any(_overlap(spans[name], spans[other]) for other in spans if other != name)
+
+
+def _shared_and_first(spans: dict[str, tuple[float, float]], one: str, other: str,
+                      alone: str) -> None:
+    """Modules ``one`` and ``other`` ran at once, both begun before module ``alone``."""
+    assert any(_overlap(spans[f"{one}.{i}"], spans[f"{other}.{j}"])
+               for i in range(2) for j in range(2)), spans
+    first_alone = min(start for name, (start, _) in spans.items() if name.startswith(alone))
+    assert spans[f"{one}.0"][0] < first_alone and spans[f"{other}.0"][0] < first_alone, spans
 
 
 @pytest.fixture
@@ -54,7 +72,7 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
         before = set(runs)
         result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile",
                                                "--no-loadscope-reorder", "-p", "no:cacheprovider")
-        result.assert_outcomes(passed=sum(1 for _ in pytester.path.glob("test_*.py")) * 2)
+        result.assert_outcomes(passed=sum(1 for _ in pytester.path.rglob("test_*.py")) * 2)
         left = set(Path(tempfile.gettempdir()).glob("triton-builder-tests-*")) - before
         assert not left, "the run's lock directory is removed when it ends"
         return _spans(tmp_path / "spans.jsonl")
@@ -63,27 +81,21 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def test_a_test_not_marked_alongside_runs_with_no_other_test_beside_it(pytester, two_workers):
-    for name, alongside in (("test_a", True), ("test_b", False), ("test_c", False),
+    for name, alongside in (("test_a", True), ("test_b", None), ("test_c", None),
                             ("test_d", True)):
         _module(pytester, name, alongside)
     spans = two_workers()
     alone = [name for name in spans if name.startswith(("test_b", "test_c"))]
-    for name in alone:
-        others = [other for other in spans if other != name]
-        assert not any(_overlap(spans[name], spans[other]) for other in others), (name, spans)
+    assert alone and all(_ran_alone(spans, name) for name in alone), spans
 
 
 def test_alongside_tests_run_at_once_and_first(pytester, two_workers):
     """Modules marked ``alongside`` are collected first, so both workers start on them, and two
     of them share the machine."""
-    _module(pytester, "test_a", False)
+    _module(pytester, "test_a", None)
     _module(pytester, "test_b", True)
     _module(pytester, "test_c", True)
-    spans = two_workers()
-    assert any(_overlap(spans[f"test_b.{i}"], spans[f"test_c.{j}"])
-               for i in range(2) for j in range(2)), spans
-    first_alone = min(start for name, (start, _) in spans.items() if name.startswith("test_a"))
-    assert spans["test_b.0"][0] < first_alone and spans["test_c.0"][0] < first_alone, spans
+    _shared_and_first(two_workers(), "test_b", "test_c", alone="test_a")
 
 
 def test_once_per_run_makes_a_session_value_once_for_both_workers(pytester, two_workers,
@@ -127,5 +139,20 @@ def test_a_test_marked_alone_in_an_alongside_module_runs_alone(pytester, two_wor
         tests="def test_0():\n    _record('test_b.0')\n\n"
               "@pytest.mark.alone\ndef test_1():\n    _record('test_b.1')\n"))
     spans = two_workers()
-    assert not any(_overlap(spans["test_b.1"], spans[other]) for other in spans
-                   if other != "test_b.1"), spans
+    assert _ran_alone(spans, "test_b.1"), spans
+
+
+def test_modules_of_an_alongside_directory_run_alongside_unless_marked_alone(pytester,
+                                                                           two_workers):
+    """``alongside_directories`` (the unit tests here): its modules need no mark to share the
+    machine and come first; one marked ``alone`` there still runs alone."""
+    pytester.makeini("[pytest]\nalongside_directories = shared\n")
+    pytester.mkpydir("shared")
+    _module(pytester, "test_a", None)
+    _module(pytester, "shared/test_b", None)
+    _module(pytester, "shared/test_c", None)
+    _module(pytester, "shared/test_d", False)
+    spans = two_workers()
+    _shared_and_first(spans, "shared/test_b", "shared/test_c", alone="test_a")
+    alone = [name for name in spans if name.startswith("shared/test_d")]
+    assert alone and all(_ran_alone(spans, name) for name in alone), spans

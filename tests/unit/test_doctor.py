@@ -116,6 +116,7 @@ def test_doctor_chooses_torch_for_the_python_the_build_carries():
     assert f"-{tag}-" in chosen.detail and "-cp38-" not in chosen.detail
 
 
+@pytest.mark.alone  # removes every killed build's leftovers on the engine
 def test_doctor_finds_and_removes_what_a_killed_build_left(docker_client, os_image, tmp_path):
     """Planted: a verification container labelled by a builder process that has exited (on an
     untagged image of its own, as a killed build's is), and one labelled by this live process.

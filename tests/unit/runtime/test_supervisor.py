@@ -32,6 +32,8 @@ from builder.image.serving_dockerfile import runtime_scripts
 from builder.runtime import drain, health, supervisor
 from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
 
+pytestmark = pytest.mark.alone  # times restarts and drains of real processes
+
 
 def _image_layout() -> Path:
     """The runtime files as the image carries them, in a directory of their own."""

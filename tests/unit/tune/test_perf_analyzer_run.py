@@ -21,9 +21,9 @@ from builder.tune.perf_analyzer import (
     write_input_data,
 )
 
-pytestmark = pytest.mark.tritonserver
+pytestmark = [pytest.mark.tritonserver, pytest.mark.alone]
 """The module starts its own server (one for every test: two cores), so it marks itself as the
-``triton_server`` fixture would."""
+``triton_server`` fixture would; alone, since it measures latency."""
 
 PIPELINES = ("text_embedding", "image_classification")
 
