@@ -12,7 +12,8 @@ model-bound stand-in (``tests/support/model_bound.py``, a device that holds each
   it);
 * then the builder's defaults, tune's setting and Model Analyzer's best are each served by
   turns, ``--runs`` times, on the same host tritonserver and measured the same way (perf_analyzer
-  on the pipeline's examples, the load doubled while p99 stays within the budget): medians.
+  on the pipeline's examples in windows of ``--measurement-ms``, longer than a search's, the
+  load doubled while p99 stays within the budget): medians.
   Every served answer to the examples is checked against the in-process pipeline after each
   load (perf_analyzer itself checks none).
 
@@ -42,7 +43,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_pipeline_model, tune  # noqa: E402
 from builder.client.pipeline import Client  # noqa: E402
-from builder.tune.perf_analyzer import perf_analyzer, write_input_data  # noqa: E402
+from builder.tune.perf_analyzer import (  # noqa: E402
+    MEASUREMENT_MS,
+    perf_analyzer,
+    write_input_data,
+)
 from builder.tune.search import Measured  # noqa: E402
 from builder.tune.serving_trial import ServingTrial  # noqa: E402
 from builder.tune.settings import (  # noqa: E402
@@ -141,8 +146,7 @@ def measure_workload(workload: Workload, args: argparse.Namespace, scratch: Path
     budget = args.budget_ms or workload.budget_ms
     print(f"\n== {workload.title}: tune ({args.minutes:g} min)", flush=True)
     tuning = tune(workload.pipeline, budget, minutes=args.minutes, queue_policy=False,
-                  measurement_ms=args.measurement_ms, build_keywords=workload.keywords,
-                  log=print)
+                  build_keywords=workload.keywords, log=print)
     root = scratch / workload.key / "models"
     built = build_pipeline_model(workload.pipeline, root, **workload.keywords)
     served = [m.name for m in built.models if not m.in_process]
@@ -166,14 +170,14 @@ def measure_workload(workload: Workload, args: argparse.Namespace, scratch: Path
         settings.append(setting)
         rows.append(Row("Model Analyzer (quick)", setting.describe(), search_s=found.search_s,
                         searched=found.configs_measured, ended=found.finished))
-    trial = ServingTrial(root, built.pipeline_model, perf_analyzer(), input_data, budget,
-                      args.measurement_ms, check=answers_check(workload), log=print)
-    for run in range(args.runs):
-        for row, setting in zip(rows, settings, strict=True):
-            start = row.runs[-1].concurrency if row.runs else 1
-            row.runs.append(trial(setting, start))
-            print(f"run {run + 1} {row.setting}: {row.runs[-1].rate:.0f} req/s, p99 "
-                  f"{row.runs[-1].p99_ms:.1f} ms at {row.runs[-1].concurrency}", flush=True)
+    with ServingTrial(root, built.pipeline_model, perf_analyzer(), input_data, budget,
+                      args.measurement_ms, check=answers_check(workload), log=print) as trial:
+        for run in range(args.runs):
+            for row, setting in zip(rows, settings, strict=True):
+                start = row.runs[-1].concurrency if row.runs else 1
+                row.runs.append(trial(setting, start))
+                print(f"run {run + 1} {row.setting}: {row.runs[-1].rate:.0f} req/s, p99 "
+                      f"{row.runs[-1].p99_ms:.1f} ms at {row.runs[-1].concurrency}", flush=True)
     return rows
 
 
@@ -185,9 +189,11 @@ def section(results: dict[str, list[Row]], args: argparse.Namespace, began: str,
              f"({time.strftime('%Y-%m-%d')}, {machine()}; load average "
              f"{began} at the start, {ended} at the end). Host Triton 2.51; each setting served "
              f"by turns {args.runs} times and measured the same way (perf_analyzer on the "
-             "pipeline's own examples, requests in flight doubled while the p99 stays within "
-             "the budget): medians. Every answer to the examples checked after each "
-             "load. No queue policy in any of them (Model Analyzer does not know it).", "",
+             f"pipeline's own examples in windows of {args.measurement_ms} ms, requests in "
+             "flight doubled while the p99 stays within the budget): medians. Tune searched "
+             f"in windows of {MEASUREMENT_MS} ms, its default. Every answer to the examples "
+             "checked after each load. No queue policy in any of them (Model Analyzer does not "
+             "know it).", "",
              "| pipeline | p99 budget | setting | chosen | req/s within the budget | p99 ms | "
              "in flight | vs defaults | search time | settings measured |",
              "|---|---|---|---|---|---|---|---|---|---|"]

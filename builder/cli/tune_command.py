@@ -10,6 +10,7 @@ import typer
 from builder.cli.app import app, console, log_line, run_step
 from builder.cli.command_options import PIPELINE
 from builder.cli.pipeline_loading import load_pipeline
+from builder.tune.perf_analyzer import MEASUREMENT_MS
 from builder.tune.settings import MAX_CONCURRENCY
 
 
@@ -27,7 +28,7 @@ def tune(
     queue_policy: bool = typer.Option(
         True, help="Search under the queue policy the budget implies (what the tuned build "
                    "serves with: two instances at least)."),
-    measurement_ms: int = typer.Option(2000, min=200,
+    measurement_ms: int = typer.Option(MEASUREMENT_MS, min=200,
                                        help="perf_analyzer's measurement window."),
     max_instances: int = typer.Option(None, min=1,
                                       help="Most instances of a model (default: the CPUs)."),

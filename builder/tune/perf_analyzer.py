@@ -40,6 +40,13 @@ PLATFORMS = {"x86_64": ("manylinux1_x86_64", "manylinux2014_x86_64"),
 """pip ``--platform`` tags, by ``platform.machine()``: tritonclient 2.51.0's x86_64 wheel is
 tagged ``manylinux1``, its aarch64 one and the CUDA runtime's ``manylinux2014``."""
 ENV = "TRITON_BUILDER_PERF_ANALYZER"
+MEASUREMENT_MS = 1000
+"""perf_analyzer's measurement window for a search: a load is reported once three windows agree,
+so each load measured costs three of them and perf_analyzer's start. One second is where
+perf_analyzer's own count windows begin, and Model Analyzer measures with those; the p99 of three
+holds a hundred requests at the slowest load tuned here (45 req/s, the model-bound stand-in's
+one in flight). Longer windows steady a comparison (``benchmarks/bench_tune.py``'s turns use
+two seconds), but they cost a search the settings it would have tried."""
 
 
 class PerfAnalyzerError(TritonBuilderError, RuntimeError):
@@ -207,8 +214,8 @@ class LoadPoint:
 
 
 def measure_load(analyzer: PerfAnalyzer, grpc_url: str, model: str, input_data: Path,
-                 concurrency: int, *, measurement_ms: int = 1500, stability_percent: int = 25,
-                 max_trials: int = 6, timeout_s: float = 120.0,
+                 concurrency: int, *, measurement_ms: int = MEASUREMENT_MS,
+                 stability_percent: int = 25, max_trials: int = 6, timeout_s: float = 120.0,
                  streaming: bool = False) -> LoadPoint:
     """Measure ``model`` at ``grpc_url`` with ``concurrency`` requests always in flight (a closed
     loop) until perf_analyzer's windows agree within ``stability_percent``; the data sent is

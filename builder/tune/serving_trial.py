@@ -8,20 +8,32 @@ take twice the requests in flight before they queue). The load doubles from wher
 setting peaked while the p99 stays within the budget and the rate does not fall, or halves
 until it fits. A request the server refuses under the budget's queue policy (``UNAVAILABLE``, it
 would have been late) counts as that load missing the budget.
+
+Why a server is stopped while the next one starts: tritonserver polls its models' unloading once a
+second before it exits, so a stop takes two to four seconds, most of them asleep; a search serves
+one setting after another, and the next server's start overlaps that wait. Its load begins only
+once the last server has exited, so no measurement shares the machine with a stopping server.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from builder.tritonserver.host_process import TritonServer
-from builder.tune.perf_analyzer import LoadPoint, PerfAnalyzer, PerfAnalyzerError, measure_load
+from builder.tune.perf_analyzer import (
+    MEASUREMENT_MS,
+    LoadPoint,
+    PerfAnalyzer,
+    PerfAnalyzerError,
+    measure_load,
+)
 from builder.tune.search import Measured
 from builder.tune.settings import MAX_CONCURRENCY, Setting, apply_setting
 
@@ -45,14 +57,15 @@ def host_server(model_root: Path) -> TritonServer:
 
 @dataclass
 class ServingTrial:
-    """Serves settings of one built repository and measures each (a :data:`~.search.Measure`)."""
+    """Serves settings of one built repository and measures each (a :data:`~.search.Measure`).
+    Use it as a context manager: the last server it served stops on leaving."""
 
     model_root: Path
     pipeline: str
     analyzer: PerfAnalyzer
     input_data: Path
     budget_ms: float
-    measurement_ms: int = 2000
+    measurement_ms: int = MEASUREMENT_MS
     max_concurrency: int = MAX_CONCURRENCY
     serve: Serve = host_server
     log: Callable[[str], None] = lambda line: None
@@ -60,16 +73,27 @@ class ServingTrial:
     """Called on the server after each setting's load (a benchmark checks the answers)."""
     streaming: bool = False
     """The pipeline streams: each request a stream, its p99 that of its first response."""
+    _stopping: threading.Thread | None = field(default=None, init=False, repr=False)
+    _stop_error: BaseException | None = field(default=None, init=False, repr=False)
+
+    def __enter__(self) -> ServingTrial:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped()
 
     def __call__(self, setting: Setting, start: int) -> Measured:
         apply_setting(self.model_root, setting)
         models = [name for name, _ in setting.models]
-        with self.serve(self.model_root) as server:
+        with ExitStack() as serving:
+            server = serving.enter_context(self.serve(self.model_root))
+            self.stopped()
             before = model_statistics(server.http_url, models)
             within, floor, missed = self._load(server, max(1, min(start, self.max_concurrency)))
             after = model_statistics(server.http_url, models)
             if self.check is not None:
                 self.check(server)
+            self._stop_later(serving.pop_all())
         time_us = {name: _per_request(before[name], after[name]) for name in models}
         if not within:
             return Measured(0.0, floor.p99_ms, floor.concurrency, False, time_us,
@@ -77,6 +101,26 @@ class ServingTrial:
         best = max(within, key=lambda p: p.rate)
         return Measured(best.rate, best.p99_ms, best.concurrency, True, time_us,
                         {p.concurrency: p.rate for p in within}, latency_bound=missed)
+
+    def stopped(self) -> None:
+        """Wait until the last server stopped in the background has exited; raise what its stop
+        raised."""
+        stopping, self._stopping = self._stopping, None
+        if stopping is not None:
+            stopping.join()
+        error, self._stop_error = self._stop_error, None
+        if error is not None:
+            raise error
+
+    def _stop_later(self, serving: ExitStack) -> None:
+        def stop() -> None:
+            try:
+                serving.close()
+            except BaseException as error:  # raised where the trial next waits for it
+                self._stop_error = error
+
+        self._stopping = threading.Thread(target=stop, name="stopping tritonserver")
+        self._stopping.start()
 
     def _load(self, server: Any, start: int) -> tuple[list[LoadPoint], LoadPoint, bool]:
         """Every load measured within the budget, the lowest load measured, and whether the

@@ -34,7 +34,7 @@ from builder.tune.image_serving import (
     image_triton_version,
     served_repository,
 )
-from builder.tune.perf_analyzer import perf_analyzer, write_input_data
+from builder.tune.perf_analyzer import MEASUREMENT_MS, perf_analyzer, write_input_data
 from builder.tune.search import Search, knobs
 from builder.tune.serving_trial import ServingTrial, host_server
 from builder.tune.settings import MAX_CONCURRENCY, read_setting
@@ -50,7 +50,7 @@ def tune(
     output: str | os.PathLike | None = None,
     report_dir: str | os.PathLike | None = None,
     queue_policy: bool = True,
-    measurement_ms: int = 2000,
+    measurement_ms: int = MEASUREMENT_MS,
     max_instances: int | None = None,
     max_concurrency: int = MAX_CONCURRENCY,
     subject: str = "",
@@ -102,17 +102,18 @@ def tune(
                                               Path(scratch) / "input.json"),
                              latency_budget_ms, measurement_ms, max_concurrency, serve, log=say,
                              streaming=streams)
-        search = Search(trial, deadline=started + minutes * 60, log=say)
-        first = search.measured(baseline)
-        second = search.measured(baseline, first.concurrency)
-        if not (first.within_budget or second.within_budget):
-            raise TuneError(_missed(latency_budget_ms, min(first.p99_ms, second.p99_ms),
-                                    first.concurrency))
-        say(f"run-to-run spread {search.spread:.1%}; searching "
-            + ", ".join([repository.pipeline_model, *repository.served]))
-        chosen = search.run(baseline, knobs(
-            baseline, first.time_us, {name: minimum for name, _ in baseline.models},
-            max_instances or max(minimum, os.cpu_count() or 1)))
+        with trial:
+            search = Search(trial, deadline=started + minutes * 60, log=say)
+            first = search.measured(baseline)
+            second = search.measured(baseline, first.concurrency)
+            if not (first.within_budget or second.within_budget):
+                raise TuneError(_missed(latency_budget_ms, min(first.p99_ms, second.p99_ms),
+                                        first.concurrency))
+            say(f"run-to-run spread {search.spread:.1%}; searching "
+                + ", ".join([repository.pipeline_model, *repository.served]))
+            chosen = search.run(baseline, knobs(
+                baseline, first.time_us, {name: minimum for name, _ in baseline.models},
+                max_instances or max(minimum, os.cpu_count() or 1)))
     result = search.result(chosen)
     if not result.within_budget:
         raise TuneError(_missed(latency_budget_ms, min(
