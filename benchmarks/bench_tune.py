@@ -15,7 +15,13 @@ model-bound stand-in (``tests/support/model_bound.py``, a device that holds each
   on the pipeline's examples in windows of ``--measurement-ms``, longer than a search's, the
   load doubled while p99 stays within the budget): medians.
   Every served answer to the examples is checked against the in-process pipeline after each
-  load (perf_analyzer itself checks none).
+  load (perf_analyzer itself checks none). Since one setting's turns spread widely on a
+  loaded 2-core machine, tune's setting and Model Analyzer's are also compared turn by turn
+  (each pair measured back to back): in how many turns tune's served more, the median of the
+  turns' ratios, and the two-sided sign test's p-value (:func:`by_turns`).
+
+``--only`` a part of the workloads writes a section of its own (a longer run by turns of one
+pipeline, say), so the whole comparison stays as it was measured.
 
 All three are searched and served without the budget's queue policy, which Model Analyzer does
 not know. The table, a chart and the command go into ``BENCHMARKS.md``.
@@ -27,6 +33,7 @@ not know. The table, a chart and the command go into ``BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -64,6 +71,7 @@ from tests.support.model_bound import MAX_BATCH, MODEL_BOUND  # noqa: E402
 SECTION = "## Tuning: tune against the builder's defaults and Model Analyzer"
 COMMAND = "python benchmarks/bench_tune.py"
 CHART = ROOT / "benchmarks" / "tuning_throughput.png"
+ALL = "text,image,model-bound"
 
 
 @dataclass
@@ -120,6 +128,30 @@ def answers_check(workload: Workload) -> Callable[[Any], None]:
                 check_same(served(*call), answer, where=f"{workload.key} {call!r:.40}")
 
     return check
+
+
+@dataclass(frozen=True)
+class ByTurns:
+    """Tune's setting against another, turn by turn (each pair measured back to back)."""
+
+    ahead: int
+    turns: int
+    median_ratio: float
+    sign_test_p: float
+
+
+def by_turns(tuned: Row, other: Row) -> ByTurns:
+    """Pairs by turn cancel the machine's drift between turns, which on two loaded cores is
+    wider than the difference between two good settings. The sign test asks how likely so
+    lopsided a count of turns is if neither setting serves more (a tie is no evidence either
+    way, so it is left out of the test, as the sign test does)."""
+    pairs = list(zip((m.rate for m in tuned.runs), (m.rate for m in other.runs), strict=True))
+    ahead = sum(ours > theirs for ours, theirs in pairs)
+    decided = ahead + sum(ours < theirs for ours, theirs in pairs)
+    tail = min(ahead, decided - ahead)
+    p = min(1.0, 2 * sum(math.comb(decided, k) for k in range(tail + 1)) / 2 ** decided)
+    return ByTurns(ahead, len(pairs), statistics.median(ours / theirs for ours, theirs in pairs),
+                   p)
 
 
 def analyzer_setting(config: dict, baseline: Setting) -> Setting:
@@ -181,11 +213,25 @@ def measure_workload(workload: Workload, args: argparse.Namespace, scratch: Path
     return rows
 
 
+def heading(only: str) -> str:
+    """The whole comparison's section, or one of its own for a part of the workloads."""
+    if only == ALL:
+        return SECTION
+    return f"{SECTION}: " + ", ".join(workloads()[key].title for key in only.split(","))
+
+
+def chart_path(only: str) -> Path:
+    if only == ALL:
+        return CHART
+    return CHART.with_name(f"{CHART.stem}_{only.replace(',', '_')}{CHART.suffix}")
+
+
 def section(results: dict[str, list[Row]], args: argparse.Namespace, began: str,
             ended: str) -> str:
     budgets = {key: args.budget_ms or workloads()[key].budget_ms for key in results}
-    lines = [SECTION, "",
-             f"Command: `{COMMAND} --minutes {args.minutes:g} --runs {args.runs}` "
+    only = "" if args.only == ALL else f" --only {args.only}"
+    lines = [heading(args.only), "",
+             f"Command: `{COMMAND} --minutes {args.minutes:g} --runs {args.runs}{only}` "
              f"({time.strftime('%Y-%m-%d')}, {machine()}; load average "
              f"{began} at the start, {ended} at the end). Host Triton 2.51; each setting served "
              f"by turns {args.runs} times and measured the same way (perf_analyzer on the "
@@ -208,11 +254,21 @@ def section(results: dict[str, list[Row]], args: argparse.Namespace, began: str,
                 + (f"{row.search_s / 60:.1f} min" if row.search_s is not None else "—")
                 + ("" if row.ended else " to its last measurement (it did not end)") + " | "
                 + (str(row.searched) if row.searched is not None else "—") + " |")
-    lines += ["", f"![req/s within the budget]({CHART.relative_to(ROOT)})", ""]
+    lines += ["", "By turns, tune's setting against Model Analyzer's (each pair measured back to "
+              "back):", ""]
+    for key, rows in results.items():
+        if len(rows) < 3:
+            continue
+        turns = by_turns(rows[1], rows[2])
+        lines.append(f"- {workloads()[key].title}: tune's setting served more in {turns.ahead} "
+                     f"of {turns.turns} turns; median ratio {turns.median_ratio:.3f}; sign "
+                     f"test p = {turns.sign_test_p:.2g}")
+    chart_file = chart_path(args.only)
+    lines += ["", f"![req/s within the budget]({chart_file.relative_to(ROOT)})", ""]
     return "\n".join(lines)
 
 
-def chart(results: dict[str, list[Row]]) -> None:
+def chart(results: dict[str, list[Row]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +286,7 @@ def chart(results: dict[str, list[Row]]) -> None:
     axes.set_ylabel("req/s within the budget, × the builder's defaults")
     axes.legend()
     figure.tight_layout()
-    figure.savefig(CHART, dpi=100)
+    figure.savefig(path, dpi=100)
     pyplot.close(figure)
 
 
@@ -242,7 +298,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--measurement-ms", type=int, default=2000)
     parser.add_argument("--no-analyzer", dest="analyzer", action="store_false")
-    parser.add_argument("--only", default="text,image,model-bound")
+    parser.add_argument("--only", default=ALL)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     began = f"{os.getloadavg()[0]:.2f}"
@@ -252,8 +308,8 @@ def main() -> None:
             results[key] = measure_workload(workloads()[key], args, Path(scratch))
     ended = f"{os.getloadavg()[0]:.2f}"
     if not args.no_write:
-        chart(results)
-    publish(SECTION, section(results, args, began, ended), write=not args.no_write)
+        chart(results, chart_path(args.only))
+    publish(heading(args.only), section(results, args, began, ended), write=not args.no_write)
 
 
 if __name__ == "__main__":

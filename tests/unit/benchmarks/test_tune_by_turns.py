@@ -1,0 +1,43 @@
+"""The bench's turn-by-turn comparison of tune's setting with Model Analyzer's."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_tune import ALL, CHART, SECTION, Row, by_turns, chart_path, heading
+from builder.tune.search import Measured
+
+
+def _row(*rates: float) -> Row:
+    return Row("s", "d", runs=[Measured(rate, 10.0, 8, True) for rate in rates])
+
+
+def test_a_setting_ahead_in_every_one_of_ten_turns_is_told_apart():
+    turns = by_turns(_row(*[110.0] * 10), _row(*[100.0] * 10))
+    assert (turns.ahead, turns.turns, turns.median_ratio) == (10, 10, 1.1)
+    assert turns.sign_test_p == pytest.approx(2 / 1024)
+
+
+def test_turns_split_evenly_are_not():
+    turns = by_turns(_row(110, 90, 110, 90), _row(100, 100, 100, 100))
+    assert turns.ahead == 2 and turns.sign_test_p == 1.0
+
+
+def test_the_test_follows_the_turns_not_the_medians():
+    """Tune behind in most turns though its median would read higher: drift between turns
+    would hide that in the medians alone."""
+    turns = by_turns(_row(99, 99, 99, 99, 99, 99, 99, 200, 200),
+                     _row(100, 100, 100, 100, 100, 100, 100, 50, 50))
+    assert turns.ahead == 2 and turns.median_ratio == pytest.approx(0.99)
+    assert turns.sign_test_p == pytest.approx(2 * (1 + 9 + 36) / 512)
+
+
+def test_ties_are_left_out_of_the_sign_test():
+    turns = by_turns(_row(100, 100, 110, 110), _row(100, 100, 100, 100))
+    assert turns.ahead == 2 and turns.sign_test_p == pytest.approx(0.5)
+
+
+def test_a_part_of_the_workloads_gets_a_section_and_a_chart_of_its_own():
+    assert heading(ALL) == SECTION and chart_path(ALL) == CHART
+    assert heading("text") == f"{SECTION}: text embedding"
+    assert chart_path("text").name == "tuning_throughput_text.png"
