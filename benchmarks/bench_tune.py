@@ -254,11 +254,11 @@ def section(results: dict[str, list[Row]], args: argparse.Namespace, began: str,
                 + (f"{row.search_s / 60:.1f} min" if row.search_s is not None else "—")
                 + ("" if row.ended else " to its last measurement (it did not end)") + " | "
                 + (str(row.searched) if row.searched is not None else "—") + " |")
-    lines += ["", "By turns, tune's setting against Model Analyzer's (each pair measured back to "
-              "back):", ""]
-    for key, rows in results.items():
-        if len(rows) < 3:
-            continue
+    compared = {key: rows for key, rows in results.items() if len(rows) >= 3}
+    if compared:
+        lines += ["", "By turns, tune's setting against Model Analyzer's (each pair measured "
+                  "back to back):", ""]
+    for key, rows in compared.items():
         turns = by_turns(rows[1], rows[2])
         lines.append(f"- {workloads()[key].title}: tune's setting served more in {turns.ahead} "
                      f"of {turns.turns} turns; median ratio {turns.median_ratio:.3f}; sign "

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_tune import ALL, CHART, SECTION, Row, by_turns, chart_path, heading
+from benchmarks.bench_tune import (
+    ALL,
+    CHART,
+    SECTION,
+    Row,
+    by_turns,
+    chart_path,
+    heading,
+    section,
+)
 from builder.tune.search import Measured
 
 
-def _row(*rates: float) -> Row:
-    return Row("s", "d", runs=[Measured(rate, 10.0, 8, True) for rate in rates])
+def _row(*rates: float, setting: str = "s") -> Row:
+    return Row(setting, "d", runs=[Measured(rate, 10.0, 8, True) for rate in rates])
 
 
 def test_a_setting_ahead_in_every_one_of_ten_turns_is_told_apart():
@@ -41,3 +50,16 @@ def test_a_part_of_the_workloads_gets_a_section_and_a_chart_of_its_own():
     assert heading(ALL) == SECTION and chart_path(ALL) == CHART
     assert heading("text") == f"{SECTION}: text embedding"
     assert chart_path("text").name == "tuning_throughput_text.png"
+
+
+def test_without_model_analyzer_the_section_says_nothing_of_turns_against_it():
+    from argparse import Namespace
+
+    rows = {"text": [_row(100, 100, setting="builder's defaults"),
+                     _row(110, 120, setting="tune")]}
+    rows["text"][1].search_s, rows["text"][1].searched = 60.0, 5
+    args = Namespace(budget_ms=None, only="text", minutes=1.0, runs=2, measurement_ms=2000)
+    text = section(rows, args, "0.10", "0.20")
+    assert "By turns" not in text and "| tune |" in text
+    rows["text"].append(_row(105, 130, setting="Model Analyzer (quick)"))
+    assert "served more in 1 of 2 turns" in section(rows, args, "0.10", "0.20")
