@@ -71,7 +71,6 @@ from tests.support.model_bound import MAX_BATCH, MODEL_BOUND  # noqa: E402
 SECTION = "## Tuning: tune against the builder's defaults and Model Analyzer"
 COMMAND = "python benchmarks/bench_tune.py"
 CHART = ROOT / "benchmarks" / "tuning_throughput.png"
-ALL = "text,image,model-bound"
 
 
 @dataclass
@@ -213,15 +212,20 @@ def measure_workload(workload: Workload, args: argparse.Namespace, scratch: Path
     return rows
 
 
+def whole(only: str) -> bool:
+    """Whether ``--only`` names every workload, in any order."""
+    return set(only.split(",")) == set(workloads())
+
+
 def heading(only: str) -> str:
     """The whole comparison's section, or one of its own for a part of the workloads."""
-    if only == ALL:
+    if whole(only):
         return SECTION
     return f"{SECTION}: " + ", ".join(workloads()[key].title for key in only.split(","))
 
 
 def chart_path(only: str) -> Path:
-    if only == ALL:
+    if whole(only):
         return CHART
     return CHART.with_name(f"{CHART.stem}_{only.replace(',', '_')}{CHART.suffix}")
 
@@ -229,7 +233,7 @@ def chart_path(only: str) -> Path:
 def section(results: dict[str, list[Row]], args: argparse.Namespace, began: str,
             ended: str) -> str:
     budgets = {key: args.budget_ms or workloads()[key].budget_ms for key in results}
-    only = "" if args.only == ALL else f" --only {args.only}"
+    only = "" if whole(args.only) else f" --only {args.only}"
     lines = [heading(args.only), "",
              f"Command: `{COMMAND} --minutes {args.minutes:g} --runs {args.runs}{only}` "
              f"({time.strftime('%Y-%m-%d')}, {machine()}; load average "
@@ -298,7 +302,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--measurement-ms", type=int, default=2000)
     parser.add_argument("--no-analyzer", dest="analyzer", action="store_false")
-    parser.add_argument("--only", default=ALL)
+    parser.add_argument("--only", default=",".join(workloads()))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     began = f"{os.getloadavg()[0]:.2f}"
