@@ -33,7 +33,6 @@ not know. The table, a chart and the command go into ``BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -63,6 +62,7 @@ from builder.tune.settings import (  # noqa: E402
     Setting,
     read_setting,
 )
+from builder.tune.turns import sign_test_p  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
 from pipelines import image_classification, text_embedding  # noqa: E402
 from tests.support.example_inputs import TEXTS, images  # noqa: E402
@@ -146,9 +146,8 @@ def by_turns(tuned: Row, other: Row) -> ByTurns:
     way, so it is left out of the test, as the sign test does)."""
     pairs = list(zip((m.rate for m in tuned.runs), (m.rate for m in other.runs), strict=True))
     ahead = sum(ours > theirs for ours, theirs in pairs)
-    decided = ahead + sum(ours < theirs for ours, theirs in pairs)
-    tail = min(ahead, decided - ahead)
-    p = min(1.0, 2 * sum(math.comb(decided, k) for k in range(tail + 1)) / 2 ** decided)
+    behind = sum(ours < theirs for ours, theirs in pairs)
+    p = min(1.0, 2 * sign_test_p(max(ahead, behind), min(ahead, behind)))
     return ByTurns(ahead, len(pairs), statistics.median(ours / theirs for ours, theirs in pairs),
                    p)
 

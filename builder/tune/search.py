@@ -10,12 +10,12 @@ walked first toward what the setting's measurement points to: where the next loa
 budget (latency-bound) toward smaller batches, which hold the model for less time each; where
 the rate stopped rising within it (throughput-bound) toward larger ones.
 
-Why ties are measured again: two settings whose req/s differ by less than the run-to-run spread
-(measured by serving the builder's defaults twice, widened whenever a setting measured again
-differs more) are not told apart by one run each; they are
-measured once more and compared on their medians, and if they still are within the spread the
-one with fewer resources wins (fewer instances, then less queue delay); otherwise the search
-keeps what it had.
+Why ties are told apart by turns: two settings whose req/s differ by less than the run-to-run
+spread (measured by serving the builder's defaults twice, widened whenever a setting measured
+again differs more) are not told apart by one run each, and on a loaded machine a setting's own
+runs drift by more than a 10% gain. Such a pair is served by turns, both back to back in each
+(:mod:`builder.tune.turns`), and the one the turns show ahead wins; where neither leads, the one
+with fewer resources wins (fewer instances, then less queue delay).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from builder.tune.settings import (
     Setting,
 )
 from builder.tune.tuning_file import Trial
+from builder.tune.turns import Turns
 
 BATCH_KNOBS = ("max_batch_size", "preferred_batch_size")
 """The knobs walked toward smaller batches first where a setting is latency-bound."""
@@ -107,6 +108,8 @@ class Search:
     deadline: float
     spread: float = MIN_SPREAD
     trials: dict[Setting, list[Measured]] = field(default_factory=dict)
+    turns: dict[frozenset[Setting], Turns] = field(default_factory=dict)
+    """The pairs told apart by turns, each pair's turns so far."""
     log: Callable[[str], None] = lambda line: None
     stopped_by_time: bool = False
 
@@ -150,16 +153,31 @@ class Search:
         return shown
 
     def better(self, candidate: Setting, best: Setting) -> bool:
-        """Whether ``candidate`` beats ``best``: by more than the spread, or within it after one
-        more run of each, on fewer resources."""
-        if self._tell(candidate, best) is None and not self._out_of_time():
-            for setting in (candidate, best):
-                if len(self.trials[setting]) < 2:
-                    self.measured(setting, self.result(setting).concurrency)
+        """Whether ``candidate`` beats ``best``: by more than the spread; within it, ahead in the
+        turns that tell them apart; where the turns show neither ahead, on fewer resources."""
         verdict = self._tell(candidate, best)
         if verdict is not None:
             return verdict
+        leader = self.by_turns(candidate, best).leader()
+        if leader is not None:
+            return leader == candidate
         return candidate.resources() < best.resources()
+
+    def by_turns(self, candidate: Setting, best: Setting) -> Turns:
+        """``best`` and ``candidate`` served back to back, turn after turn (which goes first
+        alternates), until the turns are settled or the time is up; kept for the pair."""
+        pair = frozenset((candidate, best))
+        turns = self.turns.get(pair, Turns(best, candidate))
+        while not turns.settled() and not self._out_of_time():
+            order = ((turns.first, turns.second) if turns.count % 2 == 0
+                     else (turns.second, turns.first))
+            shown = {setting: self.measured(setting, self.result(setting).concurrency)
+                     for setting in order}
+            first, second = shown[turns.first], shown[turns.second]
+            turns = self.turns[pair] = turns.added(_ahead(first, second), _ahead(second, first))
+            self.log(f"by turns, {turns.first.describe()} against {turns.second.describe()}: "
+                     f"ahead in {turns.first_ahead} and {turns.second_ahead} of {turns.count}")
+        return turns
 
     def _tell(self, candidate: Setting, best: Setting) -> bool | None:
         """True/False where the two differ by more than the spread, ``None`` within it."""
@@ -207,6 +225,16 @@ class Search:
         if time.monotonic() >= self.deadline:
             self.stopped_by_time = True
         return self.stopped_by_time
+
+
+def _ahead(one: Measured, other: Measured) -> bool:
+    """Whether ``one`` served more than ``other`` in a turn: within the budget where the other
+    is not; both within it, more req/s; both over it, a lower p99."""
+    if one.within_budget != other.within_budget:
+        return one.within_budget
+    if one.within_budget:
+        return one.rate > other.rate
+    return one.p99_ms < other.p99_ms
 
 
 def _changed(setting: Setting, knob: Knob, value: object) -> Setting | None:

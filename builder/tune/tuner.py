@@ -124,7 +124,8 @@ def tune(
                     repository.queue_policy, result, search.result(baseline), Machine.here(),
                     triton, subject or image or "",
                     time.monotonic() - started, search.spread,
-                    tuple(search.result(s) for s in search.trials), max_concurrency, streams)
+                    tuple(search.result(s) for s in search.trials), max_concurrency, streams,
+                    tuple(search.turns.values()))
     if output is not None:
         tuning.write(output)
     if report_dir is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from builder.errors import BuildError
 from builder.tune.settings import MAX_CONCURRENCY, Setting
+from builder.tune.turns import Turns
 
 FORMAT = 1
 
@@ -90,6 +91,8 @@ class Tuning:
     """The most requests in flight the search loaded it with."""
     streams: bool = False
     """The pipeline streams: each request is a stream, each p99 that of its first item."""
+    turns: tuple[Turns, ...] = field(default=())
+    """The pairs within the spread of each other, told apart by turns."""
 
     @property
     def latency_of(self) -> str:
@@ -126,6 +129,7 @@ class Tuning:
             "search_s": round(self.search_s, 1), "spread": round(self.spread, 4),
             "max_concurrency": self.max_concurrency,
             "trials": [trial.as_json() for trial in self.trials],
+            "turns": [turns.as_json() for turns in self.turns],
         }
 
     def write(self, path: str | os.PathLike) -> Path:
@@ -158,7 +162,8 @@ def read_tuning(path: str | os.PathLike) -> Tuning:
             search_s=float(data.get("search_s", 0)), spread=float(data.get("spread", 0)),
             trials=tuple(Trial.from_json(pipeline, t) for t in data.get("trials", ())),
             max_concurrency=int(data.get("max_concurrency", MAX_CONCURRENCY)),
-            streams=data.get("latency_of", "answer") == "first item")
+            streams=data.get("latency_of", "answer") == "first item",
+            turns=tuple(Turns.from_json(pipeline, t) for t in data.get("turns", ())))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise BuildError(f"tuning file {path}: {error}") from None
 

@@ -43,6 +43,11 @@ def write_report(tuning: Tuning, directory: Path) -> list[Path]:
     lines = [f"# Tuning of {tuning.subject or tuning.pipeline}", "", summary(tuning), "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in trial_rows(tuning)]
+    if tuning.turns:
+        lines += ["", "Told apart by turns (each turn serves both, back to back):", ""]
+        lines += [f"- {t.first.describe()} against {t.second.describe()}: ahead in "
+                  f"{t.first_ahead} and {t.second_ahead} of {t.count} turns"
+                  for t in tuning.turns]
     table = directory / TABLE
     table.write_text("\n".join(lines) + "\n")
     written = [table]

@@ -53,16 +53,20 @@ def test_tune_gives_the_image_example_two_pipeline_instances(image_tuning):
     assert (where / "report" / "tuning.png").stat().st_size > 0
 
 
-def test_tune_keeps_the_text_examples_defaults_as_the_sweep_found_them_best(tmp_path):
-    """BENCHMARKS.md's sweep: at 32 in flight one instance without delay served the most, two
-    within the spread. Moving off it needs a run-to-run difference beyond the spread."""
+def test_tune_keeps_the_text_examples_defaults_or_takes_what_serves_more_by_turns(tmp_path):
+    """BENCHMARKS.md: at 32 in flight one instance without delay and two instances are within
+    the spread of single runs, two ahead by 9 to 11% when measured by turns. Moving off the
+    defaults needs a difference beyond the spread, or a lead the turns between the two show."""
     tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
                   measurement_ms=1000, max_concurrency=IN_FLIGHT)
     chosen, default = tuning.chosen, tuning.default
     assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
-    assert chosen.setting == default.setting or chosen.rate > default.rate * (1 + tuning.spread), (
+    by_turns = [t.leader() for t in tuning.turns
+                if {t.first, t.second} == {chosen.setting, default.setting}]
+    assert chosen.setting == default.setting or chosen.rate > default.rate * (
+        1 + tuning.spread) or by_turns == [chosen.setting], (
         f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
-        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}")
+        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}, turns {by_turns}")
 
 
 def test_the_tuning_file_applied_to_a_rebuild_gives_an_image_whose_config_carries_it(

@@ -13,6 +13,7 @@ from builder.job import build_options
 from builder.tune.settings import ModelSetting, Setting
 from builder.tune.tuning_file import Machine, Trial, Tuning, read_tuning
 from builder.tune.tuning_report import write_report
+from builder.tune.turns import Turns
 
 SETTING = Setting("pipeline", (("pipeline", ModelSetting(instances=2)),
                                ("encoder", ModelSetting(instances=3, max_queue_delay_us=100))))
@@ -27,7 +28,8 @@ def _tuning(**changes) -> Tuning:
                           "pipelines/x.py:pipeline", 95.0, 0.06,
                           (default, chosen, Trial(DEFAULT.with_model("pipeline",
                                                                      max_queue_delay_us=500),
-                                                  0.0, 70.0, 1, False))), **changes)
+                                                  0.0, 70.0, 1, False)),
+                          turns=(Turns(DEFAULT, SETTING, 0, 3),)), **changes)
 
 
 def test_a_tuning_file_reads_back_as_written(tmp_path):
@@ -86,6 +88,8 @@ def test_the_report_lists_every_setting_tried_best_first_and_draws_the_budget(tm
     rows = [line for line in table if line.startswith("| pipeline")]
     assert len(rows) == 3
     assert "chosen" in rows[0] and "default" in rows[1] and "over the budget" in rows[2]
+    assert f"- {DEFAULT.describe()} against {SETTING.describe()}: ahead in 0 and 3 of 3 turns" \
+        in table
     assert tmp_path / "tuning.png" in written
     assert (tmp_path / "tuning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
