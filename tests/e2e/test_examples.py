@@ -25,6 +25,7 @@ from builder.tritonserver.host_process import TritonServer
 from builder.verify.equality import check_same as assert_same
 from pipelines import image_classification, text_embedding, text_recognizer
 from tests.support.example_inputs import EXAMPLES, TEXTS, images, text_lines
+from tests.support.model_statistics import settled_statistics
 from tests.support.pipeline_client import infer, infer_concurrently
 
 pytestmark = pytest.mark.alongside
@@ -200,14 +201,8 @@ def test_served_equals_in_process_for_concurrent_requests_batched_dynamically(na
 
 
 def _statistics(client, model, at_least: int = 0) -> dict[str, int]:
-    """Triton's counts for ``model``; they are updated just after responses are sent."""
-    deadline = time.monotonic() + 10
-    while True:
-        (stats,) = client.get_inference_statistics(model).model_stats
-        if stats.inference_count >= at_least or time.monotonic() > deadline:
-            return {"inference_count": stats.inference_count,
-                    "execution_count": stats.execution_count}
-        time.sleep(0.05)
+    stats = settled_statistics(client, model, at_least)
+    return {"inference_count": stats.inference_count, "execution_count": stats.execution_count}
 
 
 @pytest.mark.slow

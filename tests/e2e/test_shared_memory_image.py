@@ -37,6 +37,7 @@ from builder.runtime.supervisor import ADMIN_KEY_VARIABLE, GRPC_ADMIN_KEY_HEADER
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.support.example_inputs import EXAMPLES
+from tests.support.model_statistics import settled_statistics
 
 pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 
@@ -97,7 +98,7 @@ def test_a_multi_model_image_loads_and_answers_without_shm_size(docker_client, c
                 for name in names:  # every model answers (the operators: called directly)
                     if name != "pipeline":
                         _call_with_zeros(triton, name)
-                    (stats,) = triton.get_inference_statistics(name).model_stats
+                    stats = settled_statistics(triton, name, at_least=1)
                     assert stats.inference_count > 0, f"{name} served nothing"
             regions = {name: size for name, size in _shm_files(container.container).items()
                        if REGION.fullmatch(name)}
