@@ -68,10 +68,11 @@ def _local_cpu_torch() -> str | None:
                default=None)
 
 
-TWO_AT_ONCE = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+TWO_AT_ONCE = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"]
 """Two pytest-xdist workers, a module each: tests marked ``alongside`` share the machine, every
 other test runs alone (``tests/support/concurrency.py``); modules stay in the order that plugin
-collects them, ``alongside`` first."""
+collects them, ``alongside`` first, and the ``alone`` tests of ``alongside`` modules, a group
+of their own, among the alone ones."""
 
 
 @nox.session(python=PYTHON)

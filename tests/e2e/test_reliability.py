@@ -634,6 +634,7 @@ def test_load_every_answer_equals_the_in_process_one(docker_client, text_embeddi
 
 
 # -- a registry that goes away during a push ---------------------------------------------------
+@pytest.mark.alongside  # its own registry, its own tag, nothing timed: it waits on the engine
 def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client,
                                                            text_embedding_image, tmp_path):
     import threading
@@ -678,6 +679,7 @@ def test_registry_down_during_push_fails_and_leaves_no_tag(docker_client,
         assert missing.value.code == 404
 
 
+@pytest.mark.alongside  # a layer of its own, checked by its ID
 def test_a_build_interrupted_mid_step_removes_the_layers_it_made(docker_client, os_image,
                                                                 tmp_path):
     """Ctrl-C while ``docker build`` runs a step: the layers committed before it go too."""

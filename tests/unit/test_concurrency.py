@@ -70,9 +70,10 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
     def run() -> dict[str, tuple[float, float]]:
         runs = Path(tempfile.gettempdir()).glob("triton-builder-tests-*")
         before = set(runs)
-        result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile",
+        result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup",
                                                "--no-loadscope-reorder", "-p", "no:cacheprovider")
-        result.assert_outcomes(passed=sum(1 for _ in pytester.path.rglob("test_*.py")) * 2)
+        result.assert_outcomes(passed=sum(path.read_text().count("\ndef test_")
+                                          for path in pytester.path.rglob("test_*.py")))
         left = set(Path(tempfile.gettempdir()).glob("triton-builder-tests-*")) - before
         assert not left, "the run's lock directory is removed when it ends"
         return _spans(tmp_path / "spans.jsonl")
@@ -132,14 +133,38 @@ def test_once_per_run_makes_a_session_value_once_for_both_workers(pytester, two_
     assert len(made.read_text().split()) == 1
 
 
-def test_a_test_marked_alone_in_an_alongside_module_runs_alone(pytester, two_workers):
+def test_a_test_marked_alone_in_an_alongside_module_runs_alone_after_its_module(
+        pytester, two_workers):
+    """It is handed out with the alone tests, after the alongside modules, not in the middle of
+    its module's turn, where its worker sat idle until the other worker's test ended (``test_b``
+    ran 0, 1, 2 in one worker before)."""
     _module(pytester, "test_a", True)
     pytester.makepyfile(test_b=MODULE.format(
         mark="import pytest\npytestmark = pytest.mark.alongside",
         tests="def test_0():\n    _record('test_b.0')\n\n"
-              "@pytest.mark.alone\ndef test_1():\n    _record('test_b.1')\n"))
+              "@pytest.mark.alone\ndef test_1():\n    _record('test_b.1')\n\n"
+              "def test_2():\n    _record('test_b.2')\n"))
+    _module(pytester, "test_c", True)
+    _module(pytester, "test_d", None)
     spans = two_workers()
     assert _ran_alone(spans, "test_b.1"), spans
+    assert spans["test_b.1"][0] >= spans["test_b.2"][1], spans
+
+
+def test_a_test_marked_alongside_in_another_module_runs_with_the_alongside_tests(pytester,
+                                                                                 two_workers):
+    """Its module runs alone, after the shared part; it runs in the shared part, beside the
+    other alongside tests, before any test of its module."""
+    _module(pytester, "test_a", True)
+    pytester.makepyfile(test_b=MODULE.format(
+        mark="import pytest",
+        tests="def test_0():\n    _record('test_b.0')\n\n"
+              "@pytest.mark.alongside\ndef test_1():\n    _record('test_b.1')\n\n"
+              "def test_2():\n    _record('test_b.2')\n"))
+    spans = two_workers()
+    assert any(_overlap(spans["test_b.1"], spans[f"test_a.{i}"]) for i in range(2)), spans
+    assert spans["test_b.1"][1] <= min(spans["test_b.0"][0], spans["test_b.2"][0]), spans
+    assert _ran_alone(spans, "test_b.0") and _ran_alone(spans, "test_b.2"), spans
 
 
 def test_modules_of_an_alongside_directory_run_alongside_unless_marked_alone(pytester,
