@@ -6,6 +6,11 @@ missing, an unknown platform.
 
 Everything is real: the engine, Debian's arm64 packages, PyTriton's aarch64 Triton run under
 qemu-user, Debian's ``docker-registry``, PyPI.
+
+It runs beside other ``alongside`` tests: nothing here is timed (emulated verification has its
+own allowance), the refusals look for images of their own titles only, and the builds' images
+are removed by their own tags (``remove_images_made``). The second clean build reuses no layer
+of anything because it is built with ``--no-cache``, and its payload is this run's own.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from pipelines.text_embedding import pipeline
 from tests.conftest import TEST_IMAGES
 from tests.support.engine_images import image_ids, remove_images_made
 from tests.support.paths import REPO_ROOT
+
+pytestmark = pytest.mark.alongside
 
 BOTH = ("linux/amd64", "linux/arm64")
 OWN_REQUIREMENT = "idna==3.10"
