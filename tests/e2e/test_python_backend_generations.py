@@ -5,9 +5,12 @@ different API (:class:`builder.runtime.pipeline_model.PythonBackendApi`). No 22.
 server can run here (NGC images), but their python backends can: ``libtriton_python.so``,
 the stub and ``triton_python_backend_utils.py`` of each branch are compiled from
 ``../shared/triton-sources`` through the stub's own build stage (``compile_stub(backend=True)``,
-GPU off, on the Debian image, for this interpreter's Python; cached by content) and loaded as the
-python backend of the host Triton 2.51. The server around them is 2.51's, so what is checked is
-the python backend's API and its messages, not a whole 22.12 server.
+GPU off, for Python 3.11; cached by content) and loaded as the python backend of the host Triton
+2.51. r23.05's is compiled on the Debian image with its own Python; r22.12's is the compile
+``test_stub_build.py`` checks, on the 22.12 stand-in (glibc 2.31) against Python 3.11 built from
+source, as a 22.12 bridge compiles it (one compile for both: a fresh run compiled r22.12
+twice). The server around them is 2.51's, so what is checked is the python backend's API and
+its messages, not a whole 22.12 server.
 
 Python-based backends (a ``model.py`` in the backend directory, how the CPU image serves ONNX
 models) came after r23.05: there the ONNX models become python models running the same
@@ -39,7 +42,7 @@ from builder.tritonserver.host_process import TritonServer
 from builder.tritonserver.wheel import ONNXRUNTIME_BACKEND
 from builder.verify.equality import check_same
 from tests.e2e.test_reliability import GoodTraffic, _bad_requests
-from tests.e2e.test_stub_build import SOURCES, needs_sources
+from tests.e2e.test_stub_build import SOURCES, needs_sources, r22_12_python_backend
 from tests.support import pb_utils_standin
 from tests.support.example_inputs import EXAMPLES, TEXTS
 from tests.support.model_statistics import settled_statistics
@@ -82,7 +85,12 @@ def served(request, docker_client, os_image, tmp_path_factory):
     as ``pipeline`` (the bad-request matrix's model), the others under their own names."""
     branch = request.param
     started = time.monotonic()
-    backend = compiled_python_backend(docker_client, os_image, branch)
+    if branch == "r22.12":
+        backend = r22_12_python_backend(
+            docker_client, request.getfixturevalue("glibc_2_31_release_image"),
+            request.getfixturevalue("python_source_image")).parent
+    else:
+        backend = compiled_python_backend(docker_client, os_image, branch)
     compiled = time.monotonic() - started
     roots = []
     for name in EXAMPLES:

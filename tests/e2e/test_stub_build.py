@@ -74,6 +74,17 @@ def test_a_pipeline_serves_with_a_stub_compiled_from_r24_10(docker_client, cpu_b
         docker_client.images.remove(reference, force=True)
 
 
+def r22_12_python_backend(client, glibc_2_31_image: str, python_image: str):
+    """r22.12's stub for Python 3.11, compiled on the 22.12 stand-in (glibc 2.31) against the
+    interpreter stand-in as a 22.12 bridge compiles it, with the branch's backend library
+    beside it: the stub this module checks and the r22.12 python backend that
+    ``test_python_backend_generations.py`` loads into the host Triton, compiled once for both
+    (cached by content)."""
+    return compile_stub(client, branch="r22.12", python_version="3.11",
+                        build_image_name=glibc_2_31_image, python_image=python_image,
+                        sources=SOURCES, backend=True)
+
+
 @pytest.mark.slow
 @needs_sources
 @pytest.mark.parametrize("python, interpreter_image", [
@@ -89,10 +100,14 @@ def test_the_r22_12_stub_compiles_on_glibc_2_31_without_packages_of_its_python(
     it links ``libpythonX.Y``, needs no glibc newer than 2.31 and has no run path baked in."""
     plan = plan_python(resolve("11.8", python_version=python), python, conda=False)
     assert plan.stub.pybind11 == (None if python == "3.11" else "2.13.6")
-    stub = compile_stub(docker_client, branch="r22.12", python_version=python,
-                        build_image_name=glibc_2_31_release_image,
-                        python_image=request.getfixturevalue(interpreter_image),
-                        pybind11=plan.stub.pybind11, sources=SOURCES)
+    python_image = request.getfixturevalue(interpreter_image)
+    if python == "3.11":
+        stub = r22_12_python_backend(docker_client, glibc_2_31_release_image, python_image)
+        assert (stub.parent / "libtriton_python.so").is_file()
+    else:
+        stub = compile_stub(docker_client, branch="r22.12", python_version=python,
+                            build_image_name=glibc_2_31_release_image, python_image=python_image,
+                            pybind11=plan.stub.pybind11, sources=SOURCES)
     binary = stub.read_bytes()
     assert stub_python(stub) == python
     assert f"libpython{python}.so.1.0".encode() in binary
