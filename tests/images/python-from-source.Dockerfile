@@ -1,7 +1,9 @@
 # Stands in for Docker Hub's python:X.Y-slim-<suite> (no Docker Hub here): CPython built from the
 # Debian source package on an older Debian, installed the way the official image installs it —
-# /usr/local, a shared libpython, headers. On bullseye (glibc 2.31, as Ubuntu 20.04's) it is the
-# interpreter image of a 22.12 (CUDA 11.8) bridge. Built by tests/conftest.py.
+# /usr/local, a shared libpython, headers, no test suite (the official image deletes it after
+# installing; --disable-test-modules neither builds nor installs it). On bullseye (glibc 2.31,
+# as Ubuntu 20.04's) it is the interpreter image of a 22.12 (CUDA 11.8) bridge. Built by
+# tests/conftest.py.
 ARG BASE
 FROM ${BASE}
 ARG PYTHON
@@ -16,11 +18,12 @@ RUN echo "deb-src http://deb.debian.org/debian ${SOURCE_SUITE} main" \
  && apt-get source --download-only "python${PYTHON}/${SOURCE_SUITE}" \
  && tar xf python${PYTHON}_*.orig.tar.[gx]z \
  && cd Python-${PYTHON}.* \
- && ./configure --prefix=/usr/local --enable-shared --with-ensurepip=no --without-static-libpython > /dev/null \
+ && ./configure --prefix=/usr/local --enable-shared --with-ensurepip=no --without-static-libpython \
+      --disable-test-modules > /dev/null \
  && make -j"$(nproc)" > /dev/null \
  && make install > /dev/null \
  && ldconfig \
- && cd / && rm -rf /tmp/python /usr/local/lib/python${PYTHON}/test \
+ && cd / && rm -rf /tmp/python \
  && apt-get purge -y --auto-remove gcc make xz-utils \
  && rm -rf /var/lib/apt/lists/* \
  && python${PYTHON} -c "import ssl, sqlite3, ctypes, sysconfig; print(sysconfig.get_paths()['include'])"
