@@ -8,11 +8,14 @@ image is the text-embedding example's under a name of its own: the session's
 ``text_embedding_image`` already made its payload and environment, so each build reaches
 verification within seconds.
 
-The sweep sends one signal per build, :data:`SWEEP_STEP_S` later each time (10 ms apart over
-the first 50 ms), from the line "building <name>" (the serving image's layers, its rewritten
-config) and then from "verifying <name>" (the container created and started, Triton starting,
-the checks) until a build finishes before its signal comes; SIGINT and SIGTERM take turns. After
-every build: no container, image or layer of that name, no tag.
+The sweep sends one signal per build, from the line "building <name>" (the serving image's
+layers, its rewritten config) and then from "verifying <name>" (the container created and
+started, Triton starting, the checks) until a build finishes before its signal comes; SIGINT and
+SIGTERM take turns. The first 50 ms of each phase are swept 10 ms apart; after them, time is
+cut into slots of :data:`SWEEP_STEP_S` and each build's signal falls at a random instant of the
+next slot (a seed printed with the summary; ``TRITON_BUILDER_INTERRUPT_SEED`` replays it): as
+many builds as a grid of that step, and no instant of a phase that no run can reach, as a grid's
+points between them are. After every build: no container, image or layer of that name, no tag.
 
 Everything checked is of the test's own names, so the module runs beside other ``alongside``
 tests: a loaded machine moves the instants swept, and found a defect a quiet one hid (a layer
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -47,8 +51,10 @@ from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 PIPELINE = "pipelines/text_embedding.py:pipeline"
-SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "100")) / 1000
-"""Between the instants of two builds' interrupts (``TRITON_BUILDER_INTERRUPT_STEP_MS``)."""
+SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "200")) / 1000
+"""The slot of time each build's interrupt falls in, past the first 50 ms of a phase
+(``TRITON_BUILDER_INTERRUPT_STEP_MS``). 200 ms since a fresh CI run on two cores spent 500 s
+on 100 ms steps, the machine's load stretching verification over more of them."""
 FINE_STEP_S, FINE_SPAN_S = 0.01, 0.05
 """Over the first 50 ms of a phase, 10 ms apart: the verification container is created and
 started within some 20 ms of "verifying" here, the window this issue was about."""
@@ -216,12 +222,14 @@ def _tagged(client, reference: str) -> bool:
         return False
 
 
-def _offsets() -> Iterator[float]:
+def _offsets(instants: random.Random) -> Iterator[float]:
+    """Seconds after a phase's line: 10 ms apart over its first 50 ms, then one random instant
+    in each :data:`SWEEP_STEP_S` slot after them."""
     yield from (step * FINE_STEP_S for step in range(round(FINE_SPAN_S / FINE_STEP_S)))
-    offset = FINE_SPAN_S
+    slot = FINE_SPAN_S
     while True:
-        yield offset
-        offset += SWEEP_STEP_S
+        yield slot + instants.uniform(0, SWEEP_STEP_S)
+        slot += SWEEP_STEP_S
 
 
 def _left_behind(client, title: str, reference: str, layers: list[str]) -> list[str]:
@@ -293,18 +301,21 @@ def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
 
 
 def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_embedding_image):
-    """Every ``SWEEP_STEP_S`` from "building" to the end of verification, SIGINT and SIGTERM in
-    turn: the CLI exits 130 / 143 within seconds and leaves no container, tag or image."""
+    """Once in every ``SWEEP_STEP_S`` from "building" to the end of verification, SIGINT and
+    SIGTERM in turn: the CLI exits 130 / 143 within seconds and leaves no container, tag or
+    image."""
     title = f"tb-i35-sweep-{uuid.uuid4().hex[:8]}"
     reference = f"triton-builder-test/{title}:1"
     payload_hash = docker_client.images.get(text_embedding_image).labels[PAYLOAD_HASH]
     phases = [f"building {reference}", f"verifying {reference}"]
     attempts: list[_Attempt] = []
+    seed = int(os.environ.get("TRITON_BUILDER_INTERRUPT_SEED") or random.randrange(2**32))
+    instants = random.Random(seed)
     started = time.monotonic()
     try:
         for phase, marker in enumerate(phases):
             last_phase = phase == len(phases) - 1
-            for offset in _offsets():
+            for offset in _offsets(instants):
                 if len(attempts) >= MAX_ATTEMPTS:
                     break
                 before = {image.id for image in _payload_layers(docker_client, payload_hash)}
@@ -336,9 +347,9 @@ def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_e
         for marker in phases if any(a.marker == marker for a in attempts))
     states = {state: sum(a.container == state for a in interrupted)
               for state in sorted({a.container for a in interrupted})}
-    summary = (f"{len(interrupted)} builds interrupted ({kinds}) in {took:.0f}s, one every "
-               f"{SWEEP_STEP_S * 1000:.0f} ms over {spans}; their verification container as "
-               f"the signal went: {states}")
+    summary = (f"{len(interrupted)} builds interrupted ({kinds}) in {took:.0f}s, one in each "
+               f"{SWEEP_STEP_S * 1000:.0f} ms over {spans} (TRITON_BUILDER_INTERRUPT_SEED="
+               f"{seed}); their verification container as the signal went: {states}")
     print(summary)
     assert attempts and attempts[-1].marker == phases[-1], "the sweep never reached verification"
     assert states.get("running"), f"no signal came while the container ran: {summary}"
