@@ -23,7 +23,7 @@ from builder.environment.target import image_target
 from builder.verify.container import ServingContainer
 from tests.e2e.test_environment_host import SPEC, probe, write_probe_repository
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alongside]  # its own tag, nothing timed
 
 TAG = "triton-builder-test/environment-e2e:latest"
 
