@@ -227,8 +227,8 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
 
     On the CPU base the pipeline model runs ``text_encoder`` in its own process (not over BLS),
     so that model's heal is measured on requests to ``text_encoder`` itself, as clients may
-    call it. The supervisor's give-up window is shortened to 2 s so that 20 kills within a
-    minute and a half each measure one heal, as for a stub that dies once in a while; the
+    call it. The supervisor's give-up window is shortened to 1 s so that 20 kills within about
+    a minute and a half each measure one heal, as for a stub that dies once in a while; the
     backoff and the give-up are tested in tests/unit/runtime/test_supervisor.py and below."""
     import json
     import statistics
@@ -236,7 +236,7 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
     from builder.verify.container import ServingContainer
 
     targets = [("pipeline",), ("text_encoder",), ("pipeline", "text_encoder")]
-    environment = {"TRITON_BUILDER_HEAL_WINDOW_S": "2"}
+    environment = {"TRITON_BUILDER_HEAL_WINDOW_S": "1"}
     runs = []
     with ServingContainer(docker_client, text_embedding_image,
                           environment=environment) as endpoint:
@@ -246,7 +246,7 @@ def test_killed_stubs_heal_in_place_under_load(docker_client, text_embedding_ima
                 assert _wait_for(lambda m=model: load.first_correct_after(0.0, m), 30)
             for kill in range(HEAL_KILLS):
                 models = targets[kill % len(targets)]
-                time.sleep(2.5)  # beyond the window: each kill is a first failure
+                time.sleep(1.5)  # beyond the window: each kill is a first failure
                 reloads = _metric(container, "triton_builder_stub_restarts_total")
                 killed_at = time.monotonic()  # the kill lands within the exec: an upper bound
                 _kill(container, *models)
