@@ -12,8 +12,8 @@ through one reader-writer lock (``fcntl.flock`` on a file of the run): an ``alon
 holds it shared, any other test exclusively. A gate taken before either keeps a waiting
 exclusive test from being overtaken forever. ``alongside`` tests are collected first, so both
 workers start on them. A test whose mark differs from its module's is scheduled with the tests
-like it, in an xdist group of its own (``--dist loadgroup`` keeps every other module whole in
-one worker): the ``alone`` tests of ``alongside`` modules run among the alone ones, after the
+like it, in a group of its own (under ``--dist loadgroup`` every other module stays whole in one
+worker): the ``alone`` tests of ``alongside`` modules run among the alone ones, after the
 shared part (waiting for its turn in the middle of it, such a test held its worker idle while
 the other compiled: six minutes of one worker in a fresh run, about 110 s of the machine), and
 the ``alongside`` tests of other modules (one that waits on a registry, say) in the shared part.
@@ -76,30 +76,42 @@ def _controller(config: pytest.Config) -> bool:
             and bool(config.getoption("numprocesses", None)))
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under ``--dist loadgroup``: a module a unit of work, as ``loadfile`` makes it, but for the
-    tests of an xdist group (their node ids end ``@group``), which are a unit of their own.
-    (xdist's own ``loadgroup`` makes every test outside a group a unit by itself.)"""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class ModulesAndGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            grouped = super()._split_scope(nodeid)
-            return grouped if grouped != nodeid else nodeid.split("::", 1)[0]
-
-    return ModulesAndGroups(config, log)
-
+GROUPS = "groups.json"
+"""The run's file of the tests scheduled apart from their modules: node id -> group."""
 
 ALONE_GROUP, ALONGSIDE_GROUP = "alone", "alongside"
-"""The xdist groups of the tests marked otherwise than their modules: the ``alone`` tests of
+"""The groups of the tests marked otherwise than their modules: the ``alone`` tests of
 ``alongside`` modules, scheduled among the alone modules, and the ``alongside`` tests of other
 modules, scheduled among the alongside ones."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadgroup``: a module a unit of work, as ``loadfile`` makes it, but for the
+    tests the workers wrote to the run's :data:`GROUPS` file, a unit per group.
+
+    Why not xdist's own groups (``xdist_group`` marks, node ids ending ``@group``): pytest-xdist
+    3.8 renames a grouped test by setting ``item._nodeid``, which pytest 9 no longer reads
+    (``Node.nodeid`` is built from ``_id``), so the marks were silently ignored and an ``alone``
+    test ran in the middle of its module's shared part."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = _directory(config.option.testrunuid) / GROUPS
+
+    class ModulesAndGroups(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # the workers wrote it before reporting their collection
+                self.groups = json.loads(groups_file.read_text()) if groups_file.is_file() else {}
+            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    return ModulesAndGroups(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``alongside`` tests first, the rest after, each part in its collection order (a stable
     sort): with ``--dist loadgroup --no-loadscope-reorder`` both workers start on modules that
@@ -111,13 +123,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (module.get_closest_marker(MARKER) is None and module.get_closest_marker(ALONE) is None
                 and any(module.path.is_relative_to(directory) for directory in directories)):
             module.add_marker(MARKER)
-
-    for item in items:
-        module = item.getparent(pytest.Module)
-        if module is not None and _alongside(module) != _alongside(item):
-            item.add_marker(pytest.mark.xdist_group(
-                ALONGSIDE_GROUP if _alongside(item) else ALONE_GROUP))
     items.sort(key=lambda item: not _alongside(item))
+
+    root = _run_directory()
+    if root is not None:
+        groups = {item.nodeid: ALONGSIDE_GROUP if _alongside(item) else ALONE_GROUP
+                  for item in items if (module := item.getparent(pytest.Module)) is not None
+                  and _alongside(module) != _alongside(item)}
+        written = root / f"{GROUPS}.{os.getpid()}"
+        written.write_text(json.dumps(groups))
+        written.replace(root / GROUPS)  # each worker writes the same; none reads half of one
 
 
 def _alongside(node: pytest.Item | pytest.Module) -> bool:

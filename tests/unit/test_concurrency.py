@@ -135,20 +135,23 @@ def test_once_per_run_makes_a_session_value_once_for_both_workers(pytester, two_
 
 def test_a_test_marked_alone_in_an_alongside_module_runs_alone_after_its_module(
         pytester, two_workers):
-    """It is handed out with the alone tests, after the alongside modules, not in the middle of
-    its module's turn, where its worker sat idle until the other worker's test ended (``test_b``
-    ran 0, 1, 2 in one worker before)."""
+    """It is handed out with the alone tests, after the alongside modules, not at the end of its
+    module's turn: there its worker sat idle until the other worker's test ended, and no
+    alongside test began in between (a fresh run lost six minutes of one worker so)."""
     _module(pytester, "test_a", True)
     pytester.makepyfile(test_b=MODULE.format(
         mark="import pytest\npytestmark = pytest.mark.alongside",
         tests="def test_0():\n    _record('test_b.0')\n\n"
               "@pytest.mark.alone\ndef test_1():\n    _record('test_b.1')\n\n"
               "def test_2():\n    _record('test_b.2')\n"))
-    _module(pytester, "test_c", True)
-    _module(pytester, "test_d", None)
+    for name in ("test_c", "test_d", "test_e"):
+        _module(pytester, name, True)
+    _module(pytester, "test_f", None)
     spans = two_workers()
     assert _ran_alone(spans, "test_b.1"), spans
-    assert spans["test_b.1"][0] >= spans["test_b.2"][1], spans
+    between = [name for name, (start, _) in spans.items() if not name.startswith("test_b")
+               and spans["test_b.2"][1] <= start < spans["test_b.1"][0]]
+    assert any(not name.startswith("test_f") for name in between), spans
 
 
 def test_a_test_marked_alongside_in_another_module_runs_with_the_alongside_tests(pytester,
