@@ -103,16 +103,13 @@ def check_model(op: ModelOp, arguments: Sequence[tuple] = (),
         return forward([np.concatenate(column) for column in zip(*inputs)])
 
     together, rows = _run_together(run, rows, len(module_rows))
-    if together is None:
-        return  # fewer than two rows
-    first_alone = run(rows[:1])
-    if _difference(first_alone, run(rows[:1]), tolerance):
-        return  # answers that vary anyway: the export check's to report
+    alone = None if together is None else _answers_alone(run, rows, tolerance)
+    if alone is None:
+        return  # fewer than two rows, or answers that vary anyway: the export check's to report
     names = op.tensor_names_out
     moved: dict[str, list[tuple[int, str]]] = {}
-    for position, row in enumerate(rows):
-        alone = first_alone if position == 0 else run([row])
-        for name, batch_output, own in zip(names, together, alone, strict=True):
+    for position, answers in enumerate(alone):
+        for name, batch_output, own in zip(names, together, answers, strict=True):
             mine = batch_output[position] if batch_output.shape[:1] == (len(rows),) else None
             difference = ("its batch axis is lost" if mine is None
                           else _difference(mine, own[0], tolerance))
@@ -166,15 +163,13 @@ def _check_call_batch(op: Any, label: str, arguments: Sequence[tuple],
     rows = _distinct_rows([tuple(args) for args in arguments], _same_kinds)
     together, rows = _run_together(lambda batch: list(op.call_batch(list(batch))), rows,
                                    len(arguments))
-    if together is None or len(together) != len(rows):
-        return  # fewer than two rows, or a wrong count: not a matter of the other rows
-    first_alone = op.call_batch(rows[:1])
-    if _difference(first_alone, op.call_batch(rows[:1]), tolerance):
-        return  # answers that vary anyway: not a matter of the other rows
+    alone = (None if together is None or len(together) != len(rows)
+             else _answers_alone(op.call_batch, rows, tolerance))
+    if alone is None:
+        return  # too few rows, a wrong count or answers that vary: not the other rows' doing
     moved = []
-    for position, row in enumerate(rows):
-        alone = first_alone if position == 0 else op.call_batch([row])
-        difference = _difference(together[position], alone[0], tolerance)
+    for position, answers in enumerate(alone):
+        difference = _difference(together[position], answers[0], tolerance)
         if difference:
             moved.append((position, difference))
     if moved:
@@ -185,6 +180,16 @@ def _check_call_batch(op: Any, label: str, arguments: Sequence[tuple],
             f"of its batch: {_which(moved, len(rows))}. Served, the pipeline model runs the "
             f"rows of concurrent requests as one batch, so each answer would depend on other "
             f"users' requests: {fix}")
+
+
+def _answers_alone(run: Any, rows: list[tuple], tolerance: float) -> list[Any] | None:
+    """``run([row])`` for each row, or ``None`` where the first row's answer differs between two
+    runs (answers that vary anyway). The first of those two runs is the first row's answer: a
+    run can be a whole stream."""
+    first = run(rows[:1])
+    if _difference(first, run(rows[:1]), tolerance):
+        return None
+    return [first, *(run([row]) for row in rows[1:])]
 
 
 def _run_together(run: Any, rows: list[tuple], originals: int) -> tuple[Any, list[tuple]]:
