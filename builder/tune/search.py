@@ -16,6 +16,10 @@ again differs more) are not told apart by one run each, and on a loaded machine 
 runs drift by more than a 10% gain. Such a pair is served by turns, both back to back in each
 (:mod:`builder.tune.turns`), and the one the turns show ahead wins; where neither leads, the one
 with fewer resources wins (fewer instances, then less queue delay).
+
+Why the time budget is checked before a run and not after: a run (or a turn, two runs) begun
+just before the deadline ends well past it (the image example's 1.5-minute search took 1.9,
+a turn begun at 1.4 minutes), so none is begun that the runs so far say cannot end in time.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def instance_counts(lowest: int, highest: int) -> tuple[int, ...]:
 
 @dataclass
 class Search:
-    """Coordinate descent over :func:`knobs`, bounded by ``deadline`` (``time.monotonic()``)."""
+    """Coordinate descent over :func:`knobs`, bounded by ``deadline`` (on ``clock``)."""
 
     measure: Measure
     deadline: float
@@ -112,6 +116,9 @@ class Search:
     """The pairs told apart by turns, each pair's turns so far."""
     log: Callable[[str], None] = lambda line: None
     stopped_by_time: bool = False
+    clock: Callable[[], float] = time.monotonic
+    durations: list[float] = field(default_factory=list)
+    """Seconds each run took, in order."""
 
     def run(self, start: Setting, knob_list: Sequence[Knob]) -> Setting:
         """The best setting found from ``start``: passes over every knob until one pass moves
@@ -119,10 +126,10 @@ class Search:
         runs have shown by then (a move taken on a narrower spread is undone)."""
         best = start
         moved = True
-        while moved and not self._out_of_time():
+        while moved and self._time_for(1):
             moved = False
             for knob in knob_list:
-                if self._out_of_time():
+                if not self._time_for(1):
                     break
                 found = self._walk(best, knob)
                 if found != best:
@@ -142,7 +149,9 @@ class Search:
 
     def measured(self, setting: Setting, start: int = 1) -> Measured:
         """Serve ``setting`` once more and keep what it showed."""
+        began = self.clock()
         shown = self.measure(setting, start)
+        self.durations.append(self.clock() - began)
         runs = self.trials.setdefault(setting, [])
         for earlier in runs:  # the spread is the widest any setting showed between two runs
             self.spread = max(self.spread, spread_of(earlier, shown))
@@ -168,7 +177,7 @@ class Search:
         alternates), until the turns are settled or the time is up; kept for the pair."""
         pair = frozenset((candidate, best))
         turns = self.turns.get(pair, Turns(best, candidate))
-        while not turns.settled() and not self._out_of_time():
+        while not turns.settled() and self._time_for(2):
             order = ((turns.first, turns.second) if turns.count % 2 == 0
                      else (turns.second, turns.first))
             shown = {setting: self.measured(setting, self.result(setting).concurrency)
@@ -204,7 +213,7 @@ class Search:
         for step in ((-1, 1) if self._smaller_first(best, knob) else (1, -1)):
             moved = best
             position = index + step
-            while 0 <= position < len(knob.values) and not self._out_of_time():
+            while 0 <= position < len(knob.values) and self._time_for(1):
                 candidate = _changed(moved, knob, knob.values[position])
                 if candidate is None:
                     break
@@ -221,10 +230,14 @@ class Search:
         runs = self.trials.get(setting, [])
         return knob.name in BATCH_KNOBS and sum(m.latency_bound for m in runs) * 2 > len(runs)
 
-    def _out_of_time(self) -> bool:
-        if time.monotonic() >= self.deadline:
-            self.stopped_by_time = True
-        return self.stopped_by_time
+    def _time_for(self, runs: int) -> bool:
+        """Whether ``runs`` more runs end by the deadline, each taking as long as the longest
+        since the first (which searched the load from one request in flight; later runs start
+        near their load). Once one does not, the search is over."""
+        if not self.stopped_by_time:
+            longest = max(self.durations[1:], default=0.0)
+            self.stopped_by_time = self.clock() + runs * longest > self.deadline
+        return not self.stopped_by_time
 
 
 def _ahead(one: Measured, other: Measured) -> bool:

@@ -203,6 +203,50 @@ def test_the_time_budget_ends_the_search():
     assert search.stopped_by_time and len(service.calls) <= 4
 
 
+class Clock:
+    """Time that passes only when a run is served: ``seconds`` a run."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def serving(self, service, seconds):
+        def served(setting, start):
+            self.now += seconds(setting, start) if callable(seconds) else seconds
+            return service(setting, start)
+        return served
+
+
+def test_no_run_is_begun_that_the_runs_so_far_say_cannot_end_by_the_deadline():
+    """Runs of 10 s (the first, which finds the load, 30 s) and 65 s to spend: the baseline's
+    two runs take 40, so two more fit and a third would end at 70 > 65. The search stops at 60,
+    not at 70 as it did when only a run's start was held to the deadline."""
+    clock = Clock()
+    service = Service({(1, 1): 100, (1, 2): 200, (1, 3): 300})
+    search = Search(clock.serving(service, lambda setting, start: 30 if start == 1 else 10),
+                    deadline=65.0, clock=clock)
+    search.measured(START)
+    search.measured(START, 8)
+    search.run(START, _knobs())
+    assert search.stopped_by_time and clock.now == 60.0 and len(service.calls) == 4
+
+
+def test_a_turn_is_not_begun_where_only_one_of_its_two_runs_fits():
+    two = START.with_model("pipeline", instances=2)
+    clock = Clock()
+    search = Search(clock.serving(lambda setting, start: Measured(
+        103.0 if setting == two else 100.0, 10.0, 8, True), 10), deadline=45.0, clock=clock)
+    search.measured(START)
+    search.measured(START, 8)
+    search.measured(two, 8)
+    assert not search.better(two, START), "no turn told them apart: fewer resources"
+    assert search.stopped_by_time and clock.now == 30.0
+    assert frozenset((START, two)) not in search.turns or \
+        search.turns[frozenset((START, two))].count == 0
+
+
 def test_over_the_budget_loses_to_within_it_whatever_its_rate():
     def service(setting, start):
         fast = setting["pipeline"].instances == 2
