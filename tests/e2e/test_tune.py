@@ -1,7 +1,7 @@
 """``tune`` end to end: the example pipelines served by a real tritonserver, loaded by NVIDIA's
 perf_analyzer with their own examples, searched under a latency budget; the tuning file applied
-to a rebuilt image. Bounded: a minute of search per example (the search stops at the first
-setting measured after its time is up).
+to a rebuilt image. Bounded: a minute of search per example (no run is begun that the runs so far
+say cannot end within it).
 
 Searched without the budget's queue policy (``queue_policy=False``) so one pipeline instance is
 a setting it may choose: under the policy every model keeps two instances at least
