@@ -20,6 +20,10 @@ with fewer resources wins (fewer instances, then less queue delay).
 Why the time budget is checked before a run and not after: a run (or a turn, two runs) begun
 just before the deadline ends well past it (the image example's 1.5-minute search took 1.9,
 a turn begun at 1.4 minutes), so none is begun that the runs so far say cannot end in time.
+And where the best setting found is, by then, within the spread of where the search began, the
+walk stops early enough to leave the turns that can tell those two apart: the text example's
+search moved to two instances on one run beyond the spread, the spread widened, and at the end,
+with no time for turns, the move was undone for fewer resources.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from builder.tune.settings import (
     Setting,
 )
 from builder.tune.tuning_file import Trial
-from builder.tune.turns import Turns
+from builder.tune.turns import FEWEST_TURNS, Turns
 
 BATCH_KNOBS = ("max_batch_size", "preferred_batch_size")
 """The knobs walked toward smaller batches first where a setting is latency-bound."""
@@ -126,12 +130,13 @@ class Search:
         runs have shown by then (a move taken on a narrower spread is undone)."""
         best = start
         moved = True
-        while moved and self._time_for(1):
+        while moved and self._time_for(1, self._verdict_runs(best, start)):
             moved = False
             for knob in knob_list:
-                if not self._time_for(1):
+                keep = self._verdict_runs(best, start)
+                if not self._time_for(1, keep):
                     break
-                found = self._walk(best, knob)
+                found = self._walk(best, knob, keep)
                 if found != best:
                     best, moved = found, True
         if best != start and not self.better(best, start):
@@ -161,23 +166,25 @@ class Search:
                                                      " (over the budget)"))
         return shown
 
-    def better(self, candidate: Setting, best: Setting) -> bool:
+    def better(self, candidate: Setting, best: Setting, keep: int = 0) -> bool:
         """Whether ``candidate`` beats ``best``: by more than the spread; within it, ahead in the
-        turns that tell them apart; where the turns show neither ahead, on fewer resources."""
+        turns that tell them apart; where the turns show neither ahead, on fewer resources.
+        ``keep``: runs' time the turns leave before the deadline."""
         verdict = self._tell(candidate, best)
         if verdict is not None:
             return verdict
-        leader = self.by_turns(candidate, best).leader()
+        leader = self.by_turns(candidate, best, keep).leader()
         if leader is not None:
             return leader == candidate
         return candidate.resources() < best.resources()
 
-    def by_turns(self, candidate: Setting, best: Setting) -> Turns:
+    def by_turns(self, candidate: Setting, best: Setting, keep: int = 0) -> Turns:
         """``best`` and ``candidate`` served back to back, turn after turn (which goes first
-        alternates), until the turns are settled or the time is up; kept for the pair."""
+        alternates), until the turns are settled or the time is up (``keep`` runs' time before
+        the deadline); kept for the pair."""
         pair = frozenset((candidate, best))
         turns = self.turns.get(pair, Turns(best, candidate))
-        while not turns.settled() and self._time_for(2):
+        while not turns.settled() and self._time_for(2, keep):
             order = ((turns.first, turns.second) if turns.count % 2 == 0
                      else (turns.second, turns.first))
             shown = {setting: self.measured(setting, self.result(setting).concurrency)
@@ -203,9 +210,10 @@ class Search:
             return False
         return None
 
-    def _walk(self, best: Setting, knob: Knob) -> Setting:
+    def _walk(self, best: Setting, knob: Knob, keep: int = 0) -> Setting:
         """Move ``knob`` from ``best``'s value one way while that pays, else the other way while
-        that pays; a batch knob of a latency-bound setting down first, every other knob up."""
+        that pays; a batch knob of a latency-bound setting down first, every other knob up.
+        ``keep``: runs' time left unspent before the deadline."""
         current = getattr(best[knob.model], knob.name)
         if current not in knob.values:
             return best
@@ -213,13 +221,13 @@ class Search:
         for step in ((-1, 1) if self._smaller_first(best, knob) else (1, -1)):
             moved = best
             position = index + step
-            while 0 <= position < len(knob.values) and self._time_for(1):
+            while 0 <= position < len(knob.values) and self._time_for(1, keep):
                 candidate = _changed(moved, knob, knob.values[position])
                 if candidate is None:
                     break
                 if candidate not in self.trials:
                     self.measured(candidate, self.result(moved).concurrency)
-                if not self.better(candidate, moved):
+                if not self.better(candidate, moved, keep):
                     break
                 moved, position = candidate, position + step
             if moved != best:
@@ -230,14 +238,23 @@ class Search:
         runs = self.trials.get(setting, [])
         return knob.name in BATCH_KNOBS and sum(m.latency_bound for m in runs) * 2 > len(runs)
 
-    def _time_for(self, runs: int) -> bool:
-        """Whether ``runs`` more runs end by the deadline, each taking as long as the longest
-        since the first (which searched the load from one request in flight; later runs start
-        near their load). Once one does not, the search is over."""
-        if not self.stopped_by_time:
-            longest = max(self.durations[1:], default=0.0)
-            self.stopped_by_time = self.clock() + runs * longest > self.deadline
-        return not self.stopped_by_time
+    def _time_for(self, runs: int, keep: int = 0) -> bool:
+        """Whether ``runs`` more runs, and ``keep`` after them, end by the deadline, each taking
+        as long as the longest since the first (which searched the load from one request in
+        flight; later runs start near their load)."""
+        longest = max(self.durations[1:], default=0.0)
+        fits = self.clock() + (runs + keep) * longest <= self.deadline
+        self.stopped_by_time |= not fits
+        return fits
+
+    def _verdict_runs(self, best: Setting, start: Setting) -> int:
+        """The runs to keep for the verdict between ``best`` and ``start`` at the end: the
+        fewest turns that can decide them, where they are within the spread now and their turns
+        are not settled; none otherwise."""
+        if best == start or self._tell(best, start) is not None:
+            return 0
+        turns = self.turns.get(frozenset((best, start)))
+        return 0 if turns is not None and turns.settled() else 2 * FEWEST_TURNS
 
 
 def _ahead(one: Measured, other: Measured) -> bool:

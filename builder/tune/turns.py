@@ -34,6 +34,10 @@ def sign_test_p(ahead: int, behind: int) -> float:
     return sum(math.comb(turns, k) for k in range(ahead, turns + 1)) / 2 ** turns
 
 
+FEWEST_TURNS = next(n for n in range(1, MOST_TURNS + 1) if sign_test_p(n, 0) <= DECIDED_P)
+"""The fewest turns that can decide a pair (3: ahead in 3 of 3)."""
+
+
 @dataclass(frozen=True)
 class Turns:
     """Which of ``first`` and ``second`` served more, turn by turn."""

@@ -247,6 +247,31 @@ def test_a_turn_is_not_begun_where_only_one_of_its_two_runs_fits():
         search.turns[frozenset((START, two))].count == 0
 
 
+def test_time_is_kept_for_the_turns_a_move_within_the_spread_of_the_start_needs():
+    """The text example's search, told in 10 s runs: two instances beat the defaults by 10% on
+    one run (the spread 5%); a tie later measures them again at 95, the spread widens to 14% and
+    the move is within it. The walk then stops where three turns still fit before the deadline,
+    and the turns show two instances ahead 3 of 3: they are kept. (The walk went on before, and
+    at the end the two were told apart by fewer resources, with no time for turns.)"""
+    two = START.with_model("pipeline", instances=2)
+    runs = {START: iter([100] * 20), two: iter([110, 95] + [108] * 20),
+            two.with_model("pipeline", max_batch_size=128): iter([106] + [94] * 20),
+            START.with_model("pipeline", instances=3): iter([80])}
+    clock = Clock()
+    search = Search(clock.serving(lambda setting, start: _at_eight(
+        next(runs[setting]) if setting in runs else 90.0), 10), deadline=185.0, clock=clock)
+    search.measured(START)
+    search.measured(START, 8)
+    best = search.run(START, [k for k in _knobs() if k.model == "pipeline"])
+    verdict = search.turns[frozenset((START, two))]
+    assert best == two and verdict.leader() == two and verdict.count == 3
+    assert search.spread > 0.13 and clock.now <= search.deadline
+
+
+def _at_eight(rate: float) -> Measured:
+    return Measured(rate, 10.0, 8, True, rates={8: rate})
+
+
 def test_over_the_budget_loses_to_within_it_whatever_its_rate():
     def service(setting, start):
         fast = setting["pipeline"].instances == 2
