@@ -130,7 +130,7 @@ class Search:
         runs have shown by then (a move taken on a narrower spread is undone)."""
         best = start
         moved = True
-        while moved and self._time_for(1, self._verdict_runs(best, start)):
+        while moved:
             moved = False
             for knob in knob_list:
                 keep = self._verdict_runs(best, start)
