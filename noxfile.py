@@ -68,11 +68,13 @@ def _local_cpu_torch() -> str | None:
                default=None)
 
 
-TWO_AT_ONCE = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"]
-"""Two pytest-xdist workers, a module each: tests marked ``alongside`` share the machine, every
-other test runs alone (``tests/support/concurrency.py``); modules stay in the order that plugin
-collects them, ``alongside`` first, and the ``alone`` tests of ``alongside`` modules, a group
-of their own, among the alone ones."""
+TWO_AT_ONCE = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
+               "--record-unit-durations", "build/unit_durations.json"]
+"""Two pytest-xdist workers, a module each: tests marked ``alongside`` share the machine,
+``light`` ones share it with each other, every other test runs alone
+(``tests/support/concurrency.py``). The plugin hands the units out ``alongside`` first (those
+that need no engine before the rest), then alone, then light, each kind longest first as
+``tests/unit_durations.json`` has them; the run writes its own to ``build/``."""
 
 
 @nox.session(python=PYTHON)

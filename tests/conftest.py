@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from builder.tritonserver.host_process import TritonServer
-from tests.support.concurrency import once_per_run, one_at_a_time
+from tests.support import shared_bases
+from tests.support.concurrency import MARKER, kind_of, once_per_run, one_at_a_time
 from tests.support.gpu import gpu_missing
 from tests.support.paths import IMAGES
 from tests.support.testbed import LocalRegistry
@@ -59,14 +60,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=missing[0]))
 
 
+_MAKING_BASES: list = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under xdist, the first worker starts making the OS image and the CPU base beside the
+    first tests (:mod:`tests.support.shared_bases`), where the run begins with ``alongside``
+    tests and some test needs the base."""
+    if (os.environ.get("PYTEST_XDIST_WORKER") == "gw0" and session.items
+            and kind_of(session.items[0]) == MARKER
+            and any("cpu_base_image" in item.fixturenames for item in session.items)):
+        _MAKING_BASES.append(shared_bases.make_beside())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What is still making the bases when this worker's tests have ended is stopped (a worker
+    that still needs them then makes them itself)."""
+    for process in _MAKING_BASES:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(120)
+
+
 @pytest.fixture(scope="session")
 def docker_client():
-    from builder.engine import EngineError, ensure_engine
+    from builder.engine import EngineError
     from builder.host_packages import HostError
 
     try:
-        with one_at_a_time("engine"):
-            client = ensure_engine()
+        client = shared_bases.engine()
     except (EngineError, HostError) as error:
         pytest.skip(f"no Docker engine: {error}")
     yield client
@@ -75,18 +97,12 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def os_image(docker_client) -> str:
-    from builder.base.os_image import debian_os_image
-
-    return os.environ.get("TRITON_BUILDER_OS_IMAGE") or once_per_run(
-        "os_image", lambda: debian_os_image(docker_client))
+    return shared_bases.os_image(docker_client)
 
 
 @pytest.fixture(scope="session")
 def cpu_base_image(docker_client, os_image) -> str:
-    from builder.base.cpu import build_cpu_base
-
-    return once_per_run("cpu_base_image",
-                        lambda: build_cpu_base(docker_client, os_image=os_image).tags[0])
+    return shared_bases.cpu_base_image(docker_client, os_image)
 
 
 @pytest.fixture(scope="session")

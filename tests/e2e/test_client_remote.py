@@ -31,7 +31,7 @@ from tests.support.sample_repository import (
     write_sample_repository,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.light]  # a host server; a retry waits on a restart
 
 SCHEMES = ("grpc", "http")
 

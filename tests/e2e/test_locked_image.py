@@ -134,6 +134,7 @@ def _wait_for(probe, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+@pytest.mark.alongside  # its own container; its waits are bounds, not measurements
 def test_every_administrative_api_is_refused_over_http_and_grpc(docker_client,
                                                                 text_embedding_image):
     with ServingContainer(docker_client, text_embedding_image) as endpoint:
@@ -176,6 +177,7 @@ def test_every_administrative_api_is_refused_over_http_and_grpc(docker_client,
             "the generated key is printed"
 
 
+@pytest.mark.alongside  # its own container; its waits are bounds, not measurements
 def test_the_operators_key_opens_the_locked_apis(docker_client, text_embedding_image):
     with ServingContainer(docker_client, text_embedding_image,
                           environment={ADMIN_KEY_VARIABLE: OPERATOR_KEY}) as endpoint:
@@ -199,6 +201,7 @@ def test_the_operators_key_opens_the_locked_apis(docker_client, text_embedding_i
         _answers_as_in_process(endpoint)
 
 
+@pytest.mark.alongside  # its own container; its waits are bounds, not measurements
 def test_a_read_only_container_serves_the_pipeline(docker_client, text_embedding_image):
     """``docker run --read-only --tmpfs /tmp IMAGE``: nothing but ``/tmp`` (noexec, as Docker
     mounts it) and ``/dev/shm`` is writable, and the pipeline answers as in process."""

@@ -433,6 +433,7 @@ def _wait_for(probe, timeout: float):
     return None
 
 
+@pytest.mark.light  # waits on the health check's schedule and the supervisor's backoff
 def test_a_stub_that_cannot_heal_turns_the_container_unhealthy_then_exits(
         docker_client, text_embedding_image):
     """A replica that cannot heal (its model's code gone, so every reload fails): requests
@@ -548,6 +549,7 @@ class GoodTraffic(ClientThreads):
                         self.failures.append(f"{type(error).__name__}: {error}")
 
 
+@pytest.mark.alongside  # statuses and answers, nothing timed
 @pytest.mark.parametrize("scheme", ["grpc", "http"])
 def test_each_bad_request_gets_its_status_while_good_ones_succeed(docker_client,
                                                                   text_embedding_image, scheme):
@@ -605,6 +607,7 @@ LOAD_REQUESTS = int(os.environ.get("TRITON_BUILDER_LOAD_REQUESTS", 10_000))
 LOAD_CONCURRENCY = 32
 
 
+@pytest.mark.alongside  # every answer checked, nothing timed
 def test_load_every_answer_equals_the_in_process_one(docker_client, text_embedding_image):
     import asyncio
 

@@ -337,6 +337,7 @@ def _items_made(server) -> float:
         previous = value
 
 
+@pytest.mark.light  # a host server stepping every 0.2 s
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_a_cancelled_stream_stops_within_one_step_and_frees_its_place(slow_server, protocol):
     """gRPC cancels the request; HTTP closes its connection, which Triton takes as a cancel."""
@@ -405,6 +406,7 @@ def shared_server(tmp_path_factory):
         yield server, shared, log
 
 
+@pytest.mark.light  # a host server stepping on sleeps
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_a_stream_that_arrives_while_another_runs_shares_its_steps(shared_server, protocol):
     """The second stream starts after the first has made 3 items: a dynamic batch of its own,
@@ -465,6 +467,7 @@ def failing_server(tmp_path_factory):
         yield server
 
 
+@pytest.mark.light  # a host server and a few short streams
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize(("n", "error"), [(150.0, RemoteInputError), (60.0, RemoteModelError)])
 def test_an_error_mid_stream_reaches_the_caller_after_the_items_before_it(

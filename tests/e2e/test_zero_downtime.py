@@ -141,6 +141,7 @@ def _overload(server, requests, rate: float, seconds: float) -> dict:
             "after": after.summary()}
 
 
+@pytest.mark.light  # the model sleeps (tests/support/model_bound.py)
 def test_an_open_loop_overload_keeps_the_budget_and_refuses_the_excess(triton_server,
                                                                        tmp_path):
     """Twice the measured capacity, sent at a fixed rate for 20 s, to a model-bound pipeline:

@@ -4,19 +4,28 @@ Why: much of the suite waits on one core (the builder's own Python, a server, a 
 the other idles, and a fresh machine compiles for half an hour; two pytest-xdist workers use
 both. Why not every test: some measure time or load (a latency budget, a drain, a tuner), some
 count what the whole engine holds (no layer left behind, the same image set before and after),
-and a second test beside them would change their answer. So a test runs *alone* unless its
-module is marked ``alongside`` (and the test itself not ``alone``) or lies under a directory
-named in the ini option ``alongside_directories`` (and the module is not marked ``alone``), and
-the workers take turns
-through one reader-writer lock (``fcntl.flock`` on a file of the run): an ``alongside`` test
-holds it shared, any other test exclusively. A gate taken before either keeps a waiting
-exclusive test from being overtaken forever. ``alongside`` tests are collected first, so both
-workers start on them. A test whose mark differs from its module's is scheduled with the tests
-like it, in a group of its own (under ``--dist loadgroup`` every other module stays whole in one
-worker): the ``alone`` tests of ``alongside`` modules run among the alone ones, after the
-shared part (waiting for its turn in the middle of it, such a test held its worker idle while
-the other compiled: six minutes of one worker in a fresh run, about 110 s of the machine), and
-the ``alongside`` tests of other modules (one that waits on a registry, say) in the shared part.
+and a second test beside them would change their answer. So each test is of one of three kinds:
+
+* ``alongside``: neither times anything nor counts the engine; runs beside other ``alongside``
+  tests. Modules marked so, or lying under a directory the ini option ``alongside_directories``
+  names (unless marked otherwise).
+* ``light``: times something, but what it times is sleeps and waits (a model that sleeps, a
+  stream stepping every 0.2 s, a server restarting), so it loads the machine little; runs
+  beside another ``light`` test, never beside the other kinds, whose compiles or loads would be
+  in its timings.
+* ``alone`` (any test not marked otherwise): runs with no other test beside it.
+
+The workers take turns through the run's ledger of who runs what (:func:`_turn`: a JSON file
+under an ``fcntl.flock``, and a gate taken first, so that a waiting test is not overtaken
+forever). Tests are collected ``alongside`` first, then ``alone``, then ``light``: both workers
+start on the shared part and end on the light tests, where they meet. A test whose kind differs
+from its module's is scheduled with the tests like it, in a unit of its own (under ``--dist
+loadgroup`` every other module stays whole in one worker): the ``alone`` tests of ``alongside``
+modules run among the alone ones, after the shared part (waiting for its turn in the middle of
+it, such a test held its worker idle while the other compiled: six minutes of one worker in a
+fresh run, about 110 s of the machine), the ``alongside`` tests of other modules (one that waits
+on a registry, say) in the shared part, and the ``light`` tests of each other module in a unit
+of that module's, so that two of them can meet.
 
 Session fixtures run once per worker under xdist: :func:`once_per_run` makes the first worker
 build a shared image and the others read its name (pytest-xdist's documented recipe, with
@@ -27,11 +36,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,15 +53,31 @@ import pytest
 from filelock import FileLock
 
 MARKER = "alongside"
+LIGHT = "light"
 ALONE = "alone"
+KINDS = (MARKER, ALONE, LIGHT)
+"""The kinds, in the order their tests are collected and handed out."""
 T = TypeVar("T")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "alongside_directories", type="paths", default=[],
-        help=f"directories whose modules are {MARKER} unless marked {ALONE} (tests that "
-             "neither time nor count the engine, written so by default: the unit tests)")
+        help=f"directories whose modules are {MARKER} unless marked {ALONE} or {LIGHT} (tests "
+             "that neither time nor count the engine, written so by default: the unit tests)")
+    parser.addini(
+        "unit_durations", default="",
+        help="a JSON file of the seconds each unit of work took in a past run (its tests' "
+             "setup, call and teardown), as --record-unit-durations writes it: within each kind "
+             "the longest units are handed out first, those it does not name before them")
+    parser.addini(
+        "alongside_first_without", type="linelist", default=[],
+        help=f"fixtures: the {MARKER} units none of whose tests uses one come first (they run "
+             "while what those fixtures wait for is made beside them)")
+    parser.addoption(
+        "--record-unit-durations", metavar="PATH", default=None,
+        help="write the seconds each unit of work took in this run to PATH (JSON, for the ini "
+             "option unit_durations)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,10 +86,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "measures time or load, nor counts what the whole engine holds); every other test runs "
         "alone (tests/support/concurrency.py)")
     config.addinivalue_line(
-        "markers", f"{ALONE}: runs alone though its module is marked {MARKER} or lies in "
-        "alongside_directories (it counts what the whole engine holds, or times something)")
+        "markers", f"{ALONE}: runs alone though its module is marked {MARKER} or {LIGHT}, or lies "
+        "in alongside_directories (it counts what the whole engine holds, or times something)")
+    config.addinivalue_line(
+        "markers", f"{LIGHT}: times sleeps and waits and loads the machine little: may run beside "
+        f"another {LIGHT} test, never beside a test of another kind "
+        "(tests/support/concurrency.py)")
     if _controller(config) and not config.option.testrunuid:
         config.option.testrunuid = uuid.uuid4().hex  # known here, to remove its directory
+    record = config.getoption("record_unit_durations", None)
+    if record and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_DurationRecorder(config, Path(record)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -79,10 +114,12 @@ def _controller(config: pytest.Config) -> bool:
 GROUPS = "groups.json"
 """The run's file of the tests scheduled apart from their modules: node id -> group."""
 
-ALONE_GROUP, ALONGSIDE_GROUP = "alone", "alongside"
-"""The groups of the tests marked otherwise than their modules: the ``alone`` tests of
-``alongside`` modules, scheduled among the alone modules, and the ``alongside`` tests of other
-modules, scheduled among the alongside ones."""
+def _group(kind: str, module: str) -> str:
+    """The unit of work of a test whose kind differs from its module's: one for every ``alone``
+    test of the other modules (scheduled among the alone modules), one for every ``alongside``
+    test (among the alongside ones), and one per module for its ``light`` tests, so that those
+    of two modules can run at once."""
+    return f"{LIGHT}:{module}" if kind == LIGHT else kind
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -113,33 +150,99 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``alongside`` tests first, the rest after, each part in its collection order (a stable
-    sort): with ``--dist loadgroup --no-loadscope-reorder`` both workers start on modules that
-    can share the machine, each module whole in one worker but for the tests marked otherwise
-    than it, which join the tests like them (:data:`ALONE_GROUP`, :data:`ALONGSIDE_GROUP`)."""
+    """``alongside`` tests first, then ``alone``, then ``light`` (:data:`KINDS`): with ``--dist
+    loadgroup --no-loadscope-reorder`` both workers start on modules that can share the machine
+    and end on the light tests, each module whole in one worker but for the tests of another
+    kind than it, which join the tests like them (:func:`_group`).
+
+    Within each kind the longest units come first, as the ini option ``unit_durations`` has
+    them (a worker that takes a long unit last holds the run while the other idles); and, of
+    the ``alongside`` units, those that use none of the fixtures ``alongside_first_without``
+    names come before all others (they need nothing that is made beside them as the run
+    starts). Units in collection order otherwise."""
     directories = config.getini("alongside_directories")
     for module in {id(module): module for module in
                    (item.getparent(pytest.Module) for item in items) if module}.values():
-        if (module.get_closest_marker(MARKER) is None and module.get_closest_marker(ALONE) is None
+        if (not any(module.get_closest_marker(kind) for kind in KINDS)
                 and any(module.path.is_relative_to(directory) for directory in directories)):
             module.add_marker(MARKER)
-    items.sort(key=lambda item: not _alongside(item))
 
-    root = _run_directory()
+    kinds = {item.nodeid: kind_of(item) for item in items}
+    units = {item.nodeid: _unit(item, kinds[item.nodeid]) for item in items}
+    members: dict[str, list[pytest.Item]] = defaultdict(list)
+    for item in items:
+        members[units[item.nodeid]].append(item)
+    seconds = _unit_durations(config)
+    waited_for = set(config.getini("alongside_first_without"))
+    order = {}
+    for position, (unit, its) in enumerate(members.items()):
+        kind = kinds[its[0].nodeid]
+        early = kind == MARKER and bool(waited_for) and not any(
+            waited_for.intersection(item.fixturenames) for item in its)
+        order[unit] = (KINDS.index(kind), not early, -seconds.get(unit, math.inf), position)
+    items.sort(key=lambda item: order[units[item.nodeid]])
+
+    groups = {nodeid: unit for nodeid, unit in units.items()
+              if unit != nodeid.split("::", 1)[0]}
+    config.stash[_GROUPS_KEY] = groups
+    root = run_directory()
     if root is not None:
-        groups = {item.nodeid: ALONGSIDE_GROUP if _alongside(item) else ALONE_GROUP
-                  for item in items if (module := item.getparent(pytest.Module)) is not None
-                  and _alongside(module) != _alongside(item)}
         written = root / f"{GROUPS}.{os.getpid()}"
         written.write_text(json.dumps(groups))
         written.replace(root / GROUPS)  # each worker writes the same; none reads half of one
 
 
-def _alongside(node: pytest.Item | pytest.Module) -> bool:
-    return node.get_closest_marker(MARKER) is not None and node.get_closest_marker(ALONE) is None
+_GROUPS_KEY = pytest.StashKey[dict]()
 
 
-def _run_directory() -> Path | None:
+def _unit(item: pytest.Item, kind: str) -> str:
+    """The unit of work ``item`` is handed out in: its module, or :func:`_group`."""
+    module = item.getparent(pytest.Module)
+    if module is None:
+        return item.nodeid.split("::", 1)[0]
+    return module.nodeid if kind_of(module) == kind else _group(kind, module.nodeid)
+
+
+def _unit_durations(config: pytest.Config) -> dict[str, float]:
+    name = config.getini("unit_durations")
+    path = config.rootpath / name if name else None
+    return json.loads(path.read_text()) if path and path.is_file() else {}
+
+
+class _DurationRecorder:
+    """Sums each unit's seconds from the test reports (under xdist, in the process that hands
+    out the units, which receives every worker's) and writes them when the run ends."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self.config, self.path = config, path
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        groups = self.config.stash.get(_GROUPS_KEY, None)
+        if groups is None:  # the controller collects nothing: its workers wrote the groups
+            written = _directory(self.config.option.testrunuid) / GROUPS
+            groups = json.loads(written.read_text()) if written.is_file() else {}
+        units: dict[str, float] = defaultdict(float)
+        for nodeid, seconds in self.seconds.items():
+            units[groups.get(nodeid) or nodeid.split("::", 1)[0]] += seconds
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({unit: round(seconds, 1) for unit, seconds in
+                                         sorted(units.items())}, indent=1) + "\n")
+
+
+def kind_of(node: pytest.Item | pytest.Module) -> str:
+    """The kind the node's closest mark says (its own before its module's); ``alone`` unmarked."""
+    for each in reversed(node.listchain()):
+        for kind in (ALONE, LIGHT, MARKER):
+            if any(mark.name == kind for mark in each.own_markers):
+                return kind
+    return ALONE
+
+
+def run_directory() -> Path | None:
     """Where this run's workers keep their locks (one directory per run, named by xdist's id
     of the run); ``None`` outside an xdist worker."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
@@ -159,38 +262,99 @@ def _lock(root: Path, name: str) -> FileLock:
     return FileLock(str(root / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.lock"))
 
 
+TURNS = "turns.json"
+"""The run's ledger of the tests running now: ``[pid, kind]`` of each."""
+POLL_S = 0.05
+
+
 @contextmanager
-def _turn(root: Path, alongside: bool) -> Iterator[None]:
-    """Hold the run's test lock shared (``alongside``) or exclusively, through the gate."""
-    with open(root / "gate", "a") as gate, open(root / "tests", "a") as tests:
+def _turn(root: Path, kind: str) -> Iterator[None]:
+    """Run the block once no test of another kind runs (nor any, for an ``alone`` test).
+
+    Why a ledger and not a reader-writer lock: two kinds each shared among their own tests
+    cannot be had from ``flock`` modes (a kind that shut out another would hold its lock
+    exclusively, and so shut out its own tests too). The gate is held while waiting, so the
+    other worker's next test cannot overtake this one; a holder that died is dropped."""
+    with open(root / "gate", "a") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(tests, fcntl.LOCK_SH if alongside else fcntl.LOCK_EX)
+            while not _enter(root, kind):
+                time.sleep(POLL_S)
         finally:
-            if alongside:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        with _ledger(root) as holders:
+            holders.remove([os.getpid(), kind])
+
+
+def _enter(root: Path, kind: str) -> bool:
+    with _ledger(root) as holders:
+        holders[:] = [holder for holder in holders if _alive(holder[0])]
+        if holders and (kind == ALONE or any(other != kind for _, other in holders)):
+            return False
+        holders.append([os.getpid(), kind])
+        return True
+
+
+@contextmanager
+def _ledger(root: Path) -> Iterator[list[list]]:
+    """The ledger's holders, to read and change, under its lock."""
+    with open(os.open(root / TURNS, os.O_RDWR | os.O_CREAT), "r+") as ledger:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        ledger.seek(0)
+        holders = json.loads(ledger.read() or "[]")
+        yield holders
+        ledger.seek(0)
+        ledger.truncate()
+        ledger.write(json.dumps(holders))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a process that ended unreaped (a zombie) holds no turn."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+@contextmanager
+def beside_alongside_tests() -> Iterator[None]:
+    """Hold a turn as an ``alongside`` test does, for work of the run that is no test (an
+    image many tests share, made ahead of them): ``alone`` and ``light`` tests wait for it."""
+    root = run_directory()
+    if root is None:
+        yield
+        return
+    with _turn(root, MARKER):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Each test's setup, call and teardown inside its turn (outside pytest-timeout's clock)."""
-    root = _run_directory()
+    root = run_directory()
     if root is None:
         yield
         return
-    with _turn(root, _alongside(item)):
+    with _turn(root, kind_of(item)):
         yield
 
 
 def once_per_run(name: str, make: Callable[[], T]) -> T:
     """``make()`` once per run however many workers ask: the first builds under a lock and
     writes what it returned (JSON), the others read it. Without xdist, just ``make()``."""
-    root = _run_directory()
+    root = run_directory()
     if root is None:
         return make()
     made = root / f"{name}.json"
@@ -206,7 +370,7 @@ def once_per_run(name: str, make: Callable[[], T]) -> T:
 def one_at_a_time(name: str) -> Iterator[None]:
     """One worker at a time in the block (starting the engine, enabling emulation): what each
     worker needs for itself, but two at once would race."""
-    root = _run_directory()
+    root = run_directory()
     if root is None:
         yield
         return

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
-pytestmark = pytest.mark.alone  # runs two workers of its own, timed
+pytestmark = pytest.mark.light  # two workers of its own, timed on sleeps
 
 MODULE = """
 import json, os, time
@@ -28,11 +28,12 @@ def _record(name):
 """
 
 
-def _module(pytester: pytest.Pytester, name: str, alongside: bool | None, count: int = 2) -> None:
-    """A module of ``count`` recorded tests, marked ``alongside`` (True), ``alone`` (False) or
-    neither (None)."""
-    mark = "" if alongside is None else \
-        f"import pytest\npytestmark = pytest.mark.{'alongside' if alongside else 'alone'}"
+def _module(pytester: pytest.Pytester, name: str, alongside: bool | str | None,
+            count: int = 2) -> None:
+    """A module of ``count`` recorded tests, marked ``alongside`` (True), ``alone`` (False),
+    with the kind named (a string) or unmarked (None)."""
+    kind = alongside if isinstance(alongside, str) else "alongside" if alongside else "alone"
+    mark = "" if alongside is None else f"import pytest\npytestmark = pytest.mark.{kind}"
     tests = "\n".join(f"def test_{i}():\n    _record('{name}.{i}')\n" for i in range(count))
     pytester.makepyfile(**{name: MODULE.format(mark=mark, tests=tests)})
 
@@ -67,11 +68,12 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setenv("SPANS", str(tmp_path / "spans.jsonl"))
     pytester.makeconftest('pytest_plugins = ["tests.support.concurrency"]\n')
 
-    def run() -> dict[str, tuple[float, float]]:
+    def run(*options: str) -> dict[str, tuple[float, float]]:
         runs = Path(tempfile.gettempdir()).glob("triton-builder-tests-*")
         before = set(runs)
         result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup",
-                                               "--no-loadscope-reorder", "-p", "no:cacheprovider")
+                                               "--no-loadscope-reorder", "-p", "no:cacheprovider",
+                                               *options)
         result.assert_outcomes(passed=sum(path.read_text().count("\ndef test_")
                                           for path in pytester.path.rglob("test_*.py")))
         left = set(Path(tempfile.gettempdir()).glob("triton-builder-tests-*")) - before
@@ -184,3 +186,97 @@ def test_modules_of_an_alongside_directory_run_alongside_unless_marked_alone(pyt
     _shared_and_first(spans, "shared/test_b", "shared/test_c", alone="test_a")
     alone = [name for name in spans if name.startswith("shared/test_d")]
     assert alone and all(_ran_alone(spans, name) for name in alone), spans
+
+
+def test_light_tests_run_beside_each_other_and_beside_no_test_of_another_kind(pytester,
+                                                                            two_workers):
+    """Two light modules meet at the end, each in one worker; neither ran beside an alongside
+    or an alone test, and the alone module ran alone. A test marked ``light`` in an alone module
+    joins them; the module's other tests stay alone."""
+    _module(pytester, "test_a", True)
+    _module(pytester, "test_b", "light")
+    _module(pytester, "test_c", None)
+    pytester.makepyfile(test_d=MODULE.format(
+        mark="import pytest",
+        tests="def test_0():\n    _record('test_d.0')\n\n"
+              "@pytest.mark.light\ndef test_1():\n    _record('test_d.1')\n"))
+    _module(pytester, "test_e", True)
+    spans = two_workers("--record-unit-durations", str(pytester.path / "units.json"))
+    light = ("test_b.0", "test_b.1", "test_d.1")
+    assert any(_overlap(spans[one], spans[other]) for one in light for other in light
+               if one != other), spans
+    for name in light:
+        assert not any(_overlap(spans[name], span) for other, span in spans.items()
+                       if other not in light), (name, spans)
+    assert all(_ran_alone(spans, name) for name in ("test_c.0", "test_c.1", "test_d.0")), spans
+    units = json.loads((pytester.path / "units.json").read_text())
+    assert set(units) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py",
+                          "light:test_d.py", "test_e.py"}, units
+    assert 1.2 <= units["test_b.py"] < 3 and 0.6 <= units["light:test_d.py"] < 1.5, units
+
+
+def test_units_are_handed_out_by_kind_longest_first_and_those_needing_nothing_made_earliest(
+        pytester, monkeypatch):
+    """Within each kind the longest unit comes first as ``unit_durations`` has it (one it does
+    not name before them all); ``alongside`` units that use no fixture
+    ``alongside_first_without`` names come before the other ``alongside`` ones."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    pytester.makeconftest('''
+        import pytest
+        pytest_plugins = ["tests.support.concurrency"]
+
+        @pytest.fixture
+        def engine():
+            return "made beside"
+    ''')
+    pytester.makeini("[pytest]\nunit_durations = durations.json\n"
+                     "alongside_first_without = engine\n")
+    (pytester.path / "durations.json").write_text(json.dumps(
+        {"test_a.py": 5, "test_b.py": 50, "test_c.py": 500, "test_d.py": 1, "test_e.py": 9,
+         "light:test_f.py": 3, "test_g.py": 30}))
+    alongside = "import pytest\npytestmark = pytest.mark.alongside\n"
+    pytester.makepyfile(
+        test_a=alongside + "def test_0(engine): pass\n",
+        test_b=alongside + "def test_0(engine): pass\n",
+        test_c=alongside + "def test_0(): pass\n",
+        test_d=alongside + "def test_0(): pass\n",
+        test_e="def test_0(): pass\n",
+        test_f="import pytest\n@pytest.mark.light\ndef test_0(): pass\ndef test_1(): pass\n",
+        test_g="import pytest\npytestmark = pytest.mark.light\ndef test_0(): pass\n",
+        test_h=alongside + "def test_0(engine): pass\n")
+    result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    order = [line.split("::")[0] for line in result.outlines if "::" in line]
+    assert order == ["test_c.py", "test_d.py", "test_h.py", "test_b.py", "test_a.py",
+                     "test_f.py", "test_e.py", "test_g.py", "test_f.py"], result.outlines
+
+
+def test_work_beside_the_alongside_tests_holds_back_the_alone_ones(pytester, two_workers,
+                                                                    tmp_path):
+    """An ``alongside`` test starts a process that holds a turn as an ``alongside`` test does
+    (:func:`beside_alongside_tests`, as the shared bases are made): the alone test waits for it."""
+    held = tmp_path / "held"
+    pytester.makepyfile(test_a=MODULE.format(mark="import pytest, subprocess, sys\n"
+                                             "pytestmark = pytest.mark.alongside", tests=f'''
+HOLD = """
+import json, os, sys, time
+from tests.support.concurrency import beside_alongside_tests
+with beside_alongside_tests():
+    started = time.monotonic()
+    open({str(held)!r}, "w").close()
+    time.sleep(1.5)
+    with open(os.environ["SPANS"], "a") as spans:
+        print(json.dumps(["held", started, time.monotonic()]), file=spans)
+"""
+
+def test_0():
+    holder = subprocess.Popen([sys.executable, "-c", HOLD])
+    deadline = time.monotonic() + 60
+    while not os.path.exists({str(held)!r}):
+        assert holder.poll() is None and time.monotonic() < deadline, "no turn was held"
+        time.sleep(0.05)
+    _record("test_a.0")
+'''))
+    _module(pytester, "test_b", None, count=1)
+    _module(pytester, "test_c", True, count=1)  # the workers' first units: test_a and test_c
+    spans = two_workers()
+    assert spans["held"][1] <= spans["test_b.0"][0], spans

@@ -19,7 +19,7 @@ import builder.host_lock
 from builder.host_lock import host_lock, image_lock, machine_lock_directory
 from tests.support.at_once import at_once
 
-pytestmark = pytest.mark.alone  # two processes' lock holds must overlap in time
+pytestmark = pytest.mark.light  # two processes' lock holds must overlap in time
 
 TAG = "triton-builder/tritonserver-cpu:2.51.0-py3.11"
 

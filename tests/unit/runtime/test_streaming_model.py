@@ -362,7 +362,7 @@ class SendingApi:
         raise AssertionError(message)
 
 
-@pytest.mark.alone  # gives the outbox thread one second
+@pytest.mark.light  # gives the outbox thread one second
 def test_a_loop_that_runs_on_lets_go_of_each_stream_once_its_final_response_is_sent():
     """Under steady load a joined loop never ends: what it keeps of a stream (its sender, its
     batch) goes once the stream's final response is sent, and the batch is done then."""

@@ -32,7 +32,7 @@ from builder.image.serving_dockerfile import runtime_scripts
 from builder.runtime import drain, health, supervisor
 from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
 
-pytestmark = pytest.mark.alone  # times restarts and drains of real processes
+pytestmark = pytest.mark.light  # times restarts and drains of small real processes
 
 
 def _image_layout() -> Path:

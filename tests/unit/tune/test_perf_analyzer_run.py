@@ -105,6 +105,7 @@ def spelled(count: int):
         yield chr(ord("a") + i)
 
 
+@pytest.mark.light  # its stream sleeps between items
 def test_a_stream_is_measured_to_its_first_response(tmp_path, analyzer):
     """A streaming pipeline is decoupled: perf_analyzer loads it with streams, and the latency
     a stream's budget bounds is that of its first item (20 ms here), not of its end (200 ms)."""

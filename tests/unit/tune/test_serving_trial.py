@@ -22,7 +22,7 @@ from builder.tune.serving_trial import ServingTrial
 from builder.tune.settings import read_setting
 from tests.support.model_bound import MAX_BATCH, MODEL_BOUND
 
-pytestmark = [pytest.mark.tritonserver, pytest.mark.alone]
+pytestmark = [pytest.mark.tritonserver, pytest.mark.light]  # servers starting and stopping
 """Starts its own servers and measures with perf_analyzer: alone, as every latency test."""
 
 
