@@ -155,11 +155,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     and end on the light tests, each module whole in one worker but for the tests of another
     kind than it, which join the tests like them (:func:`_group`).
 
-    Within each kind the longest units come first, as the ini option ``unit_durations`` has
-    them (a worker that takes a long unit last holds the run while the other idles); and, of
-    the ``alongside`` units, those that use none of the fixtures ``alongside_first_without``
-    names come before all others (they need nothing that is made beside them as the run
-    starts). Units in collection order otherwise."""
+    The ``alone`` and ``light`` units go longest first, as the ini option ``unit_durations``
+    has them (a unit it does not name first of all): a worker that takes a long unit last holds
+    the run while the other idles. The ``alongside`` units keep their collection order, which
+    mixes compiles with tests that wait on a server, an emulator or the network (handed out
+    longest first, the compiles ran together and those waits together at the end, the machine
+    a third idle: 3.4 minutes longer in a fresh run), but for two moves: those that use none of
+    the fixtures ``alongside_first_without`` names come first (they need nothing that is made
+    beside them as the run starts), and those under :data:`FILLER_S` last, to even out the two
+    workers' ends."""
     directories = config.getini("alongside_directories")
     for module in {id(module): module for module in
                    (item.getparent(pytest.Module) for item in items) if module}.values():
@@ -179,7 +183,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kind = kinds[its[0].nodeid]
         early = kind == MARKER and bool(waited_for) and not any(
             waited_for.intersection(item.fixturenames) for item in its)
-        order[unit] = (KINDS.index(kind), not early, -seconds.get(unit, math.inf), position)
+        took = seconds.get(unit, math.inf)
+        order[unit] = ((KINDS.index(kind), not early, took < FILLER_S, position) if kind == MARKER
+                       else (KINDS.index(kind), -took, position))
     items.sort(key=lambda item: order[units[item.nodeid]])
 
     groups = {nodeid: unit for nodeid, unit in units.items()
@@ -193,6 +199,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _GROUPS_KEY = pytest.StashKey[dict]()
+FILLER_S = 60.0
+"""An ``alongside`` unit shorter than this (as ``unit_durations`` has it) is handed out after
+the longer ones: what the worker that ends first does while the other ends its long unit."""
 
 
 def _unit(item: pytest.Item, kind: str) -> str:

@@ -215,11 +215,14 @@ def test_light_tests_run_beside_each_other_and_beside_no_test_of_another_kind(py
     assert 1.2 <= units["test_b.py"] < 3 and 0.6 <= units["light:test_d.py"] < 1.5, units
 
 
-def test_units_are_handed_out_by_kind_longest_first_and_those_needing_nothing_made_earliest(
+def test_units_are_handed_out_by_kind_fillers_last_longest_first_and_needing_nothing_first(
         pytester, monkeypatch):
-    """Within each kind the longest unit comes first as ``unit_durations`` has it (one it does
-    not name before them all); ``alongside`` units that use no fixture
-    ``alongside_first_without`` names come before the other ``alongside`` ones."""
+    """``alongside`` units that use no fixture ``alongside_first_without`` names come first,
+    and of each part those ``unit_durations`` has under a minute last, in collection order
+    otherwise; ``alone`` and ``light`` units go longest first, one the file does not name first
+    of all."""
+    for outer in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID"):  # not this run's groups
+        monkeypatch.delenv(outer, raising=False)
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
     pytester.makeconftest('''
         import pytest
@@ -232,7 +235,7 @@ def test_units_are_handed_out_by_kind_longest_first_and_those_needing_nothing_ma
     pytester.makeini("[pytest]\nunit_durations = durations.json\n"
                      "alongside_first_without = engine\n")
     (pytester.path / "durations.json").write_text(json.dumps(
-        {"test_a.py": 5, "test_b.py": 50, "test_c.py": 500, "test_d.py": 1, "test_e.py": 9,
+        {"test_a.py": 5, "test_b.py": 500, "test_c.py": 1, "test_d.py": 500, "test_e.py": 9,
          "light:test_f.py": 3, "test_g.py": 30}))
     alongside = "import pytest\npytestmark = pytest.mark.alongside\n"
     pytester.makepyfile(
@@ -246,7 +249,7 @@ def test_units_are_handed_out_by_kind_longest_first_and_those_needing_nothing_ma
         test_h=alongside + "def test_0(engine): pass\n")
     result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
     order = [line.split("::")[0] for line in result.outlines if "::" in line]
-    assert order == ["test_c.py", "test_d.py", "test_h.py", "test_b.py", "test_a.py",
+    assert order == ["test_d.py", "test_c.py", "test_b.py", "test_h.py", "test_a.py",
                      "test_f.py", "test_e.py", "test_g.py", "test_f.py"], result.outlines
 
 
