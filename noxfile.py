@@ -72,9 +72,10 @@ TWO_AT_ONCE = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
                "--record-unit-durations", "build/unit_durations.json"]
 """Two pytest-xdist workers, a module each: tests marked ``alongside`` share the machine,
 ``light`` ones share it with each other, every other test runs alone
-(``tests/support/concurrency.py``). The plugin hands the units out ``alongside`` first (those
-that need no engine before the rest), then alone, then light, each kind longest first as
-``tests/unit_durations.json`` has them; the run writes its own to ``build/``."""
+(``tests/support/concurrency.py``). The plugin hands the units out ``alongside`` first (in
+collection order, those that need no engine first and the short ones last), then alone, then
+light, those two longest first, as ``tests/unit_durations.json`` has them; the run writes its
+own to ``build/``."""
 
 
 @nox.session(python=PYTHON)

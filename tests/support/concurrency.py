@@ -68,8 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "unit_durations", default="",
         help="a JSON file of the seconds each unit of work took in a past run (its tests' "
-             "setup, call and teardown), as --record-unit-durations writes it: within each kind "
-             "the longest units are handed out first, those it does not name before them")
+             f"setup, call and teardown), as --record-unit-durations writes it: {ALONE} and "
+             f"{LIGHT} units are handed out longest first (those it does not name first of all), "
+             f"{MARKER} units under a minute last")
     parser.addini(
         "alongside_first_without", type="linelist", default=[],
         help=f"fixtures: the {MARKER} units none of whose tests uses one come first (they run "
@@ -114,6 +115,21 @@ def _controller(config: pytest.Config) -> bool:
 GROUPS = "groups.json"
 """The run's file of the tests scheduled apart from their modules: node id -> group."""
 
+def _written_groups(run: str) -> dict[str, str]:
+    """The :data:`GROUPS` file the run's workers wrote (none yet: no groups)."""
+    written = _directory(run) / GROUPS
+    return json.loads(written.read_text()) if written.is_file() else {}
+
+
+def _unit_of(nodeid: str, groups: dict[str, str]) -> str:
+    """The unit of work a test is handed out in: its group, else its module."""
+    return groups.get(nodeid) or _module_of(nodeid)
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def _group(kind: str, module: str) -> str:
     """The unit of work of a test whose kind differs from its module's: one for every ``alone``
     test of the other modules (scheduled among the alone modules), one for every ``alongside``
@@ -135,15 +151,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    groups_file = _directory(config.option.testrunuid) / GROUPS
-
     class ModulesAndGroups(LoadScopeScheduling):
         groups: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:  # the workers wrote it before reporting their collection
-                self.groups = json.loads(groups_file.read_text()) if groups_file.is_file() else {}
-            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+                self.groups = _written_groups(config.option.testrunuid)
+            return _unit_of(nodeid, self.groups)
 
     return ModulesAndGroups(config, log)
 
@@ -188,8 +202,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                        else (KINDS.index(kind), -took, position))
     items.sort(key=lambda item: order[units[item.nodeid]])
 
-    groups = {nodeid: unit for nodeid, unit in units.items()
-              if unit != nodeid.split("::", 1)[0]}
+    groups = {nodeid: unit for nodeid, unit in units.items() if unit != _module_of(nodeid)}
     config.stash[_GROUPS_KEY] = groups
     root = run_directory()
     if root is not None:
@@ -208,7 +221,7 @@ def _unit(item: pytest.Item, kind: str) -> str:
     """The unit of work ``item`` is handed out in: its module, or :func:`_group`."""
     module = item.getparent(pytest.Module)
     if module is None:
-        return item.nodeid.split("::", 1)[0]
+        return _module_of(item.nodeid)
     return module.nodeid if kind_of(module) == kind else _group(kind, module.nodeid)
 
 
@@ -232,11 +245,10 @@ class _DurationRecorder:
     def pytest_sessionfinish(self) -> None:
         groups = self.config.stash.get(_GROUPS_KEY, None)
         if groups is None:  # the controller collects nothing: its workers wrote the groups
-            written = _directory(self.config.option.testrunuid) / GROUPS
-            groups = json.loads(written.read_text()) if written.is_file() else {}
+            groups = _written_groups(self.config.option.testrunuid)
         units: dict[str, float] = defaultdict(float)
         for nodeid, seconds in self.seconds.items():
-            units[groups.get(nodeid) or nodeid.split("::", 1)[0]] += seconds
+            units[_unit_of(nodeid, groups)] += seconds
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({unit: round(seconds, 1) for unit, seconds in
                                          sorted(units.items())}, indent=1) + "\n")
