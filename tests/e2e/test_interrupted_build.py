@@ -12,10 +12,11 @@ The sweep sends one signal per build, from the line "building <name>" (the servi
 layers, its rewritten config) and then from "verifying <name>" (the container created and
 started, Triton starting, the checks) until a build finishes before its signal comes; SIGINT and
 SIGTERM take turns. The first 50 ms of each phase are swept 10 ms apart; after them, time is
-cut into slots of :data:`SWEEP_STEP_S` and each build's signal falls at a random instant of the
-next slot (a seed printed with the summary; ``TRITON_BUILDER_INTERRUPT_SEED`` replays it): as
-many builds as a grid of that step, and no instant of a phase that no run can reach, as a grid's
-points between them are. After every build: no container, image or layer of that name, no tag.
+cut into slots of :data:`SWEEP_STEP_S` (twice that past :data:`COARSE_AFTER_S`) and each
+build's signal falls at a random instant of the next slot (a seed printed with the summary;
+``TRITON_BUILDER_INTERRUPT_SEED`` replays it): as many builds as a grid of that step, and no
+instant of a phase that no run can reach, as a grid's points between them are. After every
+build: no container, image or layer of that name, no tag.
 
 Everything checked is of the test's own names, so the module runs beside other ``alongside``
 tests: a loaded machine moves the instants swept, and found a defect a quiet one hid (a layer
@@ -55,6 +56,13 @@ SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "200")) 
 """The slot of time each build's interrupt falls in, past the first 50 ms of a phase
 (``TRITON_BUILDER_INTERRUPT_STEP_MS``). 200 ms since a fresh CI run on two cores spent 500 s
 on 100 ms steps, the machine's load stretching verification over more of them."""
+COARSE_AFTER_S = 2.0
+"""Past the first 2 s of a phase, slots twice :data:`SWEEP_STEP_S`. Those 2 s hold every step
+of the serving image's build (0.7 s here, quiet) and, in verification, the container made and
+started and Triton beginning; what follows is Triton loading the models and the checks, the
+container running throughout until it is removed and the image tagged. That part is most of
+the sweep's builds (quiet here, verification swept over 3.4 s and building over 1.0 s; longer
+loaded): the sweep took 432 s of a fresh run on 200 ms slots throughout."""
 FINE_STEP_S, FINE_SPAN_S = 0.01, 0.05
 """Over the first 50 ms of a phase, 10 ms apart: the verification container is created and
 started within some 20 ms of "verifying" here, the window this issue was about."""
@@ -224,12 +232,14 @@ def _tagged(client, reference: str) -> bool:
 
 def _offsets(instants: random.Random) -> Iterator[float]:
     """Seconds after a phase's line: 10 ms apart over its first 50 ms, then one random instant
-    in each :data:`SWEEP_STEP_S` slot after them."""
+    in each :data:`SWEEP_STEP_S` slot up to :data:`COARSE_AFTER_S`, and in each slot of twice
+    that after it."""
     yield from (step * FINE_STEP_S for step in range(round(FINE_SPAN_S / FINE_STEP_S)))
     slot = FINE_SPAN_S
     while True:
-        yield slot + instants.uniform(0, SWEEP_STEP_S)
-        slot += SWEEP_STEP_S
+        step = SWEEP_STEP_S if slot < COARSE_AFTER_S else 2 * SWEEP_STEP_S
+        yield slot + instants.uniform(0, step)
+        slot += step
 
 
 def _left_behind(client, title: str, reference: str, layers: list[str]) -> list[str]:
@@ -301,9 +311,9 @@ def _clear(client, title: str, reference: str, layers: list[str] = ()) -> None:
 
 
 def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_embedding_image):
-    """Once in every ``SWEEP_STEP_S`` from "building" to the end of verification, SIGINT and
-    SIGTERM in turn: the CLI exits 130 / 143 within seconds and leaves no container, tag or
-    image."""
+    """Once in every slot (:func:`_offsets`) from "building" to the end of verification,
+    SIGINT and SIGTERM in turn: the CLI exits 130 / 143 within seconds and leaves no container,
+    tag or image."""
     title = f"tb-i35-sweep-{uuid.uuid4().hex[:8]}"
     reference = f"triton-builder-test/{title}:1"
     payload_hash = docker_client.images.get(text_embedding_image).labels[PAYLOAD_HASH]
@@ -348,7 +358,8 @@ def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_e
     states = {state: sum(a.container == state for a in interrupted)
               for state in sorted({a.container for a in interrupted})}
     summary = (f"{len(interrupted)} builds interrupted ({kinds}) in {took:.0f}s, one in each "
-               f"{SWEEP_STEP_S * 1000:.0f} ms over {spans} (TRITON_BUILDER_INTERRUPT_SEED="
+               f"{SWEEP_STEP_S * 1000:.0f} ms ({2 * SWEEP_STEP_S * 1000:.0f} ms past "
+               f"{COARSE_AFTER_S:.0f}s) over {spans} (TRITON_BUILDER_INTERRUPT_SEED="
                f"{seed}); their verification container as the signal went: {states}")
     print(summary)
     assert attempts and attempts[-1].marker == phases[-1], "the sweep never reached verification"

@@ -43,8 +43,12 @@ def swarm(docker_client):
         docker_client.swarm.leave(force=True)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack(swarm, text_embedding_image):
+    """One stack for the module's tests, in the order they are written: each leaves it with
+    three healthy replicas (the replaced one's successor among them), and the rolling update,
+    last, ends it. Deploying it once spares two waits for three servers to start (about half a
+    minute of a part of the run where nothing else may run)."""
     name = f"tb-i14-{uuid.uuid4().hex[:6]}"
     image = deployable_image(text_embedding_image, client=swarm)
     deploy_swarm(image, name, SwarmOptions(**TEST_OPTIONS), client=swarm, wait=300)
