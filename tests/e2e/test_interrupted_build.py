@@ -12,7 +12,7 @@ The sweep sends one signal per build, from the line "building <name>" (the servi
 layers, its rewritten config) and then from "verifying <name>" (the container created and
 started, Triton starting, the checks) until a build finishes before its signal comes; SIGINT and
 SIGTERM take turns. The first 50 ms of each phase are swept 10 ms apart; after them, time is
-cut into slots of :data:`SWEEP_STEP_S` (twice that past :data:`COARSE_AFTER_S`) and each
+cut into slots of :data:`SWEEP_STEP_S` (:data:`COARSE_STEP_S` past :data:`COARSE_AFTER_S`) and each
 build's signal falls at a random instant of the next slot (a seed printed with the summary;
 ``TRITON_BUILDER_INTERRUPT_SEED`` replays it): as many builds as a grid of that step, and no
 instant of a phase that no run can reach, as a grid's points between them are. After every
@@ -57,12 +57,13 @@ SWEEP_STEP_S = float(os.environ.get("TRITON_BUILDER_INTERRUPT_STEP_MS", "200")) 
 (``TRITON_BUILDER_INTERRUPT_STEP_MS``). 200 ms since a fresh CI run on two cores spent 500 s
 on 100 ms steps, the machine's load stretching verification over more of them."""
 COARSE_AFTER_S = 2.0
-"""Past the first 2 s of a phase, slots twice :data:`SWEEP_STEP_S`. Those 2 s hold every step
+"""Past the first 2 s of a phase, slots of :data:`COARSE_STEP_S`. Those 2 s hold every step
 of the serving image's build (0.7 s here, quiet) and, in verification, the container made and
 started and Triton beginning; what follows is Triton loading the models and the checks, the
 container running throughout until it is removed and the image tagged. That part is most of
 the sweep's builds (quiet here, verification swept over 3.4 s and building over 1.0 s; longer
 loaded): the sweep took 432 s of a fresh run on 200 ms slots throughout."""
+COARSE_STEP_S = 2 * SWEEP_STEP_S
 FINE_STEP_S, FINE_SPAN_S = 0.01, 0.05
 """Over the first 50 ms of a phase, 10 ms apart: the verification container is created and
 started within some 20 ms of "verifying" here, the window this issue was about."""
@@ -232,12 +233,12 @@ def _tagged(client, reference: str) -> bool:
 
 def _offsets(instants: random.Random) -> Iterator[float]:
     """Seconds after a phase's line: 10 ms apart over its first 50 ms, then one random instant
-    in each :data:`SWEEP_STEP_S` slot up to :data:`COARSE_AFTER_S`, and in each slot of twice
-    that after it."""
+    in each :data:`SWEEP_STEP_S` slot up to :data:`COARSE_AFTER_S`, and in each
+    :data:`COARSE_STEP_S` slot after it."""
     yield from (step * FINE_STEP_S for step in range(round(FINE_SPAN_S / FINE_STEP_S)))
     slot = FINE_SPAN_S
     while True:
-        step = SWEEP_STEP_S if slot < COARSE_AFTER_S else 2 * SWEEP_STEP_S
+        step = SWEEP_STEP_S if slot < COARSE_AFTER_S else COARSE_STEP_S
         yield slot + instants.uniform(0, step)
         slot += step
 
@@ -358,7 +359,7 @@ def test_an_interrupt_at_any_instant_leaves_nothing_behind(docker_client, text_e
     states = {state: sum(a.container == state for a in interrupted)
               for state in sorted({a.container for a in interrupted})}
     summary = (f"{len(interrupted)} builds interrupted ({kinds}) in {took:.0f}s, one in each "
-               f"{SWEEP_STEP_S * 1000:.0f} ms ({2 * SWEEP_STEP_S * 1000:.0f} ms past "
+               f"{SWEEP_STEP_S * 1000:.0f} ms ({COARSE_STEP_S * 1000:.0f} ms past "
                f"{COARSE_AFTER_S:.0f}s) over {spans} (TRITON_BUILDER_INTERRUPT_SEED="
                f"{seed}); their verification container as the signal went: {states}")
     print(summary)

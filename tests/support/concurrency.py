@@ -115,6 +115,7 @@ def _controller(config: pytest.Config) -> bool:
 GROUPS = "groups.json"
 """The run's file of the tests scheduled apart from their modules: node id -> group."""
 
+
 def _written_groups(run: str) -> dict[str, str]:
     """The :data:`GROUPS` file the run's workers wrote (none yet: no groups)."""
     written = _directory(run) / GROUPS
