@@ -24,6 +24,8 @@ def deploy_swarm_command(
     metrics_port: int = typer.Option(8002, help="Published metrics port (0: random, host mode)."),
     health_interval: int = typer.Option(15, help="Seconds between health checks."),
     health_retries: int = typer.Option(3, help="Failed checks before a replica is unhealthy."),
+    update_delay: int = typer.Option(5, help="Seconds between one replica's update and the "
+                                             "next (a rolling update)."),
     stack_file: Path = typer.Option(None, help="Keep the stack (compose) file here."),
     dry_run: bool = typer.Option(False, help="Print the stack file; deploy nothing."),
     wait: float = typer.Option(300.0, help="Seconds to wait for every replica to be healthy "
@@ -40,7 +42,8 @@ def deploy_swarm_command(
     ports = tuple(port or None for port in (http_port, grpc_port, metrics_port))
     options = run_step("reading the options", lambda: SwarmOptions(
         replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
-        health_interval_s=health_interval, health_retries=health_retries))
+        health_interval_s=health_interval, health_retries=health_retries,
+        update_delay_s=update_delay))
     if dry_run:
         from builder.engine import EngineError, docker_client
 

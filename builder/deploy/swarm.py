@@ -57,6 +57,10 @@ class SwarmOptions:
     start_period_s: int = 120
     """At least this; an image whose own start period is longer (environment archives to extract:
     :mod:`builder.image.startup`) keeps its own."""
+    update_delay_s: int = 5
+    """Between one replica's update (its successor healthy) and the next: the time to see the
+    new version serve before another old replica goes (``docker service update
+    --update-delay``)."""
     gpus_per_replica: int = 1
     stop_grace_period_s: int | None = None
     """How long Swarm waits after SIGTERM before SIGKILL; default: the image's whole stop (its
@@ -77,6 +81,9 @@ class SwarmOptions:
         for value in (self.health_interval_s, self.health_timeout_s, self.health_retries):
             if not isinstance(value, int) or value < 1:
                 raise DeployError(f"health check settings must be positive integers: {value!r}")
+        if not isinstance(self.update_delay_s, int) or self.update_delay_s < 0:
+            raise DeployError(f"the update delay must be a whole number of seconds, 0 or more, "
+                              f"not {self.update_delay_s!r}")
         size_bytes(self.shm_size)
 
 
@@ -94,7 +101,8 @@ def stack_document(image: DeployableImage,
         "replicas": options.replicas,
         "restart_policy": {"condition": "any", "delay": "5s", "window": "30s"},
         "update_config": {"parallelism": 1, "order": "start-first",
-                          "failure_action": "rollback", "monitor": "30s", "delay": "5s"},
+                          "failure_action": "rollback", "monitor": "30s",
+                          "delay": f"{options.update_delay_s}s"},
         "rollback_config": {"parallelism": 1, "order": "start-first"},
         "labels": dict(options.labels),
     }

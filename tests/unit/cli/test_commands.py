@@ -195,9 +195,10 @@ def test_deploy_swarm_dry_run_prints_the_stack_and_refuses_bad_options():
     import yaml
 
     result = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "3",
-                 "--dry-run")
+                 "--update-delay", "1", "--dry-run")
     stack = yaml.safe_load(result.stdout)
     assert stack["services"]["triton"]["deploy"]["replicas"] == 3
+    assert stack["services"]["triton"]["deploy"]["update_config"]["delay"] == "1s"
     bad = cli("deploy", "swarm", "registry.example:5000/embed:2", "--replicas", "0",
               "--dry-run", check=False)
     assert bad.returncode == 2 and "replicas must be a positive integer" in bad.stderr

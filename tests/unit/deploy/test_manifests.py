@@ -32,6 +32,7 @@ def test_the_stack_heals_updates_start_first_and_mounts_shared_memory():
     deploy = service["deploy"]
     assert deploy["replicas"] == 3
     assert deploy["update_config"]["order"] == "start-first"
+    assert deploy["update_config"]["delay"] == "5s"
     assert deploy["rollback_config"]["order"] == "start-first"
     assert deploy["restart_policy"]["condition"] == "any"
     assert service["healthcheck"]["test"] == ["CMD", "python3", "/opt/triton-builder/health.py",
@@ -68,6 +69,8 @@ def test_host_mode_publishes_random_ports_per_replica():
     (dict(publish="host", replicas=2), "one replica per node"),
     (dict(ports=(None, 8001, 8002)), "needs a published port"),
     (dict(shm_size="lots"), "not a size"),
+    (dict(update_delay_s=-1), "update delay must be a whole number of seconds"),
+    (dict(update_delay_s=0.5), "update delay must be a whole number of seconds"),
 ])
 def test_bad_swarm_options_are_refused(options, message):
     with pytest.raises(DeployError, match=message):
