@@ -48,6 +48,8 @@ CUDA_ROOT = "/usr/local/cuda"
 """Where the NGC release images keep the CUDA toolkit a GPU-on stub is compiled with."""
 CUDA_HOST_COMPILER_SCRIPT = Path(__file__).with_name("cuda_host_compiler.py")
 """Run in the stage (GPU on): picks the host compiler the image's nvcc accepts."""
+UNITY_MAKE_SCRIPT = Path(__file__).with_name("unity_make.py")
+"""Run in the stage: makes the targets as unity builds, file by file where that fails."""
 BACKEND_PATH = "/python_backend"
 """With ``backend=True``, where the stage leaves the branch's :data:`BACKEND_FILES`."""
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
@@ -76,6 +78,7 @@ def compile_stub(
     gpu: bool = False,
     backend: bool = False,
     jobs: int = 2,
+    unity: bool = True,
     on_log: Log | None = None,
 ) -> Path:
     """Build ``triton_python_backend_stub`` of ``branch`` for ``python_version``; return its path.
@@ -90,7 +93,9 @@ def compile_stub(
     then lie beside the returned stub, a whole python backend of that branch (the tests load it
     into the host Triton to run each release's python backend API). The stage is built for
     ``build_image_name``'s platform (an arm64 release image: an arm64 stub, compiled under
-    emulation on an amd64 machine).
+    emulation on an amd64 machine). ``unity`` compiles the targets as unity builds
+    (:mod:`builder.bridge.unity_make`); off, file by file as python_backend's own build does
+    (``benchmarks/bench_stub_compile.py`` times the two).
     """
     log = on_log or (lambda line: None)
     sources = sources or os.environ.get(SOURCE_DIRECTORY_VARIABLE)
@@ -100,9 +105,9 @@ def compile_stub(
                                         build_image_name=build_image_name,
                                         python_image=python_image, pybind11=pybind11,
                                         local_sources=bool(archives), gpu=gpu,
-                                        backend=backend, jobs=jobs)
+                                        backend=backend, jobs=jobs, unity=unity)
     images = [_image(client, build_image_name, "the image to build the stub on")]
-    scripts = []  # what the stages run (the interpreter copy, the host compiler probe)
+    scripts = [UNITY_MAKE_SCRIPT]  # what the stages run
     if python_image:
         images.append(_image(client, python_image, f"the image holding Python {python_version}"))
         scripts.append(COPY_SCRIPT)
@@ -144,9 +149,10 @@ def compile_stub(
 
 
 def _remove_stage(client: docker.DockerClient, image_ids: list[str]) -> None:
-    """Remove the stage's image (its layers below stay: the cache of the next compile), also
-    when the build was stopped as it ended and never returned it (then: the last image it
-    made, if any)."""
+    """Remove the stage's image, also when the build was stopped as it ended and never
+    returned it (then: the last image it made, if any). Docker prunes the layers below that no
+    other image holds with it: a compile is cached as its stub, not as some hundreds of MB of
+    compilers and sources (so the next compile installs its packages again)."""
     for image_id in image_ids:
         with deferred_interrupts():
             try:
@@ -158,13 +164,13 @@ def _remove_stage(client: docker.DockerClient, image_ids: list[str]) -> None:
 def render_stub_dockerfile(*, branch: str, python_version: str, build_image_name: str,
                            local_sources: bool, gpu: bool, python_image: str | None = None,
                            pybind11: str | None = None, backend: bool = False,
-                           jobs: int = 2) -> str:
+                           jobs: int = 2, unity: bool = True) -> str:
     """The Dockerfile of the stub's build stage (``dockerfiles/python-backend-stub``)."""
     return render(TEMPLATE, branch=branch, python_version=python_version,
                   build_image=build_image_name, python_image=python_image, pybind11=pybind11,
                   local_sources=local_sources, patch_boost=PATCH_BOOST,
                   gpu="ON" if gpu else "OFF", cuda_root=CUDA_ROOT if gpu else None,
-                  backend=backend, jobs=jobs)
+                  backend=backend, jobs=jobs, unity="ON" if unity else "OFF")
 
 
 def source_archives(directory: Path, branch: str, *, pinned_pybind11: bool = True) -> list[Path]:

@@ -12,6 +12,7 @@ RUN apt-get update \
      || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libboost-dev) \
  && rm -rf /var/lib/apt/lists/*
 COPY cmake/ /opt/cmake/
+COPY unity_make.py /unity_make.py
 COPY cuda_host_compiler.py /cuda_host_compiler.py
 COPY --from=python /opt/python /opt/python
 RUN git clone --depth 1 --branch r22.12 https://github.com/triton-inference-server/python_backend /src/python_backend
@@ -19,7 +20,7 @@ RUN python3 -c 'import pathlib, re, sys; p = pathlib.Path(sys.argv[1]); s = p.re
 WORKDIR /src/python_backend/build
 RUN CUDAHOSTCXX="$(python3 /cuda_host_compiler.py /usr/local/cuda/bin/nvcc)" \
  && export CUDAHOSTCXX && echo "CUDA host compiler: $CUDAHOSTCXX" \
- && /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=ON \
+ && /opt/cmake/bin/cmake .. -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON -DTRITON_ENABLE_GPU=ON \
       '-DCMAKE_CXX_FLAGS=-include functional' \
       -DCUDAToolkit_ROOT=/usr/local/cuda -DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda \
       -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDA_HOST_COMPILER="$CUDAHOSTCXX" \
@@ -31,5 +32,5 @@ RUN CUDAHOSTCXX="$(python3 /cuda_host_compiler.py /usr/local/cuda/bin/nvcc)" \
       -DPYTHON_INCLUDE_DIR=/opt/python/include/python3.11 \
       -DPYTHON_LIBRARY=/opt/python/lib/libpython3.11.so \
       -DCMAKE_SKIP_RPATH=ON -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest \
- && make -j2 triton-python-backend-stub \
+ && python3 /unity_make.py /opt/cmake/bin/cmake 2 triton-python-backend-stub \
  && cp triton_python_backend_stub /triton_python_backend_stub
