@@ -124,7 +124,9 @@ def test_the_command_line_refuses_it_too_as_one_error_line(tmp_path):
 def test_tune_serves_a_built_image_with_its_repository_edited_per_setting(
         text_embedding_image, docker_client):
     """Served from the image: the two runs of its defaults alone already outlast the 12 s
-    bound, so the search ends with them (one setting is what this test needs)."""
+    bound, so the search ends with them (one setting is what this test needs). Containers of
+    the image there before it began are not the tune's."""
+    others = _containers_of(docker_client, text_embedding_image)
     tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=0.2,
                   measurement_ms=MEASUREMENT_MS, max_concurrency=IN_FLIGHT,
                   image=text_embedding_image, client=docker_client)
@@ -134,8 +136,13 @@ def test_tune_serves_a_built_image_with_its_repository_edited_per_setting(
     assert not tuning.queue_policy, "the image was built without a budget"
     assert tuning.chosen.within_budget and len(tuning.trials) >= 1
     assert tuning.default.rate > 0
-    assert not docker_client.containers.list(all=True, filters={
-        "ancestor": text_embedding_image}), "a trial's container was left behind"
+    left = _containers_of(docker_client, text_embedding_image) - others
+    assert not left, f"a trial's container was left behind: {sorted(left)}"
+
+
+def _containers_of(client, image: str) -> set[str]:
+    return {container.id for container in client.containers.list(
+        all=True, filters={"ancestor": image})}
 
 
 def test_tune_refuses_an_image_of_another_pipeline(text_embedding_image, docker_client):

@@ -45,7 +45,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -362,15 +362,39 @@ def beside_alongside_tests() -> Iterator[None]:
         yield
 
 
+_KEPT: list = []
+"""The turn this worker keeps from one test to the next of its module: ``(kind, module,
+ExitStack)``."""
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Each test's setup, call and teardown inside its turn (outside pytest-timeout's clock)."""
+    """Each test's setup, call and teardown inside its turn (outside pytest-timeout's clock),
+    which the worker keeps while its next test is of the same module and kind.
+
+    Why keep it: a module's fixtures outlive its tests (a swarm stack deployed once for three),
+    and with a turn per test the other worker's ``alone`` test ran between two of them, beside
+    the stack's replicas: a tune of the same image then found their containers as its own."""
     root = run_directory()
     if root is None:
         yield
         return
-    with _turn(root, kind_of(item)):
+    ours = (kind_of(item), _module_of(item.nodeid))
+    turn = _KEPT.pop() if _KEPT else None
+    if turn is not None and turn[:2] != ours:
+        turn[2].close()
+        turn = None
+    if turn is None:
+        stack = ExitStack()
+        stack.enter_context(_turn(root, ours[0]))
+        turn = (*ours, stack)
+    try:
         yield
+    finally:
+        if nextitem is not None and (kind_of(nextitem), _module_of(nextitem.nodeid)) == ours:
+            _KEPT.append(turn)
+        else:
+            turn[2].close()
 
 
 def once_per_run(name: str, make: Callable[[], T]) -> T:

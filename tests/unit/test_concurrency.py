@@ -92,6 +92,20 @@ def test_a_test_not_marked_alongside_runs_with_no_other_test_beside_it(pytester,
     assert alone and all(_ran_alone(spans, name) for name in alone), spans
 
 
+def test_an_alone_modules_tests_run_one_after_another_with_nothing_between(pytester,
+                                                                          two_workers):
+    """A module's fixtures outlive its tests (a stack deployed once for three): the other
+    worker's test must not run between two of them, beside what they left running."""
+    for name in ("test_a", "test_b"):
+        _module(pytester, name, False, count=3)
+    spans = two_workers()
+    for module, other in (("test_a", "test_b"), ("test_b", "test_a")):
+        held = (spans[f"{module}.0"][0], spans[f"{module}.2"][1])
+        between = [name for name in spans if name.startswith(other) and _overlap(held,
+                                                                                 spans[name])]
+        assert not between, f"{between} ran between {module}'s tests: {spans}"
+
+
 def test_alongside_tests_run_at_once_and_first(pytester, two_workers):
     """Modules marked ``alongside`` are collected first, so both workers start on them, and two
     of them share the machine."""
