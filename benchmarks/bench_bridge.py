@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cold_cache import cold_cache  # noqa: E402
 from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_docker_image  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
-from builder.cache import cache_dir  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
 from builder.image.serving_image import payload_reference  # noqa: E402
 from pipelines.text_embedding import pipeline  # noqa: E402
@@ -52,14 +50,13 @@ def main() -> None:
     bookworm = os.environ.get("TRITON_BUILDER_OS_IMAGE") or debian_os_image(client)
     build_cpu_base(client, os_image=bookworm)
     build_cpu_base(client, os_image=debian_os_image(client, suite="trixie"), python_version="3.13")
-    wheels = cache_dir("wheels")
     kinds = (("native (bookworm base, Python 3.11)", {}),
              ("bridged (trixie base, Python 3.13 → 3.11)",
               {"base_python": "3.13", "interpreter_image": bookworm}))
     measured: dict[str, list[tuple[int, int, float]]] = {name: [] for name, _ in kinds}
     for _ in range(args.runs):
         for name, options in kinds:
-            measured[name].append(_cold_build(client, wheels, options))
+            measured[name].append(_cold_build(client, options))
     rows = [(name, *(statistics.median(run[i] for run in runs) for i in range(3)))
             for name, runs in measured.items()]
     section = "\n".join([
@@ -79,12 +76,9 @@ def main() -> None:
     publish(SECTION, section, write=not args.no_write)
 
 
-def _cold_build(client, wheels: Path, options: dict) -> tuple[int, int, float]:
+def _cold_build(client, options: dict) -> tuple[int, int, float]:
     """One build from an empty cache: (image size, size added to its base, seconds)."""
-    with tempfile.TemporaryDirectory(prefix="bench-bridge-") as cache:
-        shutil.copytree(wheels, Path(cache) / "wheels")
-        previous = os.environ.get("TRITON_BUILDER_CACHE")
-        os.environ["TRITON_BUILDER_CACHE"] = cache
+    with cold_cache("bench-bridge-", "wheels"):
         reference = f"{IMAGE}:{'bridged' if options else 'native'}"
         built = None
         try:
@@ -96,19 +90,12 @@ def _cold_build(client, wheels: Path, options: dict) -> tuple[int, int, float]:
             base_size = client.images.get(built.release.image).attrs["Size"]
             return size, size - base_size, seconds
         finally:
-            _restore(previous)
             if built is not None:
                 client.images.remove(reference, force=True)
                 payload = built.labels.get("ai.triton-builder.payload-hash")
                 if payload:
                     client.images.remove(payload_reference(payload), force=True)
 
-
-def _restore(previous: str | None) -> None:
-    if previous is None:
-        os.environ.pop("TRITON_BUILDER_CACHE", None)
-    else:
-        os.environ["TRITON_BUILDER_CACHE"] = previous
 
 
 if __name__ == "__main__":

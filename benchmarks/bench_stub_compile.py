@@ -20,24 +20,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cold_cache import cold_cache  # noqa: E402
 from benchmarks.report import machine, publish  # noqa: E402
 from builder.base.cpu import build_cpu_base  # noqa: E402
 from builder.base.os_image import debian_os_image  # noqa: E402
 from builder.bridge.stub_build import SOURCE_DIRECTORY_VARIABLE, compile_stub, stub_python  # noqa: E402
-from builder.cache import cache_dir  # noqa: E402
 from builder.engine import ensure_engine  # noqa: E402
-from builder.host_packages import ensure_program  # noqa: E402
+from tests.support.elf_dynamic import dynamic_section, needed_libraries  # noqa: E402
+from tests.support.paths import TRITON_SOURCES  # noqa: E402
 
 SECTION = "## Compiling a python backend stub"
 COMMAND = "python benchmarks/bench_stub_compile.py"
@@ -51,8 +49,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--runs", type=int, default=3, help="compiles of each (median)")
     args, _ = parser.parse_known_args()
-    sources = Path(os.environ.get(SOURCE_DIRECTORY_VARIABLE)
-                   or ROOT.parent / "shared" / "triton-sources")
+    sources = Path(os.environ.get(SOURCE_DIRECTORY_VARIABLE) or TRITON_SOURCES)
     if not (sources / f"python_backend-{BRANCH}.tar.gz").is_file():
         print(f"skipped: no python_backend-{BRANCH}.tar.gz in {sources}")
         return
@@ -60,18 +57,18 @@ def main() -> None:
     base = build_cpu_base(client, os_image=debian_os_image(client)).tags[0]
     load_before = os.getloadavg()[0]
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name in MODES}
-    linked: dict[str, list[str]] = {}
+    linked: list[str] | None = None
     for _ in range(args.runs):
         for name, unity in MODES.items():
             whole, make, needed = _compile(client, base, sources, unity)
             measured[name].append((whole, make))
-            linked.setdefault(name, needed)
-            if needed != next(iter(linked.values())):
-                raise SystemExit(f"{name}: the stub links {needed}, the other "
-                                 f"{next(iter(linked.values()))}")
+            if linked is not None and needed != linked:
+                raise SystemExit(f"{name}: the stub links {needed}, the first one {linked}")
+            linked = needed
     rows = {name: (statistics.median(run[0] for run in runs),
                    statistics.median(run[1] for run in runs)) for name, runs in measured.items()}
-    _chart(measured)
+    if not args.no_write:
+        _chart(measured)
     unity_make, plain_make = (rows[name][1] for name in MODES)
     section = "\n".join([
         SECTION, "",
@@ -85,7 +82,7 @@ def main() -> None:
         f"Unity builds make the stub in {unity_make / plain_make:.0%} of the time file by file "
         f"takes. The rest of a compile (the stage's packages, the sources unpacked, CMake's "
         f"configure, the stub copied out) is the same in both. Each stub links "
-        f"{', '.join(next(iter(linked.values())))}. Every run: "
+        f"{', '.join(linked or [])}. Every run: "
         + "; ".join(f"{name}: " + ", ".join(f"{make:.1f}" for _, make in runs) + " s"
                     for name, runs in measured.items())
         + f" (make). Load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}.",
@@ -104,27 +101,14 @@ def _compile(client, base: str, sources: Path, unity: bool) -> tuple[float, floa
         elif "Built target triton-python-backend-stub" in line:
             marks["made"] = time.monotonic()
 
-    with tempfile.TemporaryDirectory(prefix="bench-stub-") as cache:
-        shutil.copytree(cache_dir("tools"), Path(cache) / "tools", symlinks=True)
-        previous = os.environ.get("TRITON_BUILDER_CACHE")
-        os.environ["TRITON_BUILDER_CACHE"] = cache
-        try:
-            started = time.monotonic()
-            stub = compile_stub(client, branch=BRANCH, python_version="3.11",
-                                build_image_name=base, sources=sources, unity=unity,
-                                on_log=log)
-            whole = time.monotonic() - started
-            if stub_python(stub) != "3.11":
-                raise SystemExit(f"the stub links libpython{stub_python(stub)}, not 3.11")
-            dynamic = subprocess.run([ensure_program("readelf", "binutils"), "-d", str(stub)],
-                                     capture_output=True, text=True, check=True).stdout
-        finally:
-            if previous is None:
-                os.environ.pop("TRITON_BUILDER_CACHE", None)
-            else:
-                os.environ["TRITON_BUILDER_CACHE"] = previous
-    needed = sorted(line.split("[")[1].rstrip("]") for line in dynamic.splitlines()
-                    if "(NEEDED)" in line)
+    with cold_cache("bench-stub-", "tools"):
+        started = time.monotonic()
+        stub = compile_stub(client, branch=BRANCH, python_version="3.11",
+                            build_image_name=base, sources=sources, unity=unity, on_log=log)
+        whole = time.monotonic() - started
+        if stub_python(stub) != "3.11":
+            raise SystemExit(f"the stub links libpython{stub_python(stub)}, not 3.11")
+        needed = sorted(needed_libraries(dynamic_section(stub)))
     return whole, marks["made"] - marks["configured"], needed
 
 

@@ -23,7 +23,6 @@ The stub must link that interpreter's ``libpython3.11`` and the CUDA runtime.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -31,7 +30,7 @@ import pytest
 from builder.base.releases import RELEASES
 from builder.bridge import plan_python
 from builder.bridge.stub_build import compile_stub, render_stub_dockerfile, stub_python
-from builder.host_packages import ensure_program
+from tests.support.elf_dynamic import dynamic_section, needed_libraries
 from tests.support.paths import TRITON_SOURCES
 
 pytestmark = pytest.mark.alongside
@@ -70,11 +69,8 @@ def test_a_gpu_release_compiles_its_stub_gpu_on_linking_the_carried_python_and_c
                         **arguments)
     print(f"\n{version} ({plan.stub.branch}) GPU-on stub on {image}: "
           f"{time.monotonic() - started:.0f} s")
-    readelf = ensure_program("readelf", "binutils")
-    dynamic = subprocess.run([readelf, "-d", str(stub)], capture_output=True, text=True,
-                             check=True).stdout
-    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines()
-              if "(NEEDED)" in line]
+    dynamic = dynamic_section(stub)
+    needed = needed_libraries(dynamic)
     assert stub_python(stub) == "3.11"
     assert "libpython3.11.so.1.0" in needed, needed
     assert cudart in needed, f"the GPU-on stub links no {cudart}: {needed}"
