@@ -292,10 +292,56 @@ DRAINED_SERVER = textwrap.dedent('''
 ''')
 
 
+ANOTHER_SERVER_WITH_A_DEAD_STUB = textwrap.dedent('''
+    """Stands for another replica's tritonserver on this machine whose stub died (a test beside
+    this one that kills stubs): a process named as the server, with a zombie child named as
+    the stub, never reaped."""
+    import ctypes, os, sys, time
+
+    def named(name):
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: /proc/PID/comm
+
+    named("tritonserver")
+    if os.fork() == 0:
+        named("triton_python_backend_stub")
+        os._exit(9)
+    print("dead stub", flush=True)
+    time.sleep(3600)
+''')
+
+
+def _replica_proc(supervisor: int, view: Path) -> Path:
+    """``/proc`` as the replica's own container shows it to its health check: the supervisor
+    and the processes it started, none of this machine's other servers."""
+    table = health.processes()
+    replica, grown = {supervisor}, True
+    while grown:
+        children = {p.pid for p in table if p.parent in replica} - replica
+        replica |= children
+        grown = bool(children)
+    view.mkdir()
+    for pid in replica:
+        (view / str(pid)).symlink_to(f"/proc/{pid}")
+    return view
+
+
 def test_sigterm_drains_closes_and_stops_once_the_requests_in_flight_are_answered(tmp_path):
     """SIGTERM: not ready at once (health check, the supervisor's readiness), serving on for
     the drain period (1 s here), then closing; the server is killed only after the request it
-    holds was answered, and the supervisor exits 0."""
+    holds was answered, and the supervisor exits 0. Another server on this machine has a dead
+    stub meanwhile, which this replica's health check must not see (its container would not)."""
+    other = subprocess.Popen([sys.executable, "-c", ANOTHER_SERVER_WITH_A_DEAD_STUB],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "dead stub\n"
+        assert _wait(lambda: health.dead_stubs(health.processes()), what="another's dead stub")
+        _drain_and_stop(tmp_path)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _drain_and_stop(tmp_path: Path) -> None:
     from builder.tritonserver.host_process import free_ports
 
     (http_port, metrics_port) = free_ports(2)
@@ -324,7 +370,9 @@ def test_sigterm_drains_closes_and_stops_once_the_requests_in_flight_are_answere
         _wait(lambda: drain.draining(state), timeout=0.5, what="draining at once")
         assert readiness() == 503
         assert health.check(http_port, drain_state=state) == "draining: this replica is stopping"
-        assert health.check(http_port, live=True, drain_state=state) is None, "alive meanwhile"
+        assert health.check(http_port, live=True, drain_state=state,
+                            proc=_replica_proc(running.pid, tmp_path / "proc")) is None, \
+            "alive meanwhile"
         assert not drain.closing(state), "closed before the drain period"
         _wait(lambda: drain.closing(state), timeout=5, what="closing")
         closed = time.time()
