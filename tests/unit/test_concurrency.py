@@ -74,8 +74,10 @@ def two_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_
         result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup",
                                                "--no-loadscope-reorder", "-p", "no:cacheprovider",
                                                *options)
-        result.assert_outcomes(passed=sum(path.read_text().count("\ndef test_")
-                                          for path in pytester.path.rglob("test_*.py")))
+        sources = [path.read_text() for path in pytester.path.rglob("test_*.py")]
+        skipped = sum(source.count("@pytest.mark.skip(") for source in sources)
+        result.assert_outcomes(passed=sum(source.count("\ndef test_") for source in sources)
+                               - skipped, skipped=skipped)
         left = set(Path(tempfile.gettempdir()).glob("triton-builder-tests-*")) - before
         assert not left, "the run's lock directory is removed when it ends"
         return _spans(tmp_path / "spans.jsonl")
@@ -297,3 +299,31 @@ def test_0():
     _module(pytester, "test_c", True, count=1)  # the workers' first units: test_a and test_c
     spans = two_workers()
     assert spans["held"][1] <= spans["test_b.0"][0], spans
+
+
+def test_a_test_marked_skip_waits_for_no_turn(pytester, two_workers):
+    """An ``alone`` test marked skip at collection (a GPU test on a machine without one) runs
+    nothing: it is reported while the other worker's test still runs, instead of holding its
+    worker idle until the machine is free (a minute or more of the run's end, where a light
+    module ran beside it)."""
+    pytester.makepyfile(test_a=MODULE.format(
+        mark="import pytest\npytestmark = pytest.mark.alongside",
+        tests="def test_0():\n    time.sleep(2)\n    _record('test_a.0')\n"))
+    _module(pytester, "test_c", True, count=1)
+    _module(pytester, "test_d", True, count=1)
+    pytester.makepyfile(test_e=(  # handed to the worker that ran test_c, as test_a runs
+        "import pytest\n\n"
+        "@pytest.mark.skip(reason='no GPU')\n"
+        "def test_0():\n    pass\n"))
+    with open(pytester.path / "conftest.py", "a") as conftest:
+        conftest.write(textwrap.dedent("""
+            import json, os, time
+
+            def pytest_runtest_logfinish(nodeid, location):
+                if nodeid.startswith("test_e.py"):
+                    with open(os.environ["SPANS"], "a") as spans:
+                        now = time.monotonic()
+                        spans.write(json.dumps(["test_e.0", now, now]) + "\\n")
+        """))
+    spans = two_workers()
+    assert spans["test_e.0"][1] < spans["test_a.0"][1], spans
