@@ -234,14 +234,21 @@ def _unit_durations(config: pytest.Config) -> dict[str, float]:
 
 class _DurationRecorder:
     """Sums each unit's seconds from the test reports (under xdist, in the process that hands
-    out the units, which receives every worker's) and writes them when the run ends."""
+    out the units, which receives every worker's) and writes them when the run ends; beside
+    them (``<name>.timeline.json``), when each unit began and ended in which worker, in seconds
+    from the run's first test: where a worker waited shows there, not in the durations."""
 
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config, self.path = config, path
         self.seconds: dict[str, float] = defaultdict(float)
+        self.spans: dict[str, list] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        span = self.spans.setdefault(report.nodeid, [worker and worker.id, report.start,
+                                                     report.stop])
+        span[1:] = min(span[1], report.start), max(span[2], report.stop)
 
     def pytest_sessionfinish(self) -> None:
         groups = self.config.stash.get(_GROUPS_KEY, None)
@@ -253,6 +260,19 @@ class _DurationRecorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({unit: round(seconds, 1) for unit, seconds in
                                          sorted(units.items())}, indent=1) + "\n")
+        self.path.with_suffix(".timeline.json").write_text(
+            json.dumps(self._timeline(groups), indent=1) + "\n")
+
+    def _timeline(self, groups: dict[str, str]) -> list[list]:
+        """``[worker, unit, began, ended]`` of each unit, by when it began."""
+        first = min((start for _, start, _ in self.spans.values()), default=0.0)
+        units: dict[tuple, list[float]] = {}
+        for nodeid, (worker, start, stop) in self.spans.items():
+            span = units.setdefault((worker, _unit_of(nodeid, groups)), [start, stop])
+            span[:] = min(span[0], start), max(span[1], stop)
+        return sorted(([worker, unit, round(began - first, 1), round(ended - first, 1)]
+                       for (worker, unit), (began, ended) in units.items()),
+                      key=lambda row: row[2])
 
 
 def kind_of(node: pytest.Item | pytest.Module) -> str:

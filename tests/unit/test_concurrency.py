@@ -229,6 +229,14 @@ def test_light_tests_run_beside_each_other_and_beside_no_test_of_another_kind(py
     assert set(units) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py",
                           "light:test_d.py", "test_e.py"}, units
     assert 1.2 <= units["test_b.py"] < 3 and 0.6 <= units["light:test_d.py"] < 1.5, units
+    timeline = json.loads((pytester.path / "units.timeline.json").read_text())
+    assert {unit for _, unit, _, _ in timeline} == set(units), timeline
+    assert {worker for worker, _, _, _ in timeline} == {"gw0", "gw1"}, timeline
+    assert [began for _, _, began, _ in timeline] == sorted(began for _, _, began, _ in timeline)
+    span = {unit: (began, ended) for _, unit, began, ended in timeline}
+    assert span["test_b.py"][1] - span["test_b.py"][0] >= 1.2, timeline
+    assert span["test_c.py"][1] <= span["light:test_d.py"][0] + 0.1 or \
+        span["light:test_d.py"][1] <= span["test_c.py"][0] + 0.1, "alone beside light"
 
 
 def test_units_are_handed_out_by_kind_fillers_last_longest_first_and_needing_nothing_first(
