@@ -382,6 +382,59 @@ def beside_alongside_tests() -> Iterator[None]:
         yield
 
 
+ALONE_DONE = "alone_done"
+"""The run's record of its ``alone`` tests that have ended: a line each, appended."""
+IDLE_S = 2.0
+"""How long a ``light`` test waiting for the ``alone`` ones goes on waiting with no test of the
+run holding or waiting for a turn: past it, the ``alone`` tests left are none that will come."""
+_ALONE_TESTS: list[int] = []
+"""How many ``alone`` tests this run's collection holds (those marked skip take no turn)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _ALONE_TESTS[:] = [sum(kind_of(item) == ALONE and item.get_closest_marker("skip") is None
+                           for item in session.items)]
+
+
+def _after_the_alone_tests(root: Path) -> None:
+    """Wait until every ``alone`` test of the run has ended, outside the gate, where the other
+    worker's ``alone`` tests take it. Why: the ``alone`` units are handed out before the
+    ``light`` ones, but a worker can hold its ``light`` unit while the other still has
+    ``alone`` ones; taking its turn first, the ``light`` test shut them out for its whole
+    length, the other worker idle (92 s beside the light streaming module in a run here)."""
+    quiet_since = time.monotonic()
+    while _alone_left(root):
+        if _turns_taken_or_awaited(root):
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > IDLE_S:
+            return
+        time.sleep(POLL_S)
+
+
+def _alone_left(root: Path) -> bool:
+    done = root / ALONE_DONE
+    ended = done.read_text().count("\n") if done.is_file() else 0
+    return ended < (_ALONE_TESTS[0] if _ALONE_TESTS else 0)
+
+
+def _turns_taken_or_awaited(root: Path) -> bool:
+    with _ledger(root) as holders:
+        if any(_alive(pid) for pid, _ in holders):
+            return True
+    with open(root / "gate", "a") as gate:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(gate, fcntl.LOCK_UN)
+    return False
+
+
+def _ended_alone(root: Path) -> None:
+    with open(root / ALONE_DONE, "a") as done:
+        done.write(f"{os.getpid()}\n")
+
+
 _KEPT: list = []
 """The turn this worker keeps from one test to the next of its module: ``(kind, module,
 ExitStack)``."""
@@ -405,12 +458,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         turn[2].close()
         turn = None
     if turn is None:
+        if ours[0] == LIGHT:
+            _after_the_alone_tests(root)
         stack = ExitStack()
         stack.enter_context(_turn(root, ours[0]))
         turn = (*ours, stack)
     try:
         yield
     finally:
+        if ours[0] == ALONE:
+            _ended_alone(root)
         if nextitem is not None and (kind_of(nextitem), _module_of(nextitem.nodeid)) == ours:
             _KEPT.append(turn)
         else:

@@ -4,8 +4,11 @@ two workers on generated modules that record when each test ran."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -234,7 +237,7 @@ def test_light_tests_run_beside_each_other_and_beside_no_test_of_another_kind(py
     assert {worker for worker, _, _, _ in timeline} == {"gw0", "gw1"}, timeline
     assert [began for _, _, began, _ in timeline] == sorted(began for _, _, began, _ in timeline)
     span = {unit: (began, ended) for _, unit, began, ended in timeline}
-    assert span["test_b.py"][1] - span["test_b.py"][0] >= 1.2, timeline
+    assert span["test_b.py"][1] - span["test_b.py"][0] >= 1.1, timeline  # 2 x 0.6 s, rounded
     assert span["test_c.py"][1] <= span["light:test_d.py"][0] + 0.1 or \
         span["light:test_d.py"][1] <= span["test_c.py"][0] + 0.1, "alone beside light"
 
@@ -335,3 +338,46 @@ def test_a_test_marked_skip_waits_for_no_turn(pytester, two_workers):
         """))
     spans = two_workers()
     assert spans["test_e.0"][1] < spans["test_a.0"][1], spans
+
+
+def test_light_tests_begin_once_every_alone_test_has_ended(pytester, two_workers):
+    """A worker that holds a light module while the other still has alone ones (here one
+    takes ``test_b``, three tests, the other ``test_c`` and ``test_d``, and the first the light
+    ``test_e``): the light tests begin after the last alone one."""
+    _module(pytester, "test_b", False, count=3)
+    _module(pytester, "test_c", False, count=2)
+    _module(pytester, "test_d", False, count=1)
+    _module(pytester, "test_e", "light", count=2)
+    spans = two_workers()
+    last_alone = max(end for name, (_, end) in spans.items() if not name.startswith("test_e"))
+    first_light = min(start for name, (start, _) in spans.items() if name.startswith("test_e"))
+    assert last_alone <= first_light, spans
+
+
+def test_a_light_test_waits_outside_the_gate_until_the_alone_tests_have_ended(tmp_path,
+                                                                             monkeypatch):
+    """The wait itself, on a run directory of its own: another process holds an ``alone`` turn
+    and ends two alone tests one after the other; the light test's wait ends with the second,
+    and meanwhile the gate stays free for the other worker's next alone test (taken here)."""
+    from tests.support import concurrency
+
+    monkeypatch.setattr(concurrency, "_ALONE_TESTS", [2])
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from tests.support import concurrency
+        root = Path({str(tmp_path)!r})
+        for _ in range(2):
+            with concurrency._turn(root, concurrency.ALONE):
+                time.sleep(0.5)
+                concurrency._ended_alone(root)
+    """)], cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not concurrency._turns_taken_or_awaited(tmp_path):
+            assert time.monotonic() < deadline, "the other process took no turn"
+            time.sleep(0.01)
+        concurrency._after_the_alone_tests(tmp_path)
+        assert (tmp_path / concurrency.ALONE_DONE).read_text().count("\n") == 2
+    finally:
+        assert holder.wait(30) == 0
