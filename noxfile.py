@@ -92,7 +92,7 @@ UNIT_DESELECT = "not (slow or e2e or docker or registry or tritonserver or gpu)"
 @nox.session(python=PYTHON)
 def unit(session: nox.Session) -> None:
     """The fast tier: tests/unit without the tests that need Docker, a registry, a host
-    tritonserver or a GPU (under two minutes)."""
+    tritonserver or a GPU (about five minutes on two cores)."""
     _install(session)
     session.run("pytest", "tests/unit", "-m", UNIT_DESELECT, *(session.posargs or ["-q"]))
 
