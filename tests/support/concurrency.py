@@ -387,23 +387,24 @@ ALONE_DONE = "alone_done"
 IDLE_S = 2.0
 """How long a ``light`` test waiting for the ``alone`` ones goes on waiting with no test of the
 run holding or waiting for a turn: past it, the ``alone`` tests left are none that will come."""
-_ALONE_TESTS: list[int] = []
+_ALONE_TESTS_KEY = pytest.StashKey[int]()
 """How many ``alone`` tests this run's collection holds (those marked skip take no turn)."""
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _ALONE_TESTS[:] = [sum(kind_of(item) == ALONE and item.get_closest_marker("skip") is None
-                           for item in session.items)]
+    session.config.stash[_ALONE_TESTS_KEY] = sum(
+        kind_of(item) == ALONE and item.get_closest_marker("skip") is None
+        for item in session.items)
 
 
-def _after_the_alone_tests(root: Path) -> None:
+def _after_the_alone_tests(root: Path, alone_tests: int) -> None:
     """Wait until every ``alone`` test of the run has ended, outside the gate, where the other
     worker's ``alone`` tests take it. Why: the ``alone`` units are handed out before the
     ``light`` ones, but a worker can hold its ``light`` unit while the other still has
     ``alone`` ones; taking its turn first, the ``light`` test shut them out for its whole
     length, the other worker idle (92 s beside the light streaming module in a run here)."""
     quiet_since = time.monotonic()
-    while _alone_left(root):
+    while _alone_left(root, alone_tests):
         if _turns_taken_or_awaited(root):
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > IDLE_S:
@@ -411,10 +412,9 @@ def _after_the_alone_tests(root: Path) -> None:
         time.sleep(POLL_S)
 
 
-def _alone_left(root: Path) -> bool:
+def _alone_left(root: Path, alone_tests: int) -> bool:
     done = root / ALONE_DONE
-    ended = done.read_text().count("\n") if done.is_file() else 0
-    return ended < (_ALONE_TESTS[0] if _ALONE_TESTS else 0)
+    return (done.read_text().count("\n") if done.is_file() else 0) < alone_tests
 
 
 def _turns_taken_or_awaited(root: Path) -> bool:
@@ -459,7 +459,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         turn = None
     if turn is None:
         if ours[0] == LIGHT:
-            _after_the_alone_tests(root)
+            _after_the_alone_tests(root, item.config.stash.get(_ALONE_TESTS_KEY, 0))
         stack = ExitStack()
         stack.enter_context(_turn(root, ours[0]))
         turn = (*ours, stack)

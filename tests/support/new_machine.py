@@ -85,7 +85,7 @@ def stand_in_image(client) -> str:
 
 
 def _script(commit: str) -> str:
-    """What runs inside: the machine's Python made writable, the clone, CI's command, timed."""
+    """What runs inside: the clone, CI's command, timed, and the run's records brought out."""
     return "\n".join([
         "set -eu",
         "git config --global --add safe.directory '*'",

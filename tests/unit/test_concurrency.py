@@ -354,14 +354,12 @@ def test_light_tests_begin_once_every_alone_test_has_ended(pytester, two_workers
     assert last_alone <= first_light, spans
 
 
-def test_a_light_test_waits_outside_the_gate_until_the_alone_tests_have_ended(tmp_path,
-                                                                             monkeypatch):
+def test_a_light_test_waits_outside_the_gate_until_the_alone_tests_have_ended(tmp_path):
     """The wait itself, on a run directory of its own: another process holds an ``alone`` turn
     and ends two alone tests one after the other; the light test's wait ends with the second,
     and meanwhile the gate stays free for the other worker's next alone test (taken here)."""
     from tests.support import concurrency
 
-    monkeypatch.setattr(concurrency, "_ALONE_TESTS", [2])
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
@@ -377,7 +375,7 @@ def test_a_light_test_waits_outside_the_gate_until_the_alone_tests_have_ended(tm
         while not concurrency._turns_taken_or_awaited(tmp_path):
             assert time.monotonic() < deadline, "the other process took no turn"
             time.sleep(0.01)
-        concurrency._after_the_alone_tests(tmp_path)
+        concurrency._after_the_alone_tests(tmp_path, alone_tests=2)
         assert (tmp_path / concurrency.ALONE_DONE).read_text().count("\n") == 2
     finally:
         assert holder.wait(30) == 0
