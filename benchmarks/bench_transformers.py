@@ -86,10 +86,12 @@ def pipelines(workdir: Path) -> dict[str, Any]:
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    vocabulary = workdir / "vocab.txt"
-    vocabulary.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-                                     *sorted(set(WORDS)), *"abcdefghijklmnopqrstuvwxyz"]))
-    tokenizer = BertTokenizerFast(vocab_file=str(vocabulary))
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(set(WORDS)),
+             *"abcdefghijklmnopqrstuvwxyz"]
+    # from the vocabulary itself: transformers 5 ignores vocab_file= (every word [UNK])
+    tokenizer = BertTokenizerFast(vocab=dict(zip(words, range(len(words)))))
+    assert tokenizer.vocab_size == len(words) and "[UNK]" not in tokenizer.tokenize(
+        " ".join(sorted(set(WORDS))))
     torch.manual_seed(0)
     bert = BertModel(BertConfig()).eval()  # BERT-base: 12 layers, hidden 768, 110M parameters
     made = {}

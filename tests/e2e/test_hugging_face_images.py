@@ -83,8 +83,8 @@ def row_mixing_pipelines(opt_out: bool) -> dict[str, object]:
 
 
 class Tokenize:
-    """A real ``BertTokenizerFast`` (from a vocabulary file the test writes): one text → its own
-    number of tokens."""
+    """A real ``BertTokenizerFast`` (:func:`bert_tokenizer`): one text → its own number of
+    tokens."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -98,6 +98,17 @@ class Tokenize:
 def mean_pool(hidden, mask):
     weights = mask[:, :, None].astype(hidden.dtype)
     return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def bert_tokenizer():
+    """A real ``BertTokenizerFast`` over the test's words. Built from the vocabulary itself:
+    transformers 5 ignores ``vocab_file=`` (a tokenizer of 5 tokens that makes every word
+    ``[UNK]``, issue 68)."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    tokenizer = transformers.BertTokenizerFast(vocab=dict(zip(words, range(len(words)))))
+    assert tokenizer.vocab_size == len(words)
+    assert tokenizer.tokenize("hello world") == ["hello", "world"]
+    return tokenizer
 
 
 def bert(**config):
@@ -179,9 +190,7 @@ def test_with_the_opt_outs_every_concurrent_answer_equals_in_process(client, cle
 
 
 def test_a_raw_bert_model_and_return_dict_false_serve_as_in_process(client, cleanup, tmp_path):
-    vocabulary = tmp_path / "vocab.txt"
-    vocabulary.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]))
-    tokenize = Tokenize(transformers.BertTokenizerFast(vocab_file=str(vocabulary)))
+    tokenize = Tokenize(bert_tokenizer())
     example = tokenize("hello world")
     per_text = {"input_ids": [0], "attention_mask": [0], "last_hidden_state": [0]}
     raw = ModelOp(bert(), example_inputs=example, name="bert", dynamic_axes=per_text)
