@@ -5,25 +5,30 @@ from __future__ import annotations
 import typer
 from rich.text import Text
 
+from builder.base.cpu import build_cpu_base
+from builder.base.os_image import debian_os_image
+from builder.base.releases import DEBIAN_SUITES
 from builder.cli.app import base_app, console, log_line, run_step
+from builder.cli.command_options import parameter_default
 
 
 @base_app.command("os")
 def base_os(
     tag: str = typer.Option(None, help="Image to make "
                             "[default: triton-builder/debian-SUITE:pythonX.Y]"),
-    suite: str = typer.Option("bookworm", help="Debian suite: bookworm (Python 3.11) or "
-                              "trixie (3.13)."),
+    suite: str = typer.Option(parameter_default(debian_os_image, "suite"), help="Debian suite: "
+                              + " or ".join(f"{name} (Python {python})" for name, (python, *_)
+                                            in DEBIAN_SUITES.items()) + "."),
     rebuild: bool = typer.Option(False, help="Make it again even if it exists."),
-    platform: str = typer.Option("linux/amd64", help="Platform: linux/amd64 or linux/arm64 "
-                                 "(another than this machine's: under emulation)."),
+    platform: str = typer.Option(str(parameter_default(debian_os_image, "platform")),
+                                 help="Platform: linux/amd64 or linux/arm64 (another than this "
+                                      "machine's: under emulation)."),
 ) -> None:
     """Make a Debian OS image with its Python from Debian's packages (no registry needed).
 
     Example: triton-builder base os && triton-builder base cpu --os-image
     triton-builder/debian-bookworm:python3.11
     """
-    from builder.base.os_image import debian_os_image
     from builder.engine import ensure_engine
     from builder.engine.emulation import require_platforms
     from builder.engine.platforms import parse_platform
@@ -45,17 +50,18 @@ def base_cpu(
         None, help="Base OS image with Python [default: $TRITON_BUILDER_OS_IMAGE, else "
         "python:X.Y-slim-bookworm where the engine has it, else the one `base os` made, else "
         "python:X.Y-slim-bookworm pulled]"),
-    python_version: str = typer.Option("3.11", "--python", help="Python of the OS image."),
+    python_version: str = typer.Option(parameter_default(build_cpu_base, "python_version"),
+                                       "--python", help="Python of the OS image."),
     rebuild: bool = typer.Option(False, help="Build from scratch (no reuse, no layer cache)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the build log."),
-    platform: str = typer.Option("linux/amd64", help="Platform: linux/amd64 or linux/arm64 "
-                                 "(its OS image must be of that platform)."),
+    platform: str = typer.Option(str(parameter_default(build_cpu_base, "platform")),
+                                 help="Platform: linux/amd64 or linux/arm64 (its OS image must "
+                                      "be of that platform)."),
 ) -> None:
     """Build the CPU Triton base image; a second run with the same inputs takes seconds.
 
     Example: triton-builder base cpu --os-image triton-builder/debian-bookworm:python3.11
     """
-    from builder.base.cpu import build_cpu_base
     from builder.engine import ensure_engine
     from builder.engine.emulation import require_platforms
     from builder.engine.platforms import parse_platform

@@ -33,14 +33,19 @@ from builder.cli.command_options import (
     USER,
     VERIFY,
     build_keywords,
+    parameter_default,
 )
 from builder.cli.pipeline_loading import load_pipeline
+from builder.push.docker_push import push_image
+from builder.repository.writer import build_pipeline_model
+
+MODEL_ROOT = Path(parameter_default(build_pipeline_model, "model_root"))
 
 
 @app.command()
 def build(
     pipeline: str = PIPELINE,
-    model_root: Path = typer.Option(Path("models"), help="Where to write the repository."),
+    model_root: Path = typer.Option(MODEL_ROOT, help="Where to write the repository."),
     format_priority: list[str] = FORMAT,
     parallelism: int = PARALLELISM,
     cuda: str = CUDA,
@@ -52,7 +57,6 @@ def build(
     Example: triton-builder build pipelines/text_embedding.py:pipeline --model-root models
     """
     from builder.base.releases import resolve
-    from builder.repository.writer import build_pipeline_model
 
     pipe = run_step("loading the pipeline", lambda: load_pipeline(pipeline))
     target = run_step("choosing the release", lambda: resolve(cuda)) if cuda else None
@@ -125,14 +129,14 @@ def image(
 @app.command()
 def push(
     reference: str = typer.Argument(..., help="Image to push (registry/name:tag)."),
-    retries: int = typer.Option(3, help="Retries of transient failures."),
+    retries: int = typer.Option(parameter_default(push_image, "retries"),
+                                help="Retries of transient failures."),
 ) -> None:
     """Push an image and print the digest the registry confirmed.
 
     Example: triton-builder push localhost:5000/embed:1
     """
     from builder.engine import ensure_engine
-    from builder.push.docker_push import push_image
 
     result = run_step("pushing", lambda: push_image(ensure_engine(), reference,
                                                     retries=retries, on_log=log_line))

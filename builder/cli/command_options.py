@@ -11,6 +11,7 @@ keywords. ``tests/unit/cli`` holds every default to the library's.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,20 @@ def library_help(keyword: str, note: str = "") -> str:
     kind = type(getattr(BuildOptions(), group)) if group else BuildOptions
     (found,) = [each for each in dataclasses.fields(kind) if each.name == name]
     return found.metadata["help"] + (f" {note}" if note else "")
+
+
+def field_default(options: type, name: str) -> Any:
+    """The default of field ``name`` of the options dataclass ``options`` (``SwarmOptions``,
+    ``KubernetesOptions``, ...): a command that stands for it takes it from there."""
+    (found,) = [each for each in dataclasses.fields(options) if each.name == name]
+    if found.default is not dataclasses.MISSING:
+        return found.default
+    return found.default_factory()
+
+
+def parameter_default(function: Any, name: str) -> Any:
+    """The default of ``function``'s keyword ``name`` (a library call's own)."""
+    return inspect.signature(function).parameters[name].default
 
 
 def build_keywords(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,34 +9,47 @@ import typer
 from rich.text import Text
 
 from builder.cli.app import console, deploy_app, run_step
+from builder.cli.command_options import field_default, parameter_default
+from builder.deploy.kubernetes import KubernetesOptions
+from builder.deploy.swarm import STACK, SwarmOptions, deploy_swarm
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = field_default(SwarmOptions, "ports")
 
 
 @deploy_app.command("swarm")
 def deploy_swarm_command(
     reference: str = typer.Argument(..., help="Serving image (built by triton-builder)."),
-    replicas: int = typer.Option(2, help="Replicas of the server."),
-    name: str = typer.Option("triton", help="Stack name."),
-    shm_size: str = typer.Option("1g", help="/dev/shm of each replica (the python backend's)."),
-    publish: str = typer.Option("ingress", help="'ingress' (routing mesh) or 'host' (each "
-                                                "replica on its own host ports)."),
-    http_port: int = typer.Option(8000, help="Published HTTP port (0: random, host mode)."),
-    grpc_port: int = typer.Option(8001, help="Published gRPC port (0: random, host mode)."),
-    metrics_port: int = typer.Option(8002, help="Published metrics port (0: random, host mode)."),
-    health_interval: int = typer.Option(15, help="Seconds between health checks."),
-    health_retries: int = typer.Option(3, help="Failed checks before a replica is unhealthy."),
-    update_delay: int = typer.Option(5, help="Seconds between one replica's update and the "
-                                             "next (a rolling update)."),
+    replicas: int = typer.Option(field_default(SwarmOptions, "replicas"),
+                                 help="Replicas of the server."),
+    name: str = typer.Option(STACK, help="Stack name."),
+    shm_size: str = typer.Option(field_default(SwarmOptions, "shm_size"),
+                                 help="/dev/shm of each replica (the python backend's)."),
+    publish: str = typer.Option(field_default(SwarmOptions, "publish"),
+                                help="'ingress' (routing mesh) or 'host' (each replica on its "
+                                     "own host ports)."),
+    http_port: int = typer.Option(HTTP_PORT, help="Published HTTP port (0: random, host mode)."),
+    grpc_port: int = typer.Option(GRPC_PORT, help="Published gRPC port (0: random, host mode)."),
+    metrics_port: int = typer.Option(METRICS_PORT,
+                                     help="Published metrics port (0: random, host mode)."),
+    health_interval: int = typer.Option(field_default(SwarmOptions, "health_interval_s"),
+                                        help="Seconds between health checks."),
+    health_retries: int = typer.Option(field_default(SwarmOptions, "health_retries"),
+                                       help="Failed checks before a replica is unhealthy."),
+    update_delay: int = typer.Option(field_default(SwarmOptions, "update_delay_s"),
+                                     help="Seconds between one replica's update and the next "
+                                          "(a rolling update)."),
     stack_file: Path = typer.Option(None, help="Keep the stack (compose) file here."),
     dry_run: bool = typer.Option(False, help="Print the stack file; deploy nothing."),
-    wait: float = typer.Option(300.0, help="Seconds to wait for every replica to be healthy "
-                                           "(0: do not wait)."),
+    wait: float = typer.Option(parameter_default(deploy_swarm, "wait"),
+                               help="Seconds to wait for every replica to be healthy "
+                                    "(0: do not wait)."),
 ) -> None:
     """Deploy (or update, rolling and start-first) a serving image as a Docker Swarm stack.
 
     Example: triton-builder deploy swarm registry:5000/embed:2 --replicas 3
     """
     from builder.deploy.serving import deployable_image
-    from builder.deploy.swarm import SwarmOptions, deploy_swarm, stack_document, write_stack
+    from builder.deploy.swarm import stack_document, write_stack
     from builder.engine import ensure_engine
 
     ports = tuple(port or None for port in (http_port, grpc_port, metrics_port))
@@ -72,11 +85,16 @@ def deploy_swarm_command(
 @deploy_app.command("k8s")
 def deploy_k8s_command(
     reference: str = typer.Argument(..., help="Serving image (as the cluster pulls it)."),
-    name: str = typer.Option("triton", help="Name of the Deployment, Service, HPA."),
-    namespace: str = typer.Option(None, help="Namespace of the objects."),
-    replicas: int = typer.Option(2, help="Replicas to start with."),
-    min_replicas: int = typer.Option(2, help="Autoscaler minimum."),
-    max_replicas: int = typer.Option(8, help="Autoscaler maximum."),
+    name: str = typer.Option(field_default(KubernetesOptions, "name"),
+                             help="Name of the Deployment, Service, HPA."),
+    namespace: str = typer.Option(field_default(KubernetesOptions, "namespace"),
+                                  help="Namespace of the objects."),
+    replicas: int = typer.Option(field_default(KubernetesOptions, "replicas"),
+                                 help="Replicas to start with."),
+    min_replicas: int = typer.Option(field_default(KubernetesOptions, "min_replicas"),
+                                     help="Autoscaler minimum."),
+    max_replicas: int = typer.Option(field_default(KubernetesOptions, "max_replicas"),
+                                     help="Autoscaler maximum."),
     gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
                                                        "image's labels where it is local]"),
     kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),

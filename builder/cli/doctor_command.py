@@ -8,12 +8,16 @@ import typer
 from rich.text import Text
 
 from builder.cli.app import EXIT_MACHINE, app, console, fail, run_step
+from builder.cli.command_options import parameter_default
+from builder.doctor import run_checks
 
 
 @app.command()
 def doctor(
-    cuda: str = typer.Option("cpu", help="The CUDA version you plan to build for."),
-    slim: bool = typer.Option(False, help="For the slim GPU route (image --slim)."),
+    cuda: str = typer.Option(parameter_default(run_checks, "cuda"),
+                             help="The CUDA version you plan to build for."),
+    slim: bool = typer.Option(parameter_default(run_checks, "slim"),
+                              help="For the slim GPU route (image --slim)."),
     environment: Path = typer.Option(None, help="A packed environment (.tar.gz) whose CUDA "
                                                 "runtime to check against the driver."),
     remove_leftovers: bool = typer.Option(False, "--remove-leftovers",
@@ -28,7 +32,6 @@ def doctor(
     Example: triton-builder doctor --cuda 12.6 --environment env.tar.gz
     """
     from builder.base.releases import resolve
-    from builder.doctor import run_checks
 
     run_step("reading the options", lambda: resolve(cuda, slim=slim))
     checks = run_checks(cuda, environment, slim=slim, remove_leftovers=remove_leftovers)

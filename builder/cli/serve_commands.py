@@ -10,16 +10,21 @@ from typing import Any
 import typer
 
 from builder.cli.app import EXIT_USAGE, app, console, fail, report_error, run_step
+from builder.cli.command_options import parameter_default
+from builder.verify.container import TRITON_PORTS, ServingContainer
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = TRITON_PORTS
 
 
 @app.command()
 def serve(
     reference: str = typer.Argument(..., help="Image to run."),
-    http_port: int = typer.Option(8000, help="Host port for HTTP."),
-    grpc_port: int = typer.Option(8001, help="Host port for gRPC."),
-    metrics_port: int = typer.Option(8002, help="Host port for metrics."),
+    http_port: int = typer.Option(HTTP_PORT, help="Host port for HTTP."),
+    grpc_port: int = typer.Option(GRPC_PORT, help="Host port for gRPC."),
+    metrics_port: int = typer.Option(METRICS_PORT, help="Host port for metrics."),
     detach: bool = typer.Option(False, help="Leave it running and print the container id."),
-    timeout: float = typer.Option(180.0, help="Seconds to wait for readiness."),
+    timeout: float = typer.Option(parameter_default(ServingContainer.start, "timeout"),
+                                  help="Seconds to wait for readiness."),
 ) -> None:
     """Run an image, wait until Triton is ready and print its endpoints.
 
@@ -27,7 +32,6 @@ def serve(
     grpc://127.0.0.1:8001/pipeline --input text=hello
     """
     from builder.engine import ensure_engine
-    from builder.verify.container import ServingContainer
 
     container = run_step("starting the server", lambda: ServingContainer(
         ensure_engine(), reference, host_ports=(http_port, grpc_port, metrics_port)))

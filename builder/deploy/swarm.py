@@ -40,6 +40,8 @@ from builder.host_packages import ensure_program
 
 PublishMode = Literal["ingress", "host"]
 SERVICE = "triton"
+STACK = "triton"
+"""The stack's name where none is given (``deploy swarm --name``)."""
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+
 import typer
 
 from builder.cli import app
 from builder.cli.command_options import KEYWORD_OF, build_keywords, library_default
 from builder.job import BuildOptions, build_options
 from builder.job.build_options import KEYWORDS
+from tests.support.paths import REPO_ROOT
 
 
 def _parameters(name: str) -> dict:
@@ -65,3 +69,72 @@ def test_each_option_is_documented_once_where_the_library_documents_it():
         kind = type(getattr(BuildOptions(), group)) if group else BuildOptions
         (found,) = [f for f in dataclasses.fields(kind) if f.name == field_name]
         assert parameter.help.startswith(found.metadata["help"]), name
+
+
+def _deploy_parameters(name: str) -> dict:
+    group = typer.main.get_command(app).commands["deploy"]
+    return {parameter.name: parameter for parameter in group.commands[name].params}
+
+
+def test_the_deploy_commands_take_their_defaults_from_the_options_they_build():
+    """``deploy swarm`` and ``deploy k8s`` with no option build the library's default options
+    (issue 68: they repeated ten of ``SwarmOptions``' defaults and four of the Kubernetes ones as
+    literals)."""
+    from builder.deploy.kubernetes import KubernetesOptions
+    from builder.deploy.swarm import STACK, SwarmOptions, deploy_swarm
+
+    swarm = {name: parameter.default for name, parameter in _deploy_parameters("swarm").items()}
+    assert SwarmOptions(
+        replicas=swarm["replicas"], shm_size=swarm["shm_size"], publish=swarm["publish"],
+        ports=(swarm["http_port"], swarm["grpc_port"], swarm["metrics_port"]),
+        health_interval_s=swarm["health_interval"], health_retries=swarm["health_retries"],
+        update_delay_s=swarm["update_delay"]) == SwarmOptions()
+    assert swarm["name"] == STACK
+    assert swarm["wait"] == inspect.signature(deploy_swarm).parameters["wait"].default
+    k8s = {name: parameter.default for name, parameter in _deploy_parameters("k8s").items()}
+    assert KubernetesOptions(**{name: k8s[name] for name in (
+        "name", "namespace", "replicas", "min_replicas", "max_replicas")}) == KubernetesOptions()
+
+
+def test_no_command_option_writes_a_default_of_its_own():
+    """A number or a string as a ``typer.Option``'s default in a command module is a copy of a
+    library default (issue 68: deploy, serve, base, tune, push and doctor repeated theirs; the
+    flags of a command's own are ``None`` or a bool)."""
+    literals = []
+    for path in sorted((REPO_ROOT / "builder" / "cli").glob("*.py")):
+        literals += [
+            f"{path.name}:{call.lineno}: {ast.unparse(call)[:60]}"
+            for call in ast.walk(ast.parse(path.read_text()))
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "typer.Option"
+            and call.args and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, (int, float, str))
+            and not isinstance(call.args[0].value, bool)]
+    assert literals == []
+
+
+def test_the_other_commands_defaults_are_the_library_calls_they_stand_for():
+    from builder.base.cpu import build_cpu_base
+    from builder.base.os_image import debian_os_image
+    from builder.doctor import run_checks
+    from builder.push.docker_push import push_image
+    from builder.tune import tune
+    from builder.verify.container import TRITON_PORTS, ServingContainer
+
+    def default(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    serve = {name: p.default for name, p in _parameters("serve").items()}
+    assert (serve["http_port"], serve["grpc_port"], serve["metrics_port"]) == TRITON_PORTS
+    assert serve["timeout"] == default(ServingContainer.start, "timeout")
+    assert _parameters("push")["retries"].default == default(push_image, "retries")
+    assert _parameters("doctor")["cuda"].default == default(run_checks, "cuda")
+    tuned = {name: p.default for name, p in _parameters("tune").items()}
+    for name in ("minutes", "queue_policy", "measurement_ms", "max_concurrency"):
+        assert tuned[name] == default(tune, name), name
+    group = typer.main.get_command(app).commands["base"]
+    base_os = {p.name: p.default for p in group.commands["os"].params}
+    base_cpu = {p.name: p.default for p in group.commands["cpu"].params}
+    assert base_os["suite"] == default(debian_os_image, "suite")
+    assert base_os["platform"] == str(default(debian_os_image, "platform"))
+    assert base_cpu["python_version"] == default(build_cpu_base, "python_version")
+    assert base_cpu["platform"] == str(default(build_cpu_base, "platform"))
