@@ -24,6 +24,7 @@ from builder.bridge import BridgeOptions
 from builder.environment import EnvironmentOptions
 from builder.errors import BuildError
 from builder.image import ImageOptions
+from builder.repository import EXPORT_TOLERANCE, MAX_BATCH_SIZE
 from builder.tune import Tuning, read_tuning
 from builder.verify import VerifyOptions
 
@@ -40,9 +41,9 @@ class RepositoryOptions:
         "core).")})
     name: str = "pipeline"
     op_defaults: Mapping[str, Any] | None = None
-    max_batch_size: int = 64
+    max_batch_size: int = MAX_BATCH_SIZE
     dynamic_batching: Mapping[str, Any] | None = None
-    export_tolerance: float = field(default=1e-4, metadata={"help": (
+    export_tolerance: float = field(default=EXPORT_TOLERANCE, metadata={"help": (
         "The export's check of each model operator against torch, and of its "
         "rows' independence (tolerance is the verification's).")})
     in_process: bool | None = None

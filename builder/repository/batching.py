@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from builder.base.releases import Release
 
+MAX_BATCH_SIZE = 64
+"""The largest batch a model takes where nothing says otherwise: the pipeline model's, every
+model operator's (``op_config["max_batch_size"]``), the tuner's starting point."""
+
 DEFAULT_BATCHING: dict[str, dict[str, dict[str, Any]]] = {
     "cpu": {
         "pipeline": {"max_queue_delay_microseconds": 0},

@@ -39,9 +39,13 @@ import numpy as np
 from builder.errors import ExportError, TritonBuilderError
 from builder.pipeline.operators import ModelOp
 from builder.pipeline.signature import triton_dtype
+from builder.repository.batching import MAX_BATCH_SIZE
 from builder.repository.model_config import TensorConfig
 
 FORMATS = ("onnx", "torchscript", "python", "tensorrt")
+TOLERANCE = 1e-4
+"""How far an export's outputs may be from the module's on its examples (absolute and relative,
+as ``numpy.allclose``) where the build does not say (``export_tolerance``)."""
 TORCH_MODEL_RUNTIME = Path(__file__).parents[1] / "runtime" / "torch_model.py"
 ONNX_OPSET = 17
 DYNAMO_OPSET = 18
@@ -100,8 +104,8 @@ def export_model(
     op: ModelOp,
     version_directory: Path,
     formats: Sequence[str],
-    tolerance: float = 1e-4,
-    max_batch_size: int = 64,
+    tolerance: float = TOLERANCE,
+    max_batch_size: int = MAX_BATCH_SIZE,
 ) -> ExportedModel:
     """Export ``op``'s module into ``version_directory`` in the first format that works.
 
@@ -330,7 +334,7 @@ def export_python(op: ModelOp, directory: Path, reference: Reference,
 
 # -- tensorrt --------------------------------------------------------------------------------
 def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
-                    tolerance: float, max_batch_size: int = 64) -> ExportedModel:
+                    tolerance: float, max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
     """A TensorRT engine from the ONNX export, batch profile 1..max_batch_size."""
     try:
         import tensorrt as trt

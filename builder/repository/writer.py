@@ -33,9 +33,9 @@ from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_s
 from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
-from builder.repository.batching import default_batching
+from builder.repository.batching import MAX_BATCH_SIZE, default_batching
 from builder.repository.config_rules import check_config, check_onnx_model
-from builder.repository.export import ExportAttempt, check_formats, export_model
+from builder.repository.export import TOLERANCE, ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -68,7 +68,7 @@ IN_PROCESS_PARAMETER = "in_process_models"
 ONNX_FILE = "model.onnx"
 DEFAULT_OP_CONFIG: dict[str, Any] = {
     "instance_count": 1,
-    "max_batch_size": 64,
+    "max_batch_size": MAX_BATCH_SIZE,
 }
 """Defaults for every model operator, under ``op_defaults`` and each ``op_config``; dynamic
 batching by target, from :mod:`builder.repository.batching`."""
@@ -125,9 +125,9 @@ def build_pipeline_model(
     *,
     name: str = "pipeline",
     op_defaults: Mapping[str, Any] | None = None,
-    max_batch_size: int = 64,
+    max_batch_size: int = MAX_BATCH_SIZE,
     dynamic_batching: Mapping[str, Any] | None = None,
-    tolerance: float = 1e-4,
+    tolerance: float = TOLERANCE,
     target: Release | None = None,
     in_process: bool | None = None,
     latency_budget_ms: float | None = None,

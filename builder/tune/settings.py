@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from builder.repository.batching import MAX_BATCH_SIZE
 from builder.repository.model_config import read_config, write_config
 
 MAX_CONCURRENCY = 128
@@ -35,7 +36,7 @@ class ModelSetting:
     """One served model's knobs."""
 
     instances: int = 1
-    max_batch_size: int = 64
+    max_batch_size: int = MAX_BATCH_SIZE
     max_queue_delay_us: int = 0
     preferred_batch_size: tuple[int, ...] = ()
 

@@ -13,12 +13,17 @@ import numpy as np
 
 from builder.errors import TritonBuilderError
 
+TOLERANCE = 1e-4
+"""How far a served number may be from the in-process one (absolute and relative): the
+server's batches and its ONNX Runtime may round otherwise than ``pipe(...)``."""
+
 
 class ResultMismatch(TritonBuilderError, AssertionError):
     """A served result differs from the in-process one; the message says where."""
 
 
-def check_same(served: Any, reference: Any, tolerance: float = 1e-4, where: str = "result") -> None:
+def check_same(served: Any, reference: Any, tolerance: float = TOLERANCE,
+               where: str = "result") -> None:
     """Raise :class:`ResultMismatch` unless ``served`` equals ``reference`` (see module doc)."""
     if isinstance(reference, (list, tuple)):
         _expect(type(served) is type(reference), where, served, reference)

@@ -37,6 +37,7 @@ from builder.verify.container import (
     ServingContainer,
     gpus_available,
 )
+from builder.verify.equality import TOLERANCE
 from builder.verify.placement import (
     GpuPlacement,
     GpuPlacementError,
@@ -293,7 +294,7 @@ class VerifyOptions:
     enabled: bool = field(default=True, metadata={"help": (
         "Run the image and compare its answers with the pipeline's in process.")})
     calls: Sequence[tuple[Any, ...]] | None = None
-    tolerance: float = 1e-4
+    tolerance: float = TOLERANCE
     gpus: bool | None = None
     timeout_s: float | None = None
 
