@@ -724,6 +724,7 @@ def _add_handwritten(root: Path, pipeline_model: str, workload: Workload,
     config = read_config(root / pipeline_model)
     config.name = HANDWRITTEN_MODEL
     config.parameters.clear()
+    del config.model_warmup[:]  # the pipeline model's examples as requests: not the user's
     for key, value in {"workload": workload.key, "model": str(onnx_path),
                        "root": str(ROOT)}.items():
         config.parameters[key].string_value = value

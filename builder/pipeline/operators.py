@@ -332,9 +332,14 @@ class ModelOp:
         the examples as the module takes them, for the served model's warm-up run."""
         state = dict(self.__dict__)
         state.update(module=None, example_inputs=None, module_examples=None, served=served,
-                     _runner=None, warmup_inputs=tuple(
-                         e.detach().cpu().numpy() for e in self.module_examples))
+                     _runner=None, warmup_inputs=self.example_arrays())
         return state
+
+    def example_arrays(self) -> tuple[np.ndarray, ...]:
+        """The examples as the module takes them, as host arrays: what warms its served model
+        (Triton's ``model_warmup``; the pipeline's in-process session)."""
+        return tuple(np.asarray(e.detach().cpu().numpy() if hasattr(e, "detach") else e)
+                     for e in self.module_examples)
 
 
 class ModelFields:

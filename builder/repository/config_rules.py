@@ -5,7 +5,8 @@ last step, after every layer is built (issue 33: a model operator's inputs had n
 ``image`` failed at verification). Each rule here is one that Triton's core applies when it
 loads a model, read from ``src/model_config_utils.cc`` of core r24.10 (Triton 2.51, the CPU
 base's server): ``ValidateModelConfig``, ``ValidateInstanceGroup`` and ``ValidateIOShape``, and
-from ``model_repository_manager.cc`` that a model's directory is named after it. Rules that
+from ``model_repository_manager.cc`` that a model's directory is named after it, and from
+``backend_model_instance.cc`` what a ``model_warmup`` sample must give. Rules that
 depend on the machine (which GPUs exist) are left to the server. :func:`check_onnx_model` adds
 the onnxruntime backend's: the graph's tensors take ``[-1] + dims`` (``reshape`` where given),
 of the configured type.
@@ -22,9 +23,11 @@ from typing import Any, NoReturn
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import BuildError
-from builder.pipeline.signature import triton_dtype
+from builder.pipeline.signature import numpy_dtype, triton_dtype
 
 WILDCARD_DIM = -1
+WARMUP_DIRECTORY = "warmup"
+"""Where Triton reads a warm-up sample's ``input_data_file`` (core's ``kWarmupDataFolder``)."""
 PLATFORM_BACKENDS = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
@@ -62,6 +65,59 @@ def check_config(config: mc.ModelConfig, directory_name: str | None = None) -> N
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for tensor in tensors:
             _check_tensor(name, kind, tensor, config.max_batch_size)
+    for sample in config.model_warmup:
+        _check_warmup(config, sample)
+
+
+def check_warmup_files(config: mc.ModelConfig, model_directory: Path) -> None:
+    """Each warm-up input's file is under ``<model_directory>/warmup/`` and holds the row
+    Triton reads (``GenerateWarmupData``: at least the row's bytes; a string's are its own)."""
+    for sample in config.model_warmup:
+        for input_name, given in sample.inputs.items():
+            if not given.input_data_file:
+                continue
+            path = Path(model_directory) / WARMUP_DIRECTORY / given.input_data_file
+            if not path.is_file():
+                _refuse(config.name, f"warm-up sample {sample.name!r} input {input_name!r} "
+                                     f"reads {path}, which does not exist")
+            if given.data_type == mc.TYPE_STRING:
+                continue
+            wanted = _element_count(given.dims) * numpy_dtype(
+                mc.DataType.Name(given.data_type)).itemsize
+            if path.stat().st_size < wanted:
+                _refuse(config.name, f"warm-up sample {sample.name!r} input {input_name!r} "
+                                     f"needs {wanted} bytes, and {path.name} has "
+                                     f"{path.stat().st_size}")
+
+
+def _check_warmup(config: mc.ModelConfig, sample: Any) -> None:
+    """A sample names every input of the model, each with its type and every size given (no
+    ``-1``: Triton cannot make a request of a varying shape), where the input's fixed sizes are;
+    its batch size fits the model's."""
+    where = f"warm-up sample {sample.name!r}"
+    if sample.batch_size < 1 or sample.batch_size > max(1, config.max_batch_size):
+        _refuse(config.name, f"{where} has batch size {sample.batch_size}; it must be >= 1 and "
+                             f"<= max_batch_size {config.max_batch_size} (1 for a model that "
+                             "does not batch)")
+    inputs = {tensor.name: tensor for tensor in config.input}
+    if set(sample.inputs) != set(inputs):
+        _refuse(config.name, f"{where} gives inputs {sorted(sample.inputs)}; the model takes "
+                             f"{sorted(inputs)}")
+    for input_name, given in sample.inputs.items():
+        tensor = inputs[input_name]
+        if given.WhichOneof("input_data_type") is None:
+            _refuse(config.name, f"{where} input {input_name!r} must set zero_data, "
+                                 "random_data or input_data_file")
+        if given.data_type != tensor.data_type:
+            _refuse(config.name, f"{where} input {input_name!r} is "
+                                 f"{mc.DataType.Name(given.data_type)}; the model takes "
+                                 f"{mc.DataType.Name(tensor.data_type)}")
+        dims = list(given.dims)
+        declared = list(tensor.dims)
+        if any(d < 1 for d in dims) or len(dims) != len(declared) or any(
+                d != WILDCARD_DIM and d != g for d, g in zip(declared, dims)):
+            _refuse(config.name, f"{where} input {input_name!r} has dims {dims}; the model "
+                                 f"takes {declared}, every size given")
 
 
 def check_onnx_model(config: mc.ModelConfig, path: Path) -> None:

@@ -18,7 +18,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.errors import BuildError
-from builder.repository.config_rules import check_config
+from builder.repository.config_rules import check_config, check_warmup_files
+from builder.repository.model_warmup import WarmupSample, add_samples
 from builder.repository.queue_policy import QueuePolicy
 
 CONFIG_FILE = "config.pbtxt"
@@ -65,6 +66,9 @@ class ModelConfigSpec:
     parameters: Mapping[str, str] = field(default_factory=dict)
     decoupled: bool = False
     """Several responses per request (a streaming pipeline): ``model_transaction_policy``."""
+    warmup: Sequence[WarmupSample] = ()
+    """``model_warmup``: run before the model is ready (:mod:`builder.repository.model_warmup`;
+    their files are written beside the config)."""
 
 
 def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
@@ -112,6 +116,7 @@ def build_config(spec: ModelConfigSpec) -> mc.ModelConfig:
         config.parameters[key].string_value = str(value)
     if spec.decoupled:
         config.model_transaction_policy.decoupled = True
+    add_samples(config, spec.warmup)
     return config
 
 
@@ -127,9 +132,12 @@ def loads_config(text: str) -> mc.ModelConfig:
 
 
 def write_config(config: mc.ModelConfig, model_directory: Path) -> Path:
-    """Write ``<model_directory>/config.pbtxt``; refused where Triton would refuse it."""
+    """Write ``<model_directory>/config.pbtxt``; refused where Triton would refuse it (its
+    warm-up files, written before it, included)."""
     path = Path(model_directory) / CONFIG_FILE
-    path.write_text(dumps_config(config, Path(model_directory).name))
+    text = dumps_config(config, Path(model_directory).name)
+    check_warmup_files(config, Path(model_directory))
+    path.write_text(text)
     return path
 
 

@@ -42,6 +42,7 @@ from builder.repository.model_config import (
     build_config,
     write_config,
 )
+from builder.repository.model_warmup import operator_samples, pipeline_samples, write_samples
 from builder.repository.queue_policy import (
     MIN_INSTANCES,
     OPERATOR_SHARE,
@@ -51,18 +52,19 @@ from builder.repository.queue_policy import (
 )
 from builder.repository.request_limit import MAX_REQUEST_PARAMETER, shm_size
 from builder.repository.request_limit import max_request_bytes as max_request_bytes_for
+from builder.runtime.warm_up import MAX_EXAMPLES as WARM_UP_EXAMPLES
 
 if TYPE_CHECKING:
     from builder.base.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
 RUNTIME_COMPANIONS = ("drain.py", "model_calls.py", "operator_metrics.py", "request_size.py",
-                      "stream_serving.py", "stream_outbox.py")
+                      "stream_serving.py", "stream_outbox.py", "warm_up.py")
 """The modules of :mod:`builder.runtime` the pipeline's ``model.py`` imports, copied beside it as
 ``triton_builder_<name>``: how it takes part in a replica's orderly stop (``drain``), calls its
 model operators (``model_calls``), reports each operator (``operator_metrics``), bounds a
-request (``request_size``) and serves a streaming pipeline (``stream_serving``, whose items
-``stream_outbox`` sends)."""
+request (``request_size``), serves a streaming pipeline (``stream_serving``, whose items
+``stream_outbox`` sends) and runs its examples before it is ready (``warm_up``)."""
 IN_PROCESS_PARAMETER = "in_process_models"
 """Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
 ONNX_FILE = "model.onnx"
@@ -209,6 +211,8 @@ def build_pipeline_model(
         parameters={**signature_parameter(signature),  # lets any client rebuild the values
                     MAX_REQUEST_PARAMETER: str(limit)},
         decoupled=pipe.streaming is not None,
+        warmup=() if pipe.streaming is not None else pipeline_samples(
+            signature, pipe.examples[:WARM_UP_EXAMPLES]),
     )
     check_config(build_config(pipeline_spec), name)
 
@@ -224,6 +228,10 @@ def build_pipeline_model(
             policy = queue_policy(config.get("latency_budget_ms", latency_budget_ms),
                                   1.0 if "latency_budget_ms" in config else OPERATOR_SHARE,
                                   config.get("max_queue_size"))
+            batching = config.get("dynamic_batching", default_batching(target, "model"))
+            warmup = operator_samples(op.name, inputs, op.example_arrays(),
+                                      config["max_batch_size"], batching)
+            write_samples(staging / op.name, warmup)
             model_config = build_config(ModelConfigSpec(
                 name=op.name,
                 inputs=inputs,
@@ -234,9 +242,9 @@ def build_pipeline_model(
                 instance_count=_instances(config["instance_count"], policy),
                 gpu=placements[op.name][0],
                 device_ids=placements[op.name][1],
-                dynamic_batching=config.get("dynamic_batching",
-                                            default_batching(target, "model")),
+                dynamic_batching=batching,
                 queue_policy=policy,
+                warmup=warmup,
             ))
             if exported.format == "onnx":
                 check_onnx_model(model_config, version_dir / ONNX_FILE)
@@ -340,7 +348,7 @@ def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSi
     version = directory / "1"
     version.mkdir(parents=True)
     served = copy.copy(pipe)
-    served.examples = ()  # examples may be large and are not needed to serve
+    served.examples = pipe.examples[:WARM_UP_EXAMPLES]  # what initialize warms up on
     served._signature = signature
     payload, referenced = dumps(served, targets)
     (version / PIPELINE_FILE).write_bytes(payload)
@@ -351,6 +359,7 @@ def _write_pipeline_model(directory: Path, pipe: Pipeline, signature: PipelineSi
     for companion in RUNTIME_COMPANIONS:
         shutil.copyfile(PIPELINE_RUNTIME.with_name(companion),
                         version / f"triton_builder_{companion}")
+    write_samples(directory, spec.warmup)
     write_config(build_config(spec), directory)
 
 

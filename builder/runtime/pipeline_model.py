@@ -44,8 +44,9 @@ try:  # in Triton: beside model.py, which the stub imports as the module "<versi
     from . import triton_builder_operator_metrics as operator_metrics
     from . import triton_builder_request_size as request_size
     from . import triton_builder_stream_serving as stream_serving
+    from . import triton_builder_warm_up as warm_up
 except ImportError:  # in the builder's package: builder.runtime.drain & co
-    from . import drain, model_calls, operator_metrics, request_size, stream_serving
+    from . import drain, model_calls, operator_metrics, request_size, stream_serving, warm_up
 
 BlsError = model_calls.BlsError
 
@@ -185,6 +186,10 @@ class TritonApi:
             return self.pb.InferenceResponse(output_tensors=[], error=error(message, code))
         return self.pb.InferenceResponse(output_tensors=[], error=error(message))
 
+    def error_message(self, response: Any) -> str | None:
+        """The message of an error response; ``None`` for an answer."""
+        return response.error().message() if response.has_error() else None
+
     def sender(self, request: Any) -> Any:
         """The response sender of a streamed request (a decoupled model's)."""
         return request.get_response_sender()
@@ -207,6 +212,12 @@ class TritonApi:
     def log_warning(self, message: str) -> None:
         if self.features.logger:
             self.pb.Logger.log_warn(message)
+        else:
+            print(message, file=sys.stderr)
+
+    def log_info(self, message: str) -> None:
+        if self.features.logger:
+            self.pb.Logger.log_info(message)
         else:
             print(message, file=sys.stderr)
 
@@ -377,11 +388,20 @@ class TritonPythonModel:
                     if op.served is not None and getattr(op, "warmup_inputs", None)}
         self.sessions = model_calls.open_sessions(directory.parent.parent, parameter, instances,
                                                   self.api, examples)
-        runner = model_calls.BatchingRunner(model_calls.ModelCalls(self.api, self.sessions))
+        calls = model_calls.ModelCalls(self.api, self.sessions)
+        warming = model_calls.BatchingRunner(warm_up.InProcessCalls(calls, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")
-            op.bind(runner)
+            op.bind(warming)
+        self.warming = warm_up.wanted(dict(os.environ))
+        self.warm_up = (warm_up.warm_up(self.pipeline, getattr(self.pipeline, "examples", ()))
+                        if self.warming else warm_up.WarmUpReport())
+        self.runner = model_calls.BatchingRunner(calls)
+        self.warm_ups = len(config.get("model_warmup", []))  # every execute before ready
+        self.model_name = args["model_name"]
+        if not self.warm_ups:
+            self._warmed()
         self.metrics = operator_metrics.OperatorMetrics.create(
             self.api, args["model_name"], args["model_version"],
             [node.label for node in self.pipeline.plan.nodes])
@@ -395,7 +415,10 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list | None:
         """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
         The requests are counted first and checked second (:class:`drain.InFlight`). A
-        streaming pipeline (a decoupled model) answers through its senders (:meth:`_stream`)."""
+        streaming pipeline (a decoupled model) answers through its senders (:meth:`_stream`).
+        Before ready, Triton's warm-up samples (:meth:`_warm_up_sample`)."""
+        if self.warm_ups:
+            return self._warm_up_sample(requests)
         if self.pipeline.streaming is not None:
             return self._stream(requests)
         if self.in_flight is None:
@@ -407,6 +430,29 @@ class TritonPythonModel:
             return self._serve(requests)
         finally:
             self.in_flight.add(-len(requests))
+
+    def _warm_up_sample(self, requests: list) -> list:
+        """One of Triton's warm-up samples (:mod:`warm_up`), served as requests are but
+        uncounted; a call stopped at a model served over BLS is answered empty."""
+        self.warm_ups -= 1
+        self.warm_up.samples += 1
+        responses = (serve(self.pipeline, self.api, requests, limit=self.limit) if self.warming
+                     else [self.api.response({}) for _ in requests])
+        for index, response in enumerate(responses):
+            model = warm_up.stopped_at(self.api.error_message(response))
+            if model is not None:
+                self.warm_up.stopped_at.add(model)
+                responses[index] = self.api.response({})
+        if not self.warm_ups:
+            self._warmed()
+        return responses
+
+    def _warmed(self) -> None:
+        """The warm-up is over: model calls go to their models, and the log says so."""
+        for op in self.pipeline.model_ops():
+            op.bind(self.runner)
+        if self.warming:
+            self.api.log_info(f"pipeline model {self.model_name!r}: {self.warm_up.describe()}")
 
     def _serve(self, requests: list) -> list:
         if self.metrics is None:

@@ -191,8 +191,27 @@ def read_placement_evidence(endpoint: ContainerEndpoint, models: list[str],
     return statistics_counts(stats), metrics, groups, gpu_memory_usage(stats)
 
 
-def check_ran_on_gpus(endpoint: ContainerEndpoint, models: list[str],
-                      timeout: float = 10.0) -> PlacementVerdict:
-    """Read the running server's statistics, metrics and loaded configs; see
-    :func:`placement_verdict`."""
-    return placement_verdict(models, *read_placement_evidence(endpoint, models, timeout))
+def counted_since(evidence: Evidence, baseline: Evidence | None) -> Evidence:
+    """``evidence`` with the inferences counted since ``baseline`` (read once the server was
+    ready). Why: Triton counts each model's warm-up (``model_warmup``, run while it loads) in
+    its statistics and metrics, so a model the verification never reached would still show
+    inferences, on the GPU it warmed on."""
+    if baseline is None:
+        return evidence
+    statistics, metrics, groups, memory = evidence
+    before_statistics, before_metrics = baseline[0], baseline[1]
+    return ({model: count - before_statistics.get(model, 0)
+             for model, count in statistics.items()},
+            {model: {device: count - before_metrics.get(model, {}).get(device, 0.0)
+                     for device, count in per_device.items()}
+             for model, per_device in metrics.items()},
+            groups, memory)
+
+
+def check_ran_on_gpus(endpoint: ContainerEndpoint, models: list[str], timeout: float = 10.0,
+                      since: Evidence | None = None) -> PlacementVerdict:
+    """Read the running server's statistics, metrics and loaded configs, counting the
+    inferences since ``since`` (:func:`read_placement_evidence` once it was ready: its models'
+    warm-ups are not the verification's); see :func:`placement_verdict`."""
+    return placement_verdict(models, *counted_since(
+        read_placement_evidence(endpoint, models, timeout), since))

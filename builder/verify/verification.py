@@ -39,11 +39,13 @@ from builder.verify.container import (
 )
 from builder.verify.equality import TOLERANCE
 from builder.verify.placement import (
+    Evidence,
     GpuPlacement,
     GpuPlacementError,
     check_ran_on_gpus,
     cpu_config_mounts,
     gpu_models,
+    read_placement_evidence,
 )
 
 LOG_TAIL_LINES = 80
@@ -141,6 +143,8 @@ def verify_image(
         try:
             endpoint = container.start(timeout)
             models = _check_models_ready(endpoint, admin_key)
+            baseline = (read_placement_evidence(endpoint, on_gpu) if on_gpu and gpus
+                        else None)  # the models' warm-ups, counted before any check
             _check_repository_api_closed(endpoint)
             for check in checks:
                 try:
@@ -149,7 +153,7 @@ def verify_image(
                     raise VerificationError(
                         f"{image} answered, but a check failed: {type(error).__name__}: {error}"
                     ) from error
-            placement = _placement(endpoint, on_gpu, gpus)
+            placement = _placement(endpoint, on_gpu, gpus, baseline)
             if placement is not None and on_log:
                 on_log(placement.detail)
             return Verification(image=image, gpus=container.gpus,
@@ -165,14 +169,15 @@ def verify_image(
             container.remove()
 
 
-def _placement(endpoint: ContainerEndpoint, on_gpu: list[str], gpus: bool) -> GpuPlacement | None:
+def _placement(endpoint: ContainerEndpoint, on_gpu: list[str], gpus: bool,
+               baseline: Evidence | None) -> GpuPlacement | None:
     if not on_gpu:
         return None
     if not gpus:
         return GpuPlacement(tuple(on_gpu), False, (
             f"GPU placement was not exercised: this engine has no NVIDIA runtime, so "
             f"{', '.join(on_gpu)} (KIND_GPU) were verified on the CPU with KIND_CPU configs"))
-    verdict = check_ran_on_gpus(endpoint, on_gpu)
+    verdict = check_ran_on_gpus(endpoint, on_gpu, since=baseline)
     return GpuPlacement(tuple(on_gpu), True, f"GPU placement verified: {verdict.detail}",
                         evidence=verdict.evidence)
 

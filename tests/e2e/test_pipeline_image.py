@@ -18,10 +18,12 @@ import tritonclient.grpc as grpcclient
 from builder import build_docker_image
 from builder.client.pipeline import Client
 from builder.pipeline.dsl import pipe
+from builder.runtime.warm_up import MAX_EXAMPLES
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from builder.verify.verification import NothingToVerifyError, VerificationError
 from tests.support.example_inputs import EXAMPLES
+from tests.support.model_statistics import warm_up_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.alongside]
 CALLS = 4
@@ -41,12 +43,25 @@ def _served_equals_in_process(endpoint, pipeline, calls) -> None:
 
 def _model_operators_ran_in_the_pipeline_model(endpoint, pipeline) -> None:
     """On the CPU base the pipeline model runs its ONNX models itself (onnxruntime from its
-    environment): their Triton models, still loaded for clients, got no BLS request."""
+    environment): their Triton models, still loaded for clients (and warmed on their own
+    examples: what their statistics count), got no BLS request."""
     with grpcclient.InferenceServerClient(endpoint.grpc_url) as triton:
         for op in pipeline.model_ops():
             (stats,) = triton.get_inference_statistics(op.name).model_stats
-            assert stats.inference_count == 0, f"{op.name} was reached through BLS"
+            warm_up = warm_up_rows(triton, op.name)
+            assert warm_up > 0, f"{op.name} has no model_warmup"
+            assert stats.inference_count == warm_up, f"{op.name} was reached through BLS"
             assert triton.is_model_ready(op.name)
+
+
+def _warmed_up_before_ready(logs: str, pipeline) -> None:
+    """Ready means warm (issue 66): by the time ``/v2/health/ready`` answered, the pipeline
+    model had run its examples through every operator and model (in process on the CPU base:
+    nothing left cold), and Triton had run each model operator's ``model_warmup``."""
+    count = min(len(pipeline.examples), MAX_EXAMPLES)
+    assert f"warmed up on {count} example(s)" in logs, logs[-3000:]
+    assert "left cold" not in logs
+    assert "failed to run warmup sample" not in logs
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -58,7 +73,9 @@ def test_example_image_serves_pushes_and_pulls_by_digest(name, client, registry)
                                push=True, client=client)
     assert built.verification is not None and "pipeline" in built.verification.models
     assert "--gpus" not in built.run_command, "a CPU image is run without GPUs"
-    with ServingContainer(client, reference) as endpoint:
+    serving = ServingContainer(client, reference)
+    with serving as endpoint:
+        _warmed_up_before_ready(serving.logs(), pipeline)
         _served_equals_in_process(endpoint, pipeline, calls)
         _model_operators_ran_in_the_pipeline_model(endpoint, pipeline)
 

@@ -22,3 +22,13 @@ def settled_statistics(client, model: str, at_least: int = 0):
         if stats.inference_count >= at_least or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
+
+
+def warm_up_rows(client, model: str) -> int:
+    """The rows Triton ran through ``model`` for its ``model_warmup`` while loading it (each
+    instance warms itself), which its statistics count: what they hold before any request."""
+    config = client.get_model_config(model, as_json=True)["config"]
+    rows = sum(int(sample.get("batch_size", 0)) * max(1, int(sample.get("count", 1)))
+               for sample in config.get("model_warmup", []))
+    instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", []))
+    return rows * max(1, instances)

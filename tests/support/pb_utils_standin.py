@@ -19,10 +19,12 @@ torch report a CUDA device and records every move of a module or tensor to and f
 from __future__ import annotations
 
 import json
+import struct
 import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -201,10 +203,16 @@ class MetricFamily:
 
 class Logger:
     messages: list[str] = []
+    """Warnings."""
+    infos: list[str] = []
 
     @classmethod
     def log_warn(cls, message: str) -> None:
         cls.messages.append(message)
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.infos.append(message)
 
 
 @dataclass
@@ -374,3 +382,43 @@ class GpuStandIn:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: self.devices)
         return self
+
+
+def warm_up_requests(model_dir: Path, config) -> list[list[Request]]:
+    """The requests of each ``model_warmup`` sample of ``config`` (a ``ModelConfig``), read from
+    ``<model_dir>/warmup/`` as Triton reads them (``GenerateWarmupData``, core r24.10): a row
+    per request, ``batch_size`` requests in one execution, a ``TYPE_STRING`` element as its
+    4-byte little-endian length and its bytes."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from builder.pipeline.signature import numpy_dtype
+
+    samples = []
+    for sample in config.model_warmup:
+        inputs = {}
+        for name, given in sample.inputs.items():
+            data = (Path(model_dir) / "warmup" / given.input_data_file).read_bytes()
+            dims = [1, *given.dims] if config.max_batch_size > 0 else list(given.dims)
+            if given.data_type == mc.TYPE_STRING:
+                elements, offset = [], 0
+                while offset < len(data):
+                    (length,) = struct.unpack_from("<I", data, offset)
+                    elements.append(data[offset + 4:offset + 4 + length])
+                    offset += 4 + length
+                array = np.empty(len(elements), dtype=object)
+                array[:] = elements
+            else:
+                array = np.frombuffer(data, dtype=numpy_dtype(
+                    mc.DataType.Name(given.data_type)).newbyteorder("<"))
+            inputs[name] = array.reshape(dims)
+        samples.append([Request(dict(inputs)) for _ in range(sample.batch_size)])
+    return samples
+
+
+def run_warm_up(model, model_dir: Path, config) -> None:
+    """What Triton does after ``initialize`` and before the model is ready: each sample in one
+    ``execute``; an error response fails the load."""
+    for requests in warm_up_requests(model_dir, config):
+        for response in model.execute(requests) or []:
+            if response.has_error():
+                raise RuntimeError(f"failed to run warmup sample: {response.error().message()}")

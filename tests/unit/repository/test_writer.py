@@ -56,18 +56,20 @@ def repository(tmp_path_factory):
 def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(repository):
     root, result = repository
     assert sorted(_tree(root)) == [
-        "affine", "affine/1", "affine/1/model.onnx", "affine/config.pbtxt",
+        "affine", "affine/1", "affine/1/model.onnx", "affine/config.pbtxt", "affine/warmup",
+        "affine/warmup/batch_1_input0", "affine/warmup/batch_64_input0",
         "pipeline", "pipeline/1", "pipeline/1/model.py", "pipeline/1/pipe.pickle",
         "pipeline/1/pipe.versions.json", "pipeline/1/triton_builder_drain.py",
         "pipeline/1/triton_builder_model_calls.py", "pipeline/1/triton_builder_operator_metrics.py",
         "pipeline/1/triton_builder_request_size.py",
         "pipeline/1/triton_builder_stream_outbox.py", "pipeline/1/triton_builder_stream_serving.py",
-        "pipeline/config.pbtxt",
+        "pipeline/1/triton_builder_warm_up.py", "pipeline/config.pbtxt", "pipeline/warmup",
+        "pipeline/warmup/example_0_input0", "pipeline/warmup/example_0_input1",
     ]
     runtime = REPO_ROOT / "builder" / "runtime"
     assert (root / "pipeline" / "1" / "model.py").read_bytes() == (
         runtime / "pipeline_model.py").read_bytes()
-    for companion in ("drain", "model_calls", "operator_metrics", "request_size"):
+    for companion in ("drain", "model_calls", "operator_metrics", "request_size", "warm_up"):
         assert (root / "pipeline" / "1" / f"triton_builder_{companion}.py").read_bytes() == (
             runtime / f"{companion}.py").read_bytes()
     assert result.pipeline_model == "pipeline"

@@ -8,6 +8,8 @@ plays the python backend API of r22.12, r23.05 and r24.10 in turn (``generation`
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import sys
 import time
 
@@ -19,7 +21,7 @@ from google.protobuf import json_format
 
 from builder import InputError, build_pipeline_model, pipe, rejects
 from builder.repository.model_config import read_config
-from builder.runtime import model_calls, pipeline_model, request_size, torch_model
+from builder.runtime import model_calls, pipeline_model, request_size, torch_model, warm_up
 from builder.runtime.operator_metrics import OperatorMetrics
 from builder.runtime.pipeline_model import PipelineLoadError
 from tests.support import pb_utils_standin as pb
@@ -73,10 +75,12 @@ def initialized(monkeypatch, generation):
     monkeypatch.setattr(pipeline_model, "pb_utils", generation)
     made = []
 
-    def initialize(model_dir):
+    def initialize(model_dir, warm_up=True):
         model = pipeline_model.TritonPythonModel()
         model.initialize(_args(model_dir))
         made.append(model)
+        if warm_up:  # as Triton does before the model is ready
+            pb.run_warm_up(model, model_dir, read_config(model_dir))
         return model
 
     yield initialize
@@ -351,7 +355,9 @@ def test_the_runtime_refuses_a_pickle_from_another_python(built, monkeypatch, tm
     (copy / "1").mkdir(parents=True)
     for item in (root / "pipeline").rglob("*"):
         if item.is_file():
-            (copy / item.relative_to(root / "pipeline")).write_bytes(item.read_bytes())
+            target = copy / item.relative_to(root / "pipeline")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(item.read_bytes())
     versions = copy / "1" / "pipe.versions.json"
     record = json.loads(versions.read_text())
     versions.write_text(json.dumps({**record, "python": "3.7.9"}))
@@ -530,7 +536,8 @@ def test_each_in_process_session_runs_once_on_the_example_before_the_first_reque
     monkeypatch.setattr(model_calls.os, "cpu_count", lambda: 2)
     opened = _counted_sessions(monkeypatch)
     initialized(root / "pipeline")
-    assert [(s.runs, s.threads) for s in opened] == [([1], 1)]  # the example: one row
+    # the example: one row, alone, then in the pipeline's warm-up, then as Triton's sample
+    assert [(s.runs, s.threads) for s in opened] == [([1, 1, 1], 1)]
 
 
 def test_a_heavy_model_gets_every_core_of_its_instance(built_in_process, initialized,
@@ -540,7 +547,7 @@ def test_a_heavy_model_gets_every_core_of_its_instance(built_in_process, initial
     monkeypatch.setattr(model_calls, "HEAVY_RUN_S", 0.0)  # as if its example took long
     opened = _counted_sessions(monkeypatch)
     model = initialized(root / "pipeline")
-    assert [(s.runs, s.threads) for s in opened] == [([1], 1), ([1], 2)]
+    assert [(s.runs, s.threads) for s in opened] == [([1], 1), ([1, 1, 1], 2)]
     assert model.sessions["affine"] is opened[1]
 
 
@@ -681,3 +688,116 @@ def test_the_limit_is_set_at_run_by_the_environment(checked_repository, initiali
 def test_tensor_bytes_count_as_the_wire_does():
     assert request_size.tensor_bytes(np.zeros((2, 3), np.float32)) == 24
     assert request_size.tensor_bytes(np.array([[b"abc"], ["é"]], dtype=object)) == 3 + 2 + 8
+
+
+# -- the warm-up in initialize (issue 66) ------------------------------------------------------
+def _noted(tag):
+    """A Python operator that notes each row it sees in the file ``$WARM_UP_NOTES`` (the
+    pipeline travels by value: a list here would not be the served one's)."""
+    def note(v):
+        with open(os.environ["WARM_UP_NOTES"], "a") as notes:
+            notes.write(f"{tag} {len(v)}\n")
+        if os.environ.get("WARM_UP_FAILS") == tag:
+            raise RuntimeError(f"{tag} cannot run here")
+        return v
+    return note
+
+
+def _noting_pipeline(**build):
+    def build_into(root):
+        pipeline = (pipe.input("v")
+                    .map("v", "before", _noted("before"))
+                    .map("before", "y", affine_op(op_config={"max_batch_size": 3}))
+                    .map("y", "after", _noted("after"))
+                    .output("after")
+                    .with_example([1.0, 2.0, 3.0, 4.0])
+                    .with_example([4.0, 3.0, 2.0, 1.0]))
+        build_pipeline_model(pipeline, root, **build)
+        os.truncate(os.environ["WARM_UP_NOTES"], 0)  # what the build ran is not the warm-up
+        return root
+    return build_into
+
+
+@pytest.fixture
+def notes(tmp_path, monkeypatch):
+    path = tmp_path / "notes"
+    path.write_text("")
+    monkeypatch.setenv("WARM_UP_NOTES", str(path))
+    return path
+
+
+def test_the_pipeline_runs_its_examples_through_every_operator_before_it_is_ready(
+        tmp_path, notes, initialized, monkeypatch):
+    """In process (a CPU target): in initialize each example alone, then both as one batch,
+    through every operator and the model's session; then Triton's samples, the examples as
+    requests, through execute. Nothing of it is counted as served."""
+    root = _noting_pipeline()(tmp_path / "models")
+    opened = _counted_sessions(monkeypatch)
+    pb.Logger.infos.clear()
+    model = initialized(root / "pipeline", warm_up=False)
+    in_initialize = ["before 4", "after 3", "before 4", "after 3", "before 4", "before 4",
+                     "after 3", "after 3"]
+    assert notes.read_text().split("\n")[:-1] == in_initialize
+    samples = pb.warm_up_requests(root / "pipeline", read_config(root / "pipeline"))
+    assert [len(sample) for sample in samples] == [1, 1]
+    for sample in samples:
+        (response,) = model.execute(sample)  # answered as a request is
+        assert _outputs(response)["after"].shape == (1, 3)
+    assert notes.read_text().split("\n")[:-1] == in_initialize + ["before 4", "after 3"] * 2
+    assert [s.runs for s in opened] == [[1, 1, 1, 2, 1, 1]]  # its own example, then the rest
+    (info,) = [m for m in pb.Logger.infos if "warmed up" in m]
+    assert "on 2 example(s)" in info and "as 2 request(s)" in info and "cold" not in info
+    if model.metrics is not None:
+        assert all(spent == [0.0, 0, 0, 0] for spent in model.metrics.times)
+
+
+def test_a_bls_model_is_not_called_before_ready_and_what_follows_it_is_said_to_be_cold(
+        tmp_path, notes, initialized):
+    """Triton serves no BLS request before every model has loaded: the calls stop at the model
+    (it warms itself with its model_warmup), Triton's samples are answered empty (not as
+    errors, which would fail the load), and the log says which operators start cold. Once
+    ready, requests reach the model."""
+    root = _noting_pipeline(in_process=False)(tmp_path / "models")
+    _wire_bls(root)
+    pb.Logger.infos.clear()
+    model = initialized(root / "pipeline", warm_up=False)
+    for sample in pb.warm_up_requests(root / "pipeline", read_config(root / "pipeline")):
+        (response,) = model.execute(sample)
+        assert not response.has_error() and response.output_tensors == []
+    assert pb.Models.calls == []
+    assert notes.read_text().split("\n")[:-1] == ["before 4"] * 6
+    (info,) = [m for m in pb.Logger.infos if "warmed up" in m]
+    assert "['affine'] are left cold" in info
+    assert read_config(root / "affine").model_warmup, "the model warms itself"
+    (response,) = model.execute([_request([1.0, 2.0, 3.0, 4.0])])
+    assert "after" in _outputs(response) and [c.model_name for c in pb.Models.calls] == ["affine"]
+
+
+def test_a_replica_started_with_the_warm_up_off_runs_no_example(tmp_path, notes, initialized,
+                                                                monkeypatch):
+    root = _noting_pipeline()(tmp_path / "models")
+    monkeypatch.setenv(warm_up.SWITCH, "0")
+    pb.Logger.infos.clear()
+    initialized(root / "pipeline")
+    assert notes.read_text() == ""
+    assert not [m for m in pb.Logger.infos if "warmed up" in m]
+
+
+def test_a_warm_up_that_fails_fails_the_load_naming_the_operator(tmp_path, notes, initialized,
+                                                                  monkeypatch):
+    root = _noting_pipeline()(tmp_path / "models")
+    monkeypatch.setenv("WARM_UP_FAILS", "after")
+    with pytest.raises(warm_up.WarmUpError, match=(
+            r"warm-up on example 0 failed: operator .*after.* failed: RuntimeError: after "
+            r"cannot run here")):
+        initialized(root / "pipeline")
+
+
+def test_the_served_pipeline_keeps_the_first_examples_for_its_warm_up(tmp_path):
+    many = pipe.input("v").map("v", "w", lambda v: v).output("w")
+    for index in range(warm_up.MAX_EXAMPLES + 3):
+        many = many.with_example(float(index))
+    build_pipeline_model(many, tmp_path / "models")
+    with open(tmp_path / "models" / "pipeline" / "1" / "pipe.pickle", "rb") as file:
+        served = pickle.load(file)
+    assert served.examples == tuple((float(i),) for i in range(warm_up.MAX_EXAMPLES))

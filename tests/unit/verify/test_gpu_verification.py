@@ -18,13 +18,15 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builder.job import build_image_from_repository
-from builder.repository.model_config import read_config, write_config
+from builder.repository.model_config import read_config, tensors, write_config
+from builder.repository.model_warmup import add_samples, operator_samples, write_samples
 from builder.verify.container import ContainerEndpoint, ServingContainer
 from builder.verify.placement import (
     INSTANCE_EVIDENCE,
     METRICS_EVIDENCE,
     GpuPlacementError,
     check_ran_on_gpus,
+    counted_since,
     cpu_config_mounts,
     gpu_inference_counts,
     gpu_models,
@@ -57,6 +59,45 @@ def test_gpu_instances_are_read_from_the_metrics_gpu_label():
         placement_verdict(["pipeline"], {"pipeline": 3}, counts)
     with pytest.raises(GpuPlacementError, match="idle served no inference"):
         placement_verdict(["idle"], {"idle": 0}, counts)
+
+
+def test_a_models_warm_up_is_not_taken_for_the_verifications_inferences():
+    """Triton counts a model's ``model_warmup`` in its statistics and metrics: read at ready,
+    they are the baseline, and a model the verification never reached served nothing."""
+    gpu = "GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11"
+    at_ready = ({"linear": 65}, {"linear": {gpu: 65.0}}, {}, {})
+    with pytest.raises(GpuPlacementError, match="linear served no inference"):
+        placement_verdict(["linear"], *counted_since(at_ready, at_ready))
+    later = ({"linear": 71}, {"linear": {gpu: 71.0}}, {}, {})
+    verdict = placement_verdict(["linear"], *counted_since(later, at_ready))
+    assert verdict.detail == f"linear ran on {gpu}"
+    assert placement_verdict(["linear"], *counted_since(later, None)).evidence == {
+        "linear": METRICS_EVIDENCE}
+
+
+@pytest.mark.slow
+def test_triton_runs_a_models_warm_up_before_it_is_ready_and_counts_it(tmp_path,
+                                                                        triton_server):
+    """Real: Triton 2.51 (host process) loads ``linear`` with the samples the builder writes
+    (:mod:`builder.repository.model_warmup`), runs both (1 row, then 64) before the model is
+    ready, and counts them; counted since ready, the check's 6 inferences are the only ones."""
+    root = write_sample_repository(tmp_path / "models")
+    config = read_config(root / "linear")
+    samples = operator_samples("linear", tensors(config, "input"), [X[:1]],
+                               config.max_batch_size, {"max_queue_delay_microseconds": 200_000})
+    write_samples(root / "linear", samples)
+    add_samples(config, samples)
+    write_config(config, root / "linear")
+    server = triton_server(root)
+    endpoint = ContainerEndpoint(server.http_url, server.grpc_url,
+                                 f"127.0.0.1:{server.metrics_port}", "host")
+    at_ready = read_placement_evidence(endpoint, ["linear"])
+    assert at_ready[0]["linear"] == 1 + 64, at_ready[0]
+    with pytest.raises(GpuPlacementError, match="linear served no inference"):
+        check_ran_on_gpus(endpoint, ["linear"], since=at_ready)
+    InferenceCheck("linear", {"INPUT": X}, {"OUTPUT": expected_linear(X)}, atol=1e-5)(endpoint)
+    with pytest.raises(GpuPlacementError, match="linear ran 6 inferences, none on a GPU"):
+        check_ran_on_gpus(endpoint, ["linear"], since=at_ready)
 
 
 @pytest.mark.slow
