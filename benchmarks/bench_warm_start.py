@@ -1,6 +1,7 @@
 """Ready means warm: the first request after ``/v2/health/ready`` against the next 20 (issue 66).
 
-Each example pipeline of ``pipelines/`` is built once (CPU base, as ``nox -s demo`` builds);
+Each example pipeline of ``pipelines/``, and one of the issue's (transformers' own ViT image
+processor in front of a raw ``ViTModel``), is built once (CPU base, as ``nox -s demo`` builds);
 its image is then started ``--runs`` times each way, side by side in one run: as built (the
 warm-up) and as a replica started before the warm-up existed (every model's ``config.pbtxt``
 mounted over the image's without its ``model_warmup``, and ``-e TRITON_BUILDER_WARM_UP=0``:
@@ -56,6 +57,36 @@ RESIDUE = (
 """Measured apart (the host server, a raw client), stated with the figures."""
 
 
+def vit_with_its_image_processor() -> tuple:
+    """One of the issue's cold pipelines, as users of transformers write it: Pillow decodes the
+    bytes, transformers' own ``ViTImageProcessor`` makes the pixels (its lazy imports are the
+    first request's), a raw ``ViTModel`` (small, seeded) gives ``pooler_output`` by name."""
+    import io
+
+    import torch
+    import transformers
+    from PIL import Image
+
+    from builder import ModelOp, pipe
+    from pipelines.image_classification import example_image
+
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(0)
+    vit = transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+        image_size=32, patch_size=8))
+
+    def pixels(data: bytes):
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        return processor(images=image, return_tensors="np")["pixel_values"][0]
+
+    encoder = ModelOp(vit, example_inputs=pixels(example_image(0)), name="vit")
+    pipeline = (pipe.input("image").map("image", "pixels", pixels)
+                .map("pixels", "pooler_output", encoder).output("pooler_output")
+                .with_example(example_image(0)))
+    return pipeline, [example_image(seed) for seed in range(1, REQUESTS + 1)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -64,7 +95,8 @@ def main() -> None:
     client = ensure_engine()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-warm-start-") as workdir:
-        for name, (pipeline, inputs) in sorted(EXAMPLES.items()):
+        pipelines = {**EXAMPLES, "vit_image_processor": vit_with_its_image_processor()}
+        for name, (pipeline, inputs) in sorted(pipelines.items()):
             reference = f"{IMAGE}-{name.replace('_', '-')}:1"
             build_docker_image(pipeline, reference, client=client)
             ways = {"warm-up": {}, "no warm-up": dict(
