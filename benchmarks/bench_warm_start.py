@@ -49,10 +49,10 @@ RESIDUE = (
     ' host `tritonserver` with a raw `tritonclient` on the text-embedding repository, its '
     "samples run: the server's first gRPC inference 2.9 to 3.8 ms, a second client's first "
     '1.6 to 1.9 ms, the rest 1.2 ms; without the samples, the first 20 to 22 ms. On these '
-    "examples' 2 ms answers that residue is the 2.2x to 2.7x above; on the issue's "
-    'pipelines (medians of 55 to 172 ms) it would be a few per cent, not measured here. '
-    "Start to ready is read by polling `/v2/health/ready`: the warm-up's cost at start is "
-    'within its resolution.'
+    "pipelines' 2 ms answers that residue is the 2.2x to 2.6x above (the ViT image "
+    "processor's own cold start, 44 ms, is gone); on the issue's full-size models (medians "
+    'of 55 to 172 ms) it would be a few per cent, not measured here. Start to ready is read'
+    " by polling `/v2/health/ready`: the warm-up's cost at start is within its resolution."
 )
 """Measured apart (the host server, a raw client), stated with the figures."""
 
