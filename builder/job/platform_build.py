@@ -113,7 +113,7 @@ def build_platform(pipe: Pipeline, plan: BuildPlan, target: Platform, options: B
             leftovers=leftovers, on_log=on_log)
 
 
-def build_verified(
+def build_verified(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
     repository_dir: str | os.PathLike,
     image_name: str,
     release: Release,

@@ -136,7 +136,7 @@ def compile_plan(
     return plan
 
 
-def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tuple[str, ...]):
+def _check_names(inputs: tuple[str, ...], nodes: tuple[Node, ...], outputs: tuple[str, ...]):  # noqa: C901 - issue 68: to be split
     if not inputs:
         raise PipelineError("a pipeline needs at least one input column")
     if not outputs:

@@ -45,7 +45,7 @@ def find_model_ops(roots: Sequence[Any], max_depth: int = 8) -> list[ModelOp]:
     return list(found.values())
 
 
-def _children(obj: Any) -> Iterator[Any]:
+def _children(obj: Any) -> Iterator[Any]:  # noqa: C901 - issue 68: to be split
     if isinstance(obj, dict):
         yield from obj.values()
     elif isinstance(obj, (list, tuple, set, frozenset)):

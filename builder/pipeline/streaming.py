@@ -279,7 +279,7 @@ def _close(iterator: Any) -> None:
         close()
 
 
-def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
+def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],  # noqa: C901 - issue 68: to be split
                    times: list[list[float]] | None = None,
                    stopped: Callable[[], Collection[int]] | None = None,
                    arguments: dict[int, list[tuple]] | None = None,

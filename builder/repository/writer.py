@@ -119,7 +119,7 @@ class BuildResult:
         return "\n".join(lines)
 
 
-def build_pipeline_model(
+def build_pipeline_model(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
     pipe: Pipeline,
     model_root: str | os.PathLike = "models",
     format_priority: Sequence[str] = ("onnx",),

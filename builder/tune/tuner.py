@@ -42,7 +42,7 @@ from builder.tune.tuning_file import Machine, Tuning
 from builder.tune.tuning_report import write_report
 
 
-def tune(
+def tune(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
     pipe: Pipeline,
     latency_budget_ms: float,
     *,

@@ -66,7 +66,7 @@ class ServingContainer:
     caller's to keep (``triton-builder serve --detach``).
     """
 
-    def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,
+    def __init__(self, client: docker.DockerClient, image: str, *, gpus: bool | None = None,  # noqa: PLR0913 - options as keywords (issue 68: options objects)
                  shm_size: str | None = DEFAULT_SHM_SIZE,
                  host_ports: tuple[int, int, int] | None = None,
                  bind: str = "127.0.0.1", name: str | None = None,

@@ -41,7 +41,7 @@ SUPERVISOR_OPTIONS = {"--lock-admin-apis": "start the server with ADMIN_APIS beh
 
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be split
     command = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ
     if command == ["--drain"]:
