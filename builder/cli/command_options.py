@@ -55,6 +55,13 @@ def field_default(options: type, name: str) -> Any:
     return found.default_factory()
 
 
+def field_help(options: type, name: str) -> str:
+    """The help of field ``name`` of the options dataclass ``options`` (its ``metadata``):
+    documented once, where the option is defined."""
+    (found,) = [each for each in dataclasses.fields(options) if each.name == name]
+    return found.metadata["help"]
+
+
 def parameter_default(function: Any, name: str) -> Any:
     """The default of ``function``'s keyword ``name`` (a library call's own)."""
     return inspect.signature(function).parameters[name].default

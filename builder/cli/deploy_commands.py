@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from builder.cli.app import console, deploy_app, run_step
-from builder.cli.command_options import field_default, parameter_default
+from builder.cli.command_options import field_default, field_help, parameter_default
 from builder.deploy.kubernetes import KubernetesOptions
 from builder.deploy.swarm import STACK, SwarmOptions, deploy_swarm
 
@@ -20,24 +20,22 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = field_default(SwarmOptions, "ports")
 def deploy_swarm_command(
     reference: str = typer.Argument(..., help="Serving image (built by triton-builder)."),
     replicas: int = typer.Option(field_default(SwarmOptions, "replicas"),
-                                 help="Replicas of the server."),
+                                 help=field_help(SwarmOptions, "replicas")),
     name: str = typer.Option(STACK, help="Stack name."),
     shm_size: str = typer.Option(field_default(SwarmOptions, "shm_size"),
-                                 help="/dev/shm of each replica (the python backend's)."),
+                                 help=field_help(SwarmOptions, "shm_size")),
     publish: str = typer.Option(field_default(SwarmOptions, "publish"),
-                                help="'ingress' (routing mesh) or 'host' (each replica on its "
-                                     "own host ports)."),
+                                help=field_help(SwarmOptions, "publish")),
     http_port: int = typer.Option(HTTP_PORT, help="Published HTTP port (0: random, host mode)."),
     grpc_port: int = typer.Option(GRPC_PORT, help="Published gRPC port (0: random, host mode)."),
     metrics_port: int = typer.Option(METRICS_PORT,
                                      help="Published metrics port (0: random, host mode)."),
     health_interval: int = typer.Option(field_default(SwarmOptions, "health_interval_s"),
-                                        help="Seconds between health checks."),
+                                        help=field_help(SwarmOptions, "health_interval_s")),
     health_retries: int = typer.Option(field_default(SwarmOptions, "health_retries"),
-                                       help="Failed checks before a replica is unhealthy."),
+                                       help=field_help(SwarmOptions, "health_retries")),
     update_delay: int = typer.Option(field_default(SwarmOptions, "update_delay_s"),
-                                     help="Seconds between one replica's update and the next "
-                                          "(a rolling update)."),
+                                     help=field_help(SwarmOptions, "update_delay_s")),
     stack_file: Path = typer.Option(None, help="Keep the stack (compose) file here."),
     dry_run: bool = typer.Option(False, help="Print the stack file; deploy nothing."),
     wait: float = typer.Option(parameter_default(deploy_swarm, "wait"),
@@ -86,15 +84,15 @@ def deploy_swarm_command(
 def deploy_k8s_command(
     reference: str = typer.Argument(..., help="Serving image (as the cluster pulls it)."),
     name: str = typer.Option(field_default(KubernetesOptions, "name"),
-                             help="Name of the Deployment, Service, HPA."),
+                             help=field_help(KubernetesOptions, "name")),
     namespace: str = typer.Option(field_default(KubernetesOptions, "namespace"),
-                                  help="Namespace of the objects."),
+                                  help=field_help(KubernetesOptions, "namespace")),
     replicas: int = typer.Option(field_default(KubernetesOptions, "replicas"),
-                                 help="Replicas to start with."),
+                                 help=field_help(KubernetesOptions, "replicas")),
     min_replicas: int = typer.Option(field_default(KubernetesOptions, "min_replicas"),
-                                     help="Autoscaler minimum."),
+                                     help=field_help(KubernetesOptions, "min_replicas")),
     max_replicas: int = typer.Option(field_default(KubernetesOptions, "max_replicas"),
-                                     help="Autoscaler maximum."),
+                                     help=field_help(KubernetesOptions, "max_replicas")),
     gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
                                                        "image's labels where it is local]"),
     kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -55,11 +55,12 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 class KubernetesOptions:
     """The workload's knobs; defaults suit one model server per pod."""
 
-    name: str = "triton"
-    namespace: str | None = None
-    replicas: int = 2
-    min_replicas: int = 2
-    max_replicas: int = 8
+    name: str = field(default="triton", metadata={
+        "help": "Name of the Deployment, Service, HPA."})
+    namespace: str | None = field(default=None, metadata={"help": "Namespace of the objects."})
+    replicas: int = field(default=2, metadata={"help": "Replicas to start with."})
+    min_replicas: int = field(default=2, metadata={"help": "Autoscaler minimum."})
+    max_replicas: int = field(default=8, metadata={"help": "Autoscaler maximum."})
     target_cpu_percent: int = 70
     cpu_request: str = "2"
     memory_request: str = "4Gi"

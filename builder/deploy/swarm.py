@@ -48,18 +48,23 @@ STACK = "triton"
 class SwarmOptions:
     """How the stack runs; defaults suit a real cluster (routing mesh, 15 s health checks)."""
 
-    replicas: int = 2
-    shm_size: str = "1g"
-    publish: PublishMode = "ingress"
+    replicas: int = field(default=2, metadata={"help": "Replicas of the server."})
+    shm_size: str = field(default="1g", metadata={
+        "help": "/dev/shm of each replica (the python backend's)."})
+    publish: PublishMode = field(default="ingress", metadata={
+        "help": "'ingress' (routing mesh) or 'host' (each replica on its own host ports)."})
     ports: tuple[int | None, int | None, int | None] = (8000, 8001, 8002)
     """Published (http, grpc, metrics); None in host mode: a random host port per replica."""
-    health_interval_s: int = 15
+    health_interval_s: int = field(default=15, metadata={
+        "help": "Seconds between health checks."})
     health_timeout_s: int = 5
-    health_retries: int = 3
+    health_retries: int = field(default=3, metadata={
+        "help": "Failed checks before a replica is unhealthy."})
     start_period_s: int = 120
     """At least this; an image whose own start period is longer (environment archives to extract:
     :mod:`builder.image.startup`) keeps its own."""
-    update_delay_s: int = 5
+    update_delay_s: int = field(default=5, metadata={
+        "help": "Seconds between one replica's update and the next (a rolling update)."})
     """Between one replica's update (its successor healthy) and the next: the time to see the
     new version serve before another old replica goes (``docker service update
     --update-delay``)."""

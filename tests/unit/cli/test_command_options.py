@@ -138,3 +138,25 @@ def test_the_other_commands_defaults_are_the_library_calls_they_stand_for():
     assert base_os["platform"] == str(default(debian_os_image, "platform"))
     assert base_cpu["python_version"] == default(build_cpu_base, "python_version")
     assert base_cpu["platform"] == str(default(build_cpu_base, "platform"))
+
+
+def test_the_deploy_options_are_documented_once_where_the_options_objects_define_them():
+    """``deploy swarm --replicas`` and ``SwarmOptions.replicas`` are one question: the help is
+    the field's own (``metadata["help"]``), as ``image``'s is its options field's."""
+    import dataclasses
+
+    from builder.deploy.kubernetes import KubernetesOptions
+    from builder.deploy.swarm import SwarmOptions
+
+    for command, options, fields in (
+            ("swarm", SwarmOptions, {"replicas": "replicas", "shm_size": "shm_size",
+                                     "publish": "publish", "health_interval": "health_interval_s",
+                                     "health_retries": "health_retries",
+                                     "update_delay": "update_delay_s"}),
+            ("k8s", KubernetesOptions, {name: name for name in (
+                "name", "namespace", "replicas", "min_replicas", "max_replicas")})):
+        parameters = _deploy_parameters(command)
+        documented = {each.name: each.metadata.get("help") for each in dataclasses.fields(options)}
+        for parameter, field_name in fields.items():
+            assert documented[field_name], (options.__name__, field_name)
+            assert parameters[parameter].help == documented[field_name], (command, parameter)
