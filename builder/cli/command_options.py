@@ -42,14 +42,18 @@ def library_help(keyword: str, note: str = "") -> str:
     (documented there once), with ``note`` on how the command line says it."""
     group, name = KEYWORDS[keyword]
     kind = type(getattr(BuildOptions(), group)) if group else BuildOptions
-    (found,) = [each for each in dataclasses.fields(kind) if each.name == name]
-    return found.metadata["help"] + (f" {note}" if note else "")
+    return field_help(kind, name) + (f" {note}" if note else "")
+
+
+def _field(options: type, name: str) -> dataclasses.Field:
+    (found,) = [each for each in dataclasses.fields(options) if each.name == name]
+    return found
 
 
 def field_default(options: type, name: str) -> Any:
     """The default of field ``name`` of the options dataclass ``options`` (``SwarmOptions``,
     ``KubernetesOptions``, ...): a command that stands for it takes it from there."""
-    (found,) = [each for each in dataclasses.fields(options) if each.name == name]
+    found = _field(options, name)
     if found.default is not dataclasses.MISSING:
         return found.default
     return found.default_factory()
@@ -58,8 +62,14 @@ def field_default(options: type, name: str) -> Any:
 def field_help(options: type, name: str) -> str:
     """The help of field ``name`` of the options dataclass ``options`` (its ``metadata``):
     documented once, where the option is defined."""
-    (found,) = [each for each in dataclasses.fields(options) if each.name == name]
-    return found.metadata["help"]
+    return _field(options, name).metadata["help"]
+
+
+def field_option(options: type, name: str, *flags: str, **settings: Any) -> Any:
+    """The option of a command that stands for field ``name`` of ``options``: its default and
+    its help, both the field's."""
+    return typer.Option(field_default(options, name), *flags, help=field_help(options, name),
+                        **settings)
 
 
 def parameter_default(function: Any, name: str) -> Any:

@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from builder.cli.app import console, deploy_app, run_step
-from builder.cli.command_options import field_default, field_help, parameter_default
+from builder.cli.command_options import field_default, field_option, parameter_default
 from builder.deploy.kubernetes import KubernetesOptions
 from builder.deploy.swarm import STACK, SwarmOptions, deploy_swarm
 
@@ -19,23 +19,17 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = field_default(SwarmOptions, "ports")
 @deploy_app.command("swarm")
 def deploy_swarm_command(
     reference: str = typer.Argument(..., help="Serving image (built by triton-builder)."),
-    replicas: int = typer.Option(field_default(SwarmOptions, "replicas"),
-                                 help=field_help(SwarmOptions, "replicas")),
+    replicas: int = field_option(SwarmOptions, "replicas"),
     name: str = typer.Option(STACK, help="Stack name."),
-    shm_size: str = typer.Option(field_default(SwarmOptions, "shm_size"),
-                                 help=field_help(SwarmOptions, "shm_size")),
-    publish: str = typer.Option(field_default(SwarmOptions, "publish"),
-                                help=field_help(SwarmOptions, "publish")),
+    shm_size: str = field_option(SwarmOptions, "shm_size"),
+    publish: str = field_option(SwarmOptions, "publish"),
     http_port: int = typer.Option(HTTP_PORT, help="Published HTTP port (0: random, host mode)."),
     grpc_port: int = typer.Option(GRPC_PORT, help="Published gRPC port (0: random, host mode)."),
     metrics_port: int = typer.Option(METRICS_PORT,
                                      help="Published metrics port (0: random, host mode)."),
-    health_interval: int = typer.Option(field_default(SwarmOptions, "health_interval_s"),
-                                        help=field_help(SwarmOptions, "health_interval_s")),
-    health_retries: int = typer.Option(field_default(SwarmOptions, "health_retries"),
-                                       help=field_help(SwarmOptions, "health_retries")),
-    update_delay: int = typer.Option(field_default(SwarmOptions, "update_delay_s"),
-                                     help=field_help(SwarmOptions, "update_delay_s")),
+    health_interval: int = field_option(SwarmOptions, "health_interval_s"),
+    health_retries: int = field_option(SwarmOptions, "health_retries"),
+    update_delay: int = field_option(SwarmOptions, "update_delay_s"),
     stack_file: Path = typer.Option(None, help="Keep the stack (compose) file here."),
     dry_run: bool = typer.Option(False, help="Print the stack file; deploy nothing."),
     wait: float = typer.Option(parameter_default(deploy_swarm, "wait"),
@@ -83,16 +77,11 @@ def deploy_swarm_command(
 @deploy_app.command("k8s")
 def deploy_k8s_command(
     reference: str = typer.Argument(..., help="Serving image (as the cluster pulls it)."),
-    name: str = typer.Option(field_default(KubernetesOptions, "name"),
-                             help=field_help(KubernetesOptions, "name")),
-    namespace: str = typer.Option(field_default(KubernetesOptions, "namespace"),
-                                  help=field_help(KubernetesOptions, "namespace")),
-    replicas: int = typer.Option(field_default(KubernetesOptions, "replicas"),
-                                 help=field_help(KubernetesOptions, "replicas")),
-    min_replicas: int = typer.Option(field_default(KubernetesOptions, "min_replicas"),
-                                     help=field_help(KubernetesOptions, "min_replicas")),
-    max_replicas: int = typer.Option(field_default(KubernetesOptions, "max_replicas"),
-                                     help=field_help(KubernetesOptions, "max_replicas")),
+    name: str = field_option(KubernetesOptions, "name"),
+    namespace: str = field_option(KubernetesOptions, "namespace"),
+    replicas: int = field_option(KubernetesOptions, "replicas"),
+    min_replicas: int = field_option(KubernetesOptions, "min_replicas"),
+    max_replicas: int = field_option(KubernetesOptions, "max_replicas"),
     gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
                                                        "image's labels where it is local]"),
     kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),
