@@ -212,7 +212,7 @@ def build_pipeline_model(  # noqa: PLR0913 - options as keywords (issue 68: opti
                     MAX_REQUEST_PARAMETER: str(limit)},
         decoupled=pipe.streaming is not None,
         warmup=() if pipe.streaming is not None else pipeline_samples(
-            signature, pipe.examples[:WARM_UP_EXAMPLES]),
+            signature, pipe.examples[:WARM_UP_EXAMPLES]),  # the examples pipe.pickle keeps
     )
     check_config(build_config(pipeline_spec), name)
 

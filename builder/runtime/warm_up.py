@@ -65,7 +65,8 @@ class ServedLater(RuntimeError):
 
 
 def stopped_at(message: str | None) -> str | None:
-    """The BLS model a warm-up sample's call stopped at, read from its error response."""
+    """The BLS model a warm-up call stopped at, read from its error (the executor's, which
+    names what the operator raised; an error response's message is the same text)."""
     found = re.search(rf"model '([^']+)': {SERVED_LATER}", message or "")
     return found.group(1) if found else None
 
@@ -105,9 +106,10 @@ class WarmUpReport:
 
 
 def warm_up(pipeline: Any, examples: Sequence[tuple]) -> WarmUpReport:
-    """Run ``examples`` (the first :data:`MAX_EXAMPLES`) through ``pipeline`` whose model
-    operators are bound to :class:`InProcessCalls`, alone and then together."""
-    chosen = [tuple(example) for example in examples[:MAX_EXAMPLES]]
+    """Run ``examples`` (``pipe.pickle`` keeps the first :data:`MAX_EXAMPLES`) through
+    ``pipeline`` whose model operators are bound to :class:`InProcessCalls`, alone and then
+    together."""
+    chosen = [tuple(example) for example in examples]
     report = WarmUpReport(examples=len(chosen))
     started = time.perf_counter()
     rounds = [[position] for position in range(len(chosen))]
@@ -118,20 +120,10 @@ def warm_up(pipeline: Any, examples: Sequence[tuple]) -> WarmUpReport:
         for position, result in zip(positions, results):
             if result.ok:
                 continue
-            later = _served_later(result.error)
+            later = stopped_at(str(result.error))
             if later is None:
                 raise WarmUpError(f"the warm-up on example {position} failed: {result.error}")
             report.stopped_at.add(later)
     report.seconds = time.perf_counter() - started
     return report
 
-
-def _served_later(error: BaseException | None) -> str | None:
-    """The BLS model a call stopped at, where that is why it failed."""
-    seen = 0
-    while error is not None and seen < 16:
-        if isinstance(error, ServedLater):
-            return error.model
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return None
