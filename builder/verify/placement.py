@@ -22,6 +22,8 @@ weights are verified on the CPU, and the result says that the GPU placement was 
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,10 +181,21 @@ Evidence = tuple[dict[str, int], dict[str, dict[str, float]],
 def read_placement_evidence(endpoint: ContainerEndpoint, models: list[str],
                             timeout: float = 10.0) -> Evidence:
     """``(statistics, metrics, instance groups, GPU memory)`` as the running server reports them
-    (the arguments of :func:`placement_verdict`)."""
+    (the arguments of :func:`placement_verdict`). Read as soon as the server is ready (the
+    baseline of :func:`counted_since`), the metrics endpoint may not listen yet: Triton starts
+    it after the HTTP one, so a refused connection is tried again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+
     def get(url: str):
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    return response.read()
+            except urllib.error.URLError as error:
+                refused = isinstance(error.reason, ConnectionRefusedError)
+                if not refused or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.05)
 
     stats = json.loads(get(f"http://{endpoint.http_url}/v2/models/stats"))
     metrics = gpu_inference_counts(get(f"http://{endpoint.metrics_url}/metrics").decode())

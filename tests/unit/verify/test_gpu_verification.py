@@ -181,3 +181,49 @@ def test_without_an_nvidia_runtime_gpu_models_are_verified_on_the_cpu_and_said_s
                 docker_client.images.remove(tag, force=True)
             except docker.errors.ImageNotFound:
                 pass
+
+
+def test_placement_evidence_read_at_ready_waits_for_the_metrics_endpoint_to_listen():
+    """Triton starts its metrics endpoint after the HTTP one: read at ready (the baseline),
+    the metrics port may still refuse. Real sockets: the HTTP endpoint answers at once, the
+    metrics one begins to listen 0.3 s later."""
+    import http.server
+    import json
+    import socket
+    import threading
+    import time
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = (TRITON_GPU_METRICS if self.path == "/metrics" else json.dumps(
+                {"model_stats": [{"name": "linear", "inference_count": 65}]}
+                if self.path == "/v2/models/stats" else {"instance_group": []})).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    http_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    with socket.socket() as probe:  # a free port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    servers = [http_server]
+
+    def listen_later():
+        time.sleep(0.3)
+        servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", metrics_port), Answers))
+        servers[-1].serve_forever()
+
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    threading.Thread(target=listen_later, daemon=True).start()
+    try:
+        endpoint = ContainerEndpoint(f"127.0.0.1:{http_server.server_port}", "unused:0",
+                                     f"127.0.0.1:{metrics_port}", "host")
+        statistics, metrics, _, _ = read_placement_evidence(endpoint, ["linear"], timeout=5)
+        assert statistics == {"linear": 65}
+        assert metrics["linear"] == {"GPU-4ad3f0a5-6f1d-2b1c-9e8b-1f0c2a7d9e11": 3.0}
+    finally:
+        for server in servers:  # the metrics one is among them once the read returned
+            server.shutdown()
