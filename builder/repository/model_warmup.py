@@ -67,7 +67,8 @@ def operator_samples(model: str, tensors: Sequence[Any], examples: Sequence[Any]
                      dynamic_batching: Mapping[str, Any] | None) -> list[WarmupSample]:
     """The samples of a model operator's model from its module examples (one array per input,
     in ``tensors`` order, with the batch axis where the model batches): the first row, at each
-    of :func:`batch_sizes`. ``tensors`` are the config's inputs (:class:`TensorConfig`)."""
+    of :func:`batch_sizes`, every sample reading the row's one file per input. ``tensors`` are
+    the config's inputs (:class:`TensorConfig`)."""
     if len(examples) != len(tensors):
         raise BuildError(f"model {model!r}: {len(examples)} example inputs for "
                          f"{len(tensors)} model inputs")
@@ -79,9 +80,7 @@ def operator_samples(model: str, tensors: Sequence[Any], examples: Sequence[Any]
             row = np.reshape(row, (1,))
         inputs.append(WarmupInput(tensor.name, tensor.dtype, tuple(int(d) for d in row.shape),
                                   f"input{index}", encode_row(row, tensor.dtype)))
-    return [WarmupSample(f"batch_{size}", size, tuple(
-                WarmupInput(i.name, i.dtype, i.dims, f"batch_{size}_{i.file}", i.data)
-                for i in inputs))
+    return [WarmupSample(f"batch_{size}", size, tuple(inputs))
             for size in batch_sizes(max_batch_size, dynamic_batching)]
 
 
@@ -126,11 +125,12 @@ def add_samples(config: mc.ModelConfig, samples: Sequence[WarmupSample]) -> None
 
 
 def write_samples(model_directory: Path, samples: Sequence[WarmupSample]) -> None:
-    """Each sample's input files under ``<model_directory>/warmup/``."""
-    if not samples:
+    """Each sample's input files under ``<model_directory>/warmup/``, each file once (samples
+    of one row at several batch sizes share theirs)."""
+    files = {i.file: i.data for sample in samples for i in sample.inputs}
+    if not files:
         return
     directory = Path(model_directory) / WARMUP_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
-    for sample in samples:
-        for warmup_input in sample.inputs:
-            (directory / warmup_input.file).write_bytes(warmup_input.data)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)

@@ -61,7 +61,8 @@ def test_an_operator_sample_is_its_first_example_row_with_every_size_given():
     assert (x.name, x.dims, x.data) == ("x", (2, 3), examples[0][0].tobytes())
     assert (k.name, k.dims, k.data) == ("k", (1,), struct.pack("<q", 5)), \
         "a per-row scalar is served as dims [1]"
-    assert len({i.file for s in samples for i in s.inputs}) == 4
+    assert [[i.file for i in s.inputs] for s in samples] == [["input0", "input1"]] * 2, \
+        "every batch size reads the row's one file per input"
 
 
 def _spec(**changes) -> ModelConfigSpec:

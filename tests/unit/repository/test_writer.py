@@ -57,7 +57,7 @@ def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(re
     root, result = repository
     assert sorted(_tree(root)) == [
         "affine", "affine/1", "affine/1/model.onnx", "affine/config.pbtxt", "affine/warmup",
-        "affine/warmup/batch_1_input0", "affine/warmup/batch_64_input0",
+        "affine/warmup/input0",
         "pipeline", "pipeline/1", "pipeline/1/model.py", "pipeline/1/pipe.pickle",
         "pipeline/1/pipe.versions.json", "pipeline/1/triton_builder_drain.py",
         "pipeline/1/triton_builder_model_calls.py", "pipeline/1/triton_builder_operator_metrics.py",
