@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,24 @@ def image_tuning(tmp_path_factory):
     return tuning, where
 
 
-def test_tune_gives_the_image_example_two_pipeline_instances(image_tuning):
+def test_tune_of_the_image_example_keeps_the_defaults_or_takes_what_serves_more(image_tuning):
+    """Which setting wins is a measurement (BENCHMARKS.md: two pipeline instances, 23 to 36%
+    ahead on a quiet machine), not this test's to assert: on a slower machine, or beside the
+    other worker's compiles, the 45 s may end before the search reaches two instances (a new
+    machine at d8ef39e: one instance kept). What must hold whatever the machine: the chosen
+    setting meets the budget, and it is the defaults unless it served more beyond the spread
+    or won the turns between the two."""
     tuning, where = image_tuning
-    assert tuning.default.setting["pipeline"].instances == 1
-    assert tuning.chosen.setting["pipeline"].instances == 2, tuning.chosen.setting.describe()
-    assert tuning.chosen.within_budget and tuning.chosen.p99_ms <= BUDGET_MS
-    assert tuning.chosen.rate > tuning.default.rate * (1 + tuning.spread)
+    chosen, default = tuning.chosen, tuning.default
+    assert default.setting["pipeline"].instances == 1
+    assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
+    by_turns = [t.leader() for t in tuning.turns
+                if {t.first, t.second} == {chosen.setting, default.setting}]
+    assert chosen.setting == default.setting or chosen.rate > default.rate * (
+        1 + tuning.spread) or by_turns == [chosen.setting], (
+        f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
+        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}, turns {by_turns}")
+    assert len({trial.setting for trial in tuning.trials}) >= 2, "the search measured only one"
     assert [name for name, _ in tuning.chosen.setting.models] == ["pipeline"], (
         "on the CPU base the classifier runs inside the pipeline model: nothing of its own to tune")
     assert read_tuning(where / "tuning.json").as_json() == tuning.as_json()
@@ -79,10 +92,17 @@ def test_tune_keeps_the_text_examples_defaults_or_takes_what_serves_more_by_turn
 
 def test_the_tuning_file_applied_to_a_rebuild_gives_an_image_whose_config_carries_it(
         image_tuning, docker_client, cpu_base_image):
-    tuning, where = image_tuning
+    """Applied whatever the search chose: where it kept the defaults, the file applied is the
+    same tuning with its best other trial chosen, so that a rebuild that ignored the file (and
+    took the defaults) would fail here."""
+    measured, where = image_tuning
+    tuning = measured if measured.chosen.setting != measured.default.setting else replace(
+        measured, chosen=max((t for t in measured.trials
+                              if t.setting != measured.default.setting),
+                             key=lambda t: (t.within_budget, t.rate)))
+    tuning_file = tuning.write(where / "applied-tuning.json")
     try:
-        build_docker_image(image_classification.pipeline, TUNED_IMAGE,
-                           tuning=where / "tuning.json")
+        build_docker_image(image_classification.pipeline, TUNED_IMAGE, tuning=tuning_file)
         config = text_format.Parse(docker_client.containers.run(
             TUNED_IMAGE, ["cat", "/models/pipeline/config.pbtxt"], entrypoint=[],
             remove=True).decode(), mc.ModelConfig())
@@ -92,7 +112,8 @@ def test_the_tuning_file_applied_to_a_rebuild_gives_an_image_whose_config_carrie
         except Exception:  # noqa: BLE001 - the build may have failed before tagging
             pass
     chosen = tuning.chosen.setting["pipeline"]
-    assert config.instance_group[0].count == chosen.instances == 2
+    assert tuning.chosen.setting != tuning.default.setting
+    assert config.instance_group[0].count == chosen.instances
     assert config.max_batch_size == chosen.max_batch_size
     assert config.dynamic_batching.max_queue_delay_microseconds == chosen.max_queue_delay_us
     assert list(config.dynamic_batching.preferred_batch_size) == list(
