@@ -6,7 +6,9 @@ kept with its reason so the build can report it:
 
 * ``onnx`` — ``torch.onnx.export`` with a dynamic batch axis: the TorchScript-based exporter,
   else the ``torch.export``-based one (what current transformers models need); served by the
-  onnxruntime backend (``platform: "onnxruntime_onnx"``).
+  onnxruntime backend (``platform: "onnxruntime_onnx"``). A model past protobuf's 2 GiB keeps
+  its weights in ``model.onnx.data`` beside the graph (:mod:`.onnx_external_data`), checked and
+  run from the path.
 * ``torchscript`` — ``torch.jit.trace``; served by the PyTorch backend (``pytorch_libtorch``),
   whose tensor names follow its ``<name>__<index>`` convention.
 * ``python`` — the module itself, pickled by value, run with torch inside the python backend by
@@ -41,6 +43,7 @@ from builder.pipeline.operators import ModelOp
 from builder.pipeline.signature import triton_dtype
 from builder.repository.batching import MAX_BATCH_SIZE
 from builder.repository.model_config import TensorConfig
+from builder.repository.onnx_external_data import EXTERNAL_DATA_BYTES, gather_external_data
 
 FORMATS = ("onnx", "torchscript", "python", "tensorrt")
 TOLERANCE = 1e-4
@@ -203,8 +206,9 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
         for name in names
     }
     _export_onnx_graph(op, reference, path, dynamic_axes)
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model)
+    gather_external_data(path)  # past 2 GiB: the weights in model.onnx.data, beside the graph
+    onnx.checker.check_model(str(path))  # by path: a loaded model past 2 GiB cannot be checked
+    model = onnx.load(str(path), load_external_data=False)
     inputs, outputs = onnx_io(model)
     if [t.name for t in inputs] != list(op.input_names):
         raise FormatFailed(
@@ -253,6 +257,7 @@ def _export_onnx_graph(op: ModelOp, reference: Reference, path: Path,
                  "torch.export-based exporter", op.name, first)
     # torch.export specializes axes of size 1: the examples stacked twice show a batch of 2.
     examples = tuple(torch.cat([e, e]) for e in op.module_examples)
+    external = _weight_bytes(reference.module) >= EXTERNAL_DATA_BYTES
     dims = {name: {axis: torch.export.Dim(label, min=1)
                    for axis, label in dynamic_axes[name].items()} for name in op.input_names}
     try:
@@ -261,11 +266,17 @@ def _export_onnx_graph(op: ModelOp, reference: Reference, path: Path,
             torch.onnx.export(reference.module, examples, str(path), **names,
                               dynamic_shapes=tuple(dims[n] for n in op.input_names),
                               opset_version=max(ONNX_OPSET, DYNAMO_OPSET), dynamo=True,
-                              external_data=False, verbose=False)
+                              external_data=external, verbose=False)
     except Exception as error:  # noqa: BLE001 - a failed format, with both reasons
         second = _first_line(f"{type(error).__name__}: {error}")
         raise FormatFailed(f"TorchScript-based exporter: {first}; torch.export-based exporter: "
                            f"{second}") from None
+
+
+def _weight_bytes(module: Any) -> int:
+    """The bytes of a module's parameters and buffers (each shared tensor once)."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def onnx_io(model: Any) -> tuple[list[TensorConfig], list[TensorConfig]]:
