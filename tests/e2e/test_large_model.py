@@ -12,22 +12,20 @@ session and the model operator's).
 from __future__ import annotations
 
 import resource
-import threading
 
 import numpy as np
 import pytest
 import torch
 
 from builder import ModelOp, build_docker_image, pipe
-from builder.client.pipeline import Client
+from builder.verify.concurrent import concurrent_check
 from builder.verify.container import ServingContainer
-from builder.verify.equality import check_same
+from builder.verify.equality import TOLERANCE
 from tests.support.large_models import ROWS, EmbeddingEncoder
 
 pytestmark = [pytest.mark.slow]
 IMAGE = "triton-builder-test/large-model:1"
 REQUESTS = 96
-THREADS = 8
 TOKENS = 8
 
 
@@ -58,27 +56,9 @@ def test_an_image_with_a_model_past_two_gib_serves_96_distinct_requests_as_in_pr
         assert "model.onnx.data" in listing, listing
         calls = [_ids(100 + k) for k in range(REQUESTS)]
         expected = [large_pipeline(call) for call in calls]
-        failures: list[BaseException] = []
-        start = threading.Barrier(THREADS)
         with ServingContainer(docker_client, IMAGE) as endpoint:
-
-            def send(share: range) -> None:
-                try:
-                    with Client(f"grpc://{endpoint.grpc_url}/pipeline", timeout=120) as client:
-                        start.wait(60)
-                        for k in share:
-                            check_same(client(calls[k]), expected[k], where=f"request {k}")
-                except BaseException as error:  # noqa: BLE001 - raised below
-                    failures.append(error)
-                    start.abort()
-
-            threads = [threading.Thread(target=send, args=(range(t, REQUESTS, THREADS),))
-                       for t in range(THREADS)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        assert not failures, failures[0]
+            concurrent_check("pipeline", [((c,), e) for c, e in zip(calls, expected, strict=True)],
+                             TOLERANCE, timeout=120)(endpoint)
         assert len({row.tobytes() for row in (np.asarray(e) for e in expected)}) == REQUESTS
     finally:
         try:

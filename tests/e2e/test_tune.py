@@ -38,6 +38,18 @@ IN_FLIGHT = 32
 TUNED_IMAGE = "triton-builder-test/tuned-image-classification:1"
 
 
+def _moved_off_the_defaults_only_on_evidence(tuning) -> None:
+    """The chosen setting is the defaults, or served more beyond the spread, or won the turns
+    measured between the two."""
+    chosen, default = tuning.chosen, tuning.default
+    by_turns = [t.leader() for t in tuning.turns
+                if {t.first, t.second} == {chosen.setting, default.setting}]
+    assert chosen.setting == default.setting or chosen.rate > default.rate * (
+        1 + tuning.spread) or by_turns == [chosen.setting], (
+        f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
+        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}, turns {by_turns}")
+
+
 @pytest.fixture(scope="module")
 def image_tuning(tmp_path_factory):
     where = tmp_path_factory.mktemp("tune-image")
@@ -59,12 +71,7 @@ def test_tune_of_the_image_example_keeps_the_defaults_or_takes_what_serves_more(
     chosen, default = tuning.chosen, tuning.default
     assert default.setting["pipeline"].instances == 1
     assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
-    by_turns = [t.leader() for t in tuning.turns
-                if {t.first, t.second} == {chosen.setting, default.setting}]
-    assert chosen.setting == default.setting or chosen.rate > default.rate * (
-        1 + tuning.spread) or by_turns == [chosen.setting], (
-        f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
-        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}, turns {by_turns}")
+    _moved_off_the_defaults_only_on_evidence(tuning)
     assert len({trial.setting for trial in tuning.trials}) >= 2, "the search measured only one"
     assert [name for name, _ in tuning.chosen.setting.models] == ["pipeline"], (
         "on the CPU base the classifier runs inside the pipeline model: nothing of its own to tune")
@@ -80,14 +87,9 @@ def test_tune_keeps_the_text_examples_defaults_or_takes_what_serves_more_by_turn
     defaults needs a difference beyond the spread, or a lead the turns between the two show."""
     tuning = tune(text_embedding.pipeline, BUDGET_MS, minutes=MINUTES, queue_policy=False,
                   measurement_ms=MEASUREMENT_MS, max_concurrency=IN_FLIGHT)
-    chosen, default = tuning.chosen, tuning.default
+    chosen = tuning.chosen
     assert chosen.within_budget and chosen.p99_ms <= BUDGET_MS
-    by_turns = [t.leader() for t in tuning.turns
-                if {t.first, t.second} == {chosen.setting, default.setting}]
-    assert chosen.setting == default.setting or chosen.rate > default.rate * (
-        1 + tuning.spread) or by_turns == [chosen.setting], (
-        f"moved off the defaults ({default.rate:.0f} req/s) to {chosen.setting.describe()} "
-        f"({chosen.rate:.0f} req/s) within the spread {tuning.spread:.1%}, turns {by_turns}")
+    _moved_off_the_defaults_only_on_evidence(tuning)
 
 
 def test_the_tuning_file_applied_to_a_rebuild_gives_an_image_whose_config_carries_it(
