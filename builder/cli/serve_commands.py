@@ -43,12 +43,15 @@ def serve(
         report_error("starting the server", error)
     console.print(f"ready: grpc://{endpoint.grpc_url}  http://{endpoint.http_url}  "
                   f"metrics http://{endpoint.metrics_url}/metrics")
+    started = container.container
+    if started is None:  # start() returned: it holds the container it started
+        report_error("starting the server", RuntimeError("no container was started"))
     if detach:
-        console.print(f"stop it with: docker rm -f {container.container.short_id}")
-        print(container.container.id)
+        console.print(f"stop it with: docker rm -f {started.short_id}")
+        print(started.id)
         return
     try:
-        for line in container.container.logs(stream=True, follow=True):
+        for line in started.logs(stream=True, follow=True):
             sys.stderr.write(line.decode(errors="replace"))
     except KeyboardInterrupt:
         pass
@@ -106,14 +109,21 @@ def inspect(
                               "(CycloneDX JSON) instead of its labels."),
     inputs: bool = typer.Option(False, "--inputs", help="Print what the image was made from "
                                 "(the same inputs give the same image ID)."),
+    layers: bool = typer.Option(False, "--layers", help="Print each layer, oldest first: what "
+                                "it holds (base, environment, weights of a model, runtime, "
+                                "code) and its size unpacked."),
 ) -> None:
     """Show what an image serves: signature, Triton, CUDA, environment (from its labels).
 
-    Example: triton-builder inspect embed:1; triton-builder inspect embed:1 --sbom
+    Example: triton-builder inspect embed:1; triton-builder inspect embed:1 --layers
     """
     from builder.engine import ensure_engine
     from builder.image.labels import PLATFORMS, image_inputs
 
+    if layers:
+        print(json.dumps(run_step("reading the layers",
+                                  lambda: _image_layers(ensure_engine(), reference)), indent=2))
+        return
     if sbom:
         print(run_step("reading the bill of materials",
                    lambda: _image_sbom(ensure_engine(), reference)), end="")
@@ -122,7 +132,7 @@ def inspect(
     if inputs:
         print(json.dumps(image_inputs(labels), indent=2, sort_keys=True))
         return
-    ours = {key: value for key, value in labels.items()
+    ours: dict[str, Any] = {key: value for key, value in labels.items()
             if key.startswith(("ai.triton-builder.", "org.opencontainers.image."))}
     for key, value in ours.items():
         if key.endswith(".signature"):
@@ -227,6 +237,20 @@ def _platform_images(client, reference: str, labels: dict[str, str]) -> dict[str
     shown["index"] = (f"at push, {tag} is one OCI image index of "
                       f"{', '.join(n for n in shown)} (each pushed as its own tag first)")
     return shown
+
+
+def _image_layers(client, reference: str) -> dict[str, Any]:
+    """The image's layers (part and size, oldest first) and their total."""
+    import docker.errors
+
+    from builder.engine.image_config import image_layers
+
+    try:
+        layers = image_layers(client, reference)
+    except docker.errors.ImageNotFound:
+        raise LookupError(f"no image {reference!r} on this engine") from None
+    return {"layers": [{"part": layer.part, "size": layer.size} for layer in layers],
+            "size": sum(layer.size for layer in layers)}
 
 
 def _image_labels(client, reference: str) -> dict[str, str]:

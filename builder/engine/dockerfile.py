@@ -61,7 +61,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return environment
 
 
-_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+=,-]*$")
+_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+=,-]*$")
 _PATH = re.compile(r"^/[A-Za-z0-9_./@+=,-]*$")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 

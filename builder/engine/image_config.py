@@ -17,6 +17,10 @@ whether it made a layer (``empty_layer``): a step is taken to have made one when
 not 0. Where that does not account for every layer (a layer holding only directories or
 deletions is 0 bytes too), the config is read whole from ``docker save`` instead. Either way
 the result is checked: the new image must list the same steps with the same sizes and layers.
+
+The build's steps that make a layer (``COPY``, ``ADD``, ``RUN``) may be named too: each name is
+the ``comment`` of its history entry (``LAYER_COMMENT`` + the name), where OCI keeps a step's
+note, ``docker history`` shows it, and a registry copies it with the config.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import docker
@@ -41,12 +47,20 @@ class RestampError(TritonBuilderError, RuntimeError):
     """The rewritten configuration would not describe the image that was built."""
 
 
+LAYER_COMMENT = "triton-builder: "
+"""How the comment of a history entry that names its layer begins."""
+_METADATA_STEP = re.compile(r"#\(nop\)\s+(?!COPY\b|ADD\b)")
+
+
 def restamp_image(client: docker.DockerClient, image_id: str, *, created: str,
-                  kept_history: int, made: list[str] | None = None) -> str:
+                  kept_history: int, layer_names: Sequence[str] = (),
+                  made: list[str] | None = None) -> str:
     """The ID of ``image_id`` with its configuration rewritten (see the module's docstring):
     dated ``created``, the first ``kept_history`` history entries (the base's) left as they
-    are. The built image stays; the caller removes it. ``made`` receives the new image's ID
-    before the engine makes it, so that an interrupted caller knows what to remove."""
+    are, the build's steps that make a layer named by ``layer_names`` in order (none named
+    unless there are as many). The built image stays; the caller removes it. ``made`` receives
+    the new image's ID before the engine makes it, so that an interrupted caller knows what to
+    remove."""
     attributes = client.api.inspect_image(image_id)
     steps = list(reversed(client.api.history(image_id)))
     diff_ids = list(attributes["RootFS"]["Layers"])
@@ -56,6 +70,7 @@ def restamp_image(client: docker.DockerClient, image_id: str, *, created: str,
         raw = raw_config(client, image_id)
         history = [{**entry, "created": created} if index >= kept_history else entry
                    for index, entry in enumerate(raw.get("history", []))]
+    history = _named(history, kept_history, layer_names)
     config = {
         "architecture": attributes["Architecture"],
         "os": attributes["Os"],
@@ -82,6 +97,47 @@ def restamp_platform(client: docker.DockerClient, image_id: str,
     if platform.variant:
         config["variant"] = platform.variant
     return config
+
+
+def _named(history: list[dict[str, Any]], kept_history: int,
+           names: Sequence[str]) -> list[dict[str, Any]]:
+    """``history`` with the comments of the steps after ``kept_history`` that make a layer set
+    from ``names``; as it is when the counts differ (no name is better than a wrong one)."""
+    steps = [index for index, entry in enumerate(history) if index >= kept_history
+             and not _METADATA_STEP.search(entry.get("created_by", ""))]
+    if not names or len(steps) != len(names):
+        return history
+    named = [dict(entry) for entry in history]
+    for index, name in zip(steps, names):
+        named[index]["comment"] = LAYER_COMMENT + name
+    return named
+
+
+def layer_name(comment: str | None) -> str | None:
+    """The name :func:`restamp_image` gave a layer, from its history entry's comment."""
+    return comment[len(LAYER_COMMENT):] if comment and comment.startswith(LAYER_COMMENT) else None
+
+
+@dataclass(frozen=True)
+class ImageLayer:
+    """One layer of an image, oldest first: what it holds, its size unpacked, its step."""
+
+    part: str
+    size: int
+    step: str
+
+
+def image_layers(client: docker.DockerClient, reference: str) -> list[ImageLayer]:
+    """The layers of ``reference``: each named as its build named it (:func:`restamp_image`),
+    ``base`` where it came with the base (or from a build that named none). Steps that made no
+    bytes are left out."""
+    layers = []
+    for step in reversed(client.api.history(reference)):
+        name = layer_name(step.get("Comment"))
+        if step.get("Size") or name:
+            layers.append(ImageLayer(name or "base", int(step.get("Size") or 0),
+                                     step.get("CreatedBy", "")))
+    return layers
 
 
 def _history_entry(step: dict[str, Any], created: str | None) -> dict[str, Any]:
@@ -130,7 +186,10 @@ def raw_config(client: docker.DockerClient, image_id: str) -> dict[str, Any]:
     with tarfile.open(fileobj=_Stream(client.api.get_image(image_id)), mode="r|") as archive:
         for member in archive:
             if member.name == f"{image_id.split(':')[-1]}.json":
-                return json.load(archive.extractfile(member))
+                config = archive.extractfile(member)
+                if config is None:
+                    break
+                return json.load(config)
     raise RestampError(f"docker save of {image_id} holds no config")
 
 

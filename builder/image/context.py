@@ -7,23 +7,29 @@ by how often its files change:
   one: a directory holding ``bin/activate``), plus tarballs passed explicitly, which go to
   :data:`ENVIRONMENTS_DIR`. Gigabytes, changed when dependencies change.
 * ``weights`` — model files by suffix (``*.onnx``, ``*.pt``, ``*.safetensors``, ``*.plan`` …) and
-  anything of :data:`LARGE_FILE` bytes or more. Changed when a model is retrained.
+  anything of :data:`LARGE_FILE` bytes or more, one *part* (a layer of its own) per model
+  directory, so that a retrained model rebuilds, pushes and pulls its own layer alone; files at
+  the repository's top are the part :data:`REPOSITORY_PART`.
 * ``code`` — the rest: ``config.pbtxt``, ``model.py``, pickled pipelines, small JSON. Changed on
   every edit, and cheap to rebuild.
 
-The context holds each layer as a directory copied to ``/`` (``environment/``, ``weights/``,
-``code/``), each file at its path in the image under it — ``code/models/pipeline/config.pbtxt`` —
+The context holds each layer as a directory copied to ``/`` (``environment/``,
+``weights/<model>/``, ``code/``), each file at its path in the image under it —
+``code/models/pipeline/config.pbtxt``, ``weights/encoder/models/encoder/1/model.onnx`` —
 so the parent directories are in the context too, with the context's canonical dates and modes,
 not made by ``COPY`` with the build's clock (see ``dockerfiles/serving.Dockerfile.j2``).
 Files are hard-linked into the context where possible, so a multi-gigabyte environment is not
 copied on every build. A symlink inside the repository stays a symlink (in its target's layer);
-one that leaves the repository is replaced by what it points at.
+one that leaves the repository is replaced by what it points at (once: other links to the same
+file become links to that copy), in the layer of the link's own place — a virtual environment's
+``bin/python`` pointing at the host's interpreter is the environment's, not the code's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import stat
 from collections.abc import Iterable
@@ -43,7 +49,8 @@ WEIGHT_SUFFIXES = frozenset({
     ".npz", ".msgpack", ".ot", ".joblib", ".mlmodel", ".xgb", ".ubj", ".lgb", ".params",
 })
 SKIPPED_DIRECTORIES = frozenset({"__pycache__", ".ipynb_checkpoints", ".git"})
-_CONTEXT_ROOT = {"environment": "environment", "weights": "weights", "code": "code"}
+REPOSITORY_PART = "_repository"
+"""The weights part of files at the model repository's top (not in a model's directory)."""
 
 
 class BuildContextError(TritonBuilderError, ValueError):
@@ -56,10 +63,13 @@ class ContextEntry:
 
     layer: str
     path: str
-    """Where it goes in the context, e.g. ``weights/models/linear/1/model.onnx``."""
+    """Where it goes in the context, e.g. ``weights/linear/models/linear/1/model.onnx``."""
     source: Path | None = None
     link: str | None = None
     directory: bool = False
+    part: str = ""
+    """The context directory one ``COPY`` takes it from: the layer's name, or for weights the
+    model's (``weights/<part>/``)."""
 
     @property
     def executable(self) -> bool:
@@ -82,6 +92,23 @@ class ContextPlan:
     def size(self, name: str) -> int:
         return sum(os.stat(e.source).st_size for e in self.layer(name) if e.source)
 
+    def weight_parts(self) -> tuple[str, ...]:
+        """The weights' parts, largest first, each a layer of the image.
+
+        Docker rebuilds every layer after a changed one, and a large pretrained model changes
+        less often than a small head trained on top of it; a rebuilt layer of unchanged content
+        is byte-identical (canonical dates and modes), so its push uploads nothing either way."""
+        sizes: dict[str, int] = {}
+        for entry in self.layer("weights"):
+            sizes[entry.part] = sizes.get(entry.part, 0) + (
+                os.stat(entry.source).st_size if entry.source else 0)
+        return tuple(sorted(sizes, key=lambda part: (-sizes[part], part)))
+
+    def part_size(self, part: str) -> int:
+        """Bytes of the weights part ``part``."""
+        return sum(os.stat(e.source).st_size for e in self.layer("weights")
+                   if e.part == part and e.source)
+
     def digest(self, *layers: str) -> str:
         """A sha256 over paths, kinds, exec bits and contents of ``layers`` (all if none)."""
         digest = hashlib.sha256()
@@ -93,7 +120,7 @@ class ContextPlan:
                 digest.update(b"dir\0")
             elif entry.link is not None:
                 digest.update(f"link\0{entry.link}\0".encode())
-            else:
+            elif entry.source is not None:
                 digest.update(b"x\0" if entry.executable else b"f\0")
                 digest.update(file_digest(entry.source).encode())
         return digest.hexdigest()
@@ -110,7 +137,7 @@ class ContextPlan:
                 target.mkdir(parents=True, exist_ok=True)
             elif entry.link is not None:
                 os.symlink(entry.link, target)
-            else:
+            elif entry.source is not None:
                 _place(entry.source, target, entry.executable)
         return context
 
@@ -128,27 +155,33 @@ def plan_context(
     image_root = PurePosixPath(model_repository).relative_to("/")
     environment_dirs = environment_directories(root)
     entries: list[ContextEntry] = []
+    copied: dict[Path, str] = {}
     for relative, path in _walk(root):
         rel = PurePosixPath(relative)
         if path is None:
-            entries.append(ContextEntry("code", _context_path("code", rel, image_root),
-                                        directory=True))
+            entries.append(_entry("code", rel, image_root, directory=True))
             continue
+        layer = _layer(path, rel, environment_dirs)
         if path.is_symlink():
             inside = _inside(root, path)
             if inside is not None:
-                layer = _layer(inside, inside.relative_to(root), environment_dirs)
                 link = os.path.relpath(inside, path.parent.resolve())
-                entries.append(ContextEntry(layer, _context_path(layer, rel, image_root),
-                                            link=link))
+                target_rel = PurePosixPath(inside.relative_to(root).as_posix())
+                entries.append(_entry(_layer(inside, target_rel, environment_dirs),
+                                      rel, image_root, link=link))
                 continue
-            path = path.resolve()
-            if path.is_dir():
+            target = path.resolve()
+            if target.is_dir():
                 raise BuildContextError(
-                    f"{relative} links to a directory outside the repository ({path}); copy it "
-                    f"in or link to files")
-        layer = _layer(path, rel, environment_dirs)
-        entries.append(ContextEntry(layer, _context_path(layer, rel, image_root), source=path))
+                    f"{relative} links to a directory outside the repository ({target}); copy "
+                    f"it in or link to files")
+            if target in copied:
+                link = posixpath.relpath(copied[target], rel.parent.as_posix())
+                entries.append(_entry(layer, rel, image_root, link=link))
+                continue
+            copied[target] = rel.as_posix()
+            path = target
+        entries.append(_entry(layer, rel, image_root, source=path))
     seen: set[str] = set()
     for tarball in environments:
         tarball = Path(tarball).resolve()
@@ -226,6 +259,8 @@ def environment_directories(root: Path) -> list[Path]:
 
 
 def _layer(path: Path, rel: PurePosixPath, environment_dirs: list[Path]) -> str:
+    """The layer of the file at ``path``, found at ``rel`` in the repository (its place, not a
+    link's target, says whether it belongs to an environment)."""
     name = rel.name.lower()
     if name.endswith(ENVIRONMENT_SUFFIXES) or any(
             d in path.parents for d in environment_dirs):
@@ -237,8 +272,13 @@ def _layer(path: Path, rel: PurePosixPath, environment_dirs: list[Path]) -> str:
     return "code"
 
 
-def _context_path(layer: str, rel: PurePosixPath, image_root: PurePosixPath) -> str:
-    return f"{_CONTEXT_ROOT[layer]}/{image_root / rel}"
+def _entry(layer: str, rel: PurePosixPath, image_root: PurePosixPath, **kind) -> ContextEntry:
+    """The entry of ``rel`` in ``layer``: weights under their model's part
+    (``weights/<model>/models/<model>/...``), the other layers under their own name."""
+    if layer != "weights":
+        return ContextEntry(layer, f"{layer}/{image_root / rel}", part=layer, **kind)
+    part = rel.parts[0] if len(rel.parts) > 1 else REPOSITORY_PART
+    return ContextEntry(layer, f"weights/{part}/{image_root / rel}", part=part, **kind)
 
 
 def _inside(root: Path, link: Path) -> Path | None:

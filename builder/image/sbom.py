@@ -47,9 +47,6 @@ from builder.image.os_packages import OsPackages
 from builder.tritonserver.wheel import PYTRITON_REQUIREMENT
 
 SBOM_PATH = "/opt/triton-builder/sbom.cdx.json"
-SBOM_CONTEXT = "sbom"
-"""The context directory copied to ``/`` that holds the SBOM at :data:`SBOM_PATH` under it."""
-"""Where the build context holds it (copied to :data:`SBOM_PATH`)."""
 PROPERTY = "triton-builder:"
 """The namespace of our CycloneDX properties."""
 _SERIAL_NAMESPACE = uuid.UUID("6f1c2f43-5a0e-5b7e-9a53-1d0c6b9f2c11")
@@ -221,16 +218,16 @@ def _stub(release: Release, stub: ShippedStub | None, runtime: PythonRuntime | N
     if route is not None and route.kind is StubSource.RELEASE and not release.ngc:
         base = "slim GPU" if release.slim else "CPU"
         description += f" (the {base} base's, from {PYTRITON_REQUIREMENT})"
-    compiled = route is not None and route.kind is StubSource.COMPILE
-    version = route.branch if compiled and route.branch else release.triton_version
+    compiled = route if route is not None and route.kind is StubSource.COMPILE else None
+    version = compiled.branch if compiled and compiled.branch else release.triton_version
     properties = [Property(name=PROPERTY + "stub-route",
                            value=StubSource(route.kind).value if route else "unknown")]
     properties += [Property(name=PROPERTY + "path", value=path) for path in paths]
     if route is not None and route.requirement:
         properties.append(Property(name=PROPERTY + "from", value=route.requirement))
-    if compiled:
+    if compiled is not None:
         properties.append(Property(name=PROPERTY + "from",
-                                   value=f"python_backend {route.branch}"))
+                                   value=f"python_backend {compiled.branch}"))
     if runtime is not None:
         properties.append(Property(name=PROPERTY + "python", value=runtime.python_version))
     hashes = [HashType(alg=HashAlgorithm.SHA_256, content=digest)

@@ -9,25 +9,25 @@ hostile value is refused with a readable message before jinja2's last line of de
 The build context the templates expect (written by :mod:`builder.image.context`)::
 
     environment/<absolute path>   environment tarballs, mirrored from / (COPY environment/ /)
-    weights/<model>/...           model weights, merged into the model repository
-    runtime/health.py             the health check (builder/runtime/health.py)
-    runtime/supervisor.py         the first process, heals dead stubs (its package's __main__)
-    runtime/supervisor/           its package (builder/runtime/supervisor/)
-    sbom.cdx.json                 the bill of materials (builder/image/sbom.py)
-    models/<model>/...            configs and code, merged into the model repository last
+    weights/<part>/models/<part>/ one model's weights, a layer per model, merged into the
+                                  model repository
+    runtime/opt/triton-builder/   the health check, the supervisor (the first process, heals
+                                  dead stubs) and its package (builder/runtime/)
+    code/models/<model>/...       configs and code, merged into the model repository last,
+    code/opt/triton-builder/...   with the bill of materials (builder/image/sbom.py)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
-from builder.image.sbom import SBOM_CONTEXT, SBOM_PATH
+from builder.image.sbom import SBOM_PATH
 from builder.image.startup import START_PERIOD_S
 from builder.runtime.supervisor import DRAIN_S, locked_command
 
@@ -212,13 +212,14 @@ def render_serving_dockerfile(
     options: ServingOptions | None = None,
     stage: Stage = "full",
     has_environment: bool = True,
-    has_weights: bool = True,
+    weight_parts: Sequence[str] = (),
     payload_image: str | None = None,
     labels: Mapping[str, str] | None = None,
     start_period: int = START_PERIOD_S,
 ) -> str:
     """Render the Dockerfile for ``release``; ``payload_image`` is the FROM of stage "serving".
 
+    ``weight_parts`` are the weights' layers in order (:meth:`ContextPlan.weight_parts`);
     ``labels`` become one ``LABEL`` instruction at the end of the stage rendered;
     ``start_period`` is the health check's (:func:`builder.image.startup.health_start_period`)."""
     options = options or ServingOptions()
@@ -246,7 +247,7 @@ def render_serving_dockerfile(
         uid=options.uid,
         model_repository=options.model_repository,
         has_environment=has_environment,
-        has_weights=has_weights,
+        weight_parts=list(weight_parts),
         healthcheck=healthcheck_command(options.http_port),
         drain_s=f"{options.drain_s:g}",
         start_period=start_period,
@@ -254,8 +255,29 @@ def render_serving_dockerfile(
         runtime_scripts_context=RUNTIME_SCRIPTS_CONTEXT,
         healing_metrics_port=HEALING_METRICS_PORT,
         sbom_path=SBOM_PATH,
-        sbom_context=SBOM_CONTEXT,
         command=options.command(release),
         python_models=options.python_models,
         labels=dict(labels or {}),
     )
+
+
+_LAYER_STEP = re.compile(r"^(COPY|RUN|ADD)\s+(\S+)", re.MULTILINE)
+_COPIED_PARTS = {"environment/": "environment", RUNTIME_SCRIPTS_CONTEXT + "/": "runtime",
+                 "code/": "code"}
+
+
+def layer_parts(*dockerfiles: str) -> list[str]:
+    """What each step of ``dockerfiles`` that makes a layer holds, in order: ``environment``,
+    ``weights of <model>``, ``runtime``, ``code`` (a ``RUN``: ``user``), read from the steps
+    themselves, so the names cannot drift from the template. They become the comments of the
+    image's history (:func:`builder.engine.image_config.restamp_image`), which ``inspect
+    --layers`` prints beside each layer's size."""
+    parts = []
+    for instruction, source in _LAYER_STEP.findall("\n".join(dockerfiles)):
+        if instruction == "RUN":
+            parts.append("user")
+        elif source.startswith("weights/"):
+            parts.append(f"weights of {source.removeprefix('weights/').rstrip('/')}")
+        else:
+            parts.append(_COPIED_PARTS.get(source, source.rstrip("/")))
+    return parts

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 import docker
 import docker.errors
@@ -63,7 +63,6 @@ from builder.image.labels import (
 )
 from builder.image.os_packages import image_os_packages
 from builder.image.sbom import (
-    SBOM_CONTEXT,
     SBOM_PATH,
     BaseImage,
     PythonRuntime,
@@ -75,6 +74,7 @@ from builder.image.serving_dockerfile import (
     RUNTIME_DIR,
     RUNTIME_SCRIPTS_CONTEXT,
     ServingOptions,
+    layer_parts,
     render_serving_dockerfile,
     runtime_scripts,
     templates_source,
@@ -89,6 +89,13 @@ from builder.progress import Log, step_log
 from builder.runtime.supervisor import DRAIN_S
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
+
+
+class PayloadLayers(TypedDict):
+    """What the payload stage copies: the environment, and the weights' parts in order."""
+
+    has_environment: bool
+    weight_parts: tuple[str, ...]
 
 
 class EnvironmentMismatchError(TritonBuilderError, ValueError):
@@ -191,7 +198,8 @@ def build_serving_image(
     start_period = health_start_period(archive_bytes(archives))
     ready_timeout_s = verify_timeout(archive_bytes(archives))
 
-    layers = {"has_environment": plan.has("environment"), "has_weights": plan.has("weights")}
+    layers: PayloadLayers = {"has_environment": plan.has("environment"),
+                             "weight_parts": plan.weight_parts()}
     payload_hash = content_hash(  # the date too: it is every file's mtime in the layers
         render_serving_dockerfile(release, options=serving, stage="payload", **layers,
                                   start_period=start_period),
@@ -243,14 +251,15 @@ def build_serving_image(
         for name, text in runtime_scripts().items():
             (scripts / name).parent.mkdir(parents=True, exist_ok=True)
             (scripts / name).write_text(text)
-        sbom_file = context / SBOM_CONTEXT / SBOM_PATH.lstrip("/")
-        sbom_file.parent.mkdir(parents=True)
+        sbom_file = context / "code" / SBOM_PATH.lstrip("/")
+        sbom_file.parent.mkdir(parents=True, exist_ok=True)
         sbom_file.write_text(sbom)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], platform=platform, on_log=log,
                             made=leftovers.images, nocache=options.no_cache)
         image_id = restamp_image(client, built.id, created=image_labels[CREATED],
                                  kept_history=len(client.api.history(base.id)),
+                                 layer_names=layer_parts(payload_dockerfile, serving_dockerfile),
                                  made=leftovers.images)
         remove_images(client, [built.id])
         log(f"dated {image_labels[CREATED]} (the build's epoch): {image_id}")
@@ -276,7 +285,7 @@ def check_environment_python(tarball: str | os.PathLike, release: Release,
 
 def check_environment_cuda(tarball: str | os.PathLike, release: Release) -> None:
     """Refuse an environment whose CUDA runtime the release's minimum driver cannot run."""
-    runtime = archive_cuda_runtime(tarball)
+    runtime = archive_cuda_runtime(Path(tarball))
     if runtime is None or not release.gpu:
         return
     problem = release.cuda_runtime_problem(runtime.cuda)

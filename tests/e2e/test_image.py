@@ -152,8 +152,8 @@ def test_a_code_only_change_rebuilds_only_the_last_layer(built, docker_client, r
         assert new_layers[:-1] == old_layers[:-1]
         assert new_layers[-1] != old_layers[-1]
         # The history says the same: every step up to the code's COPY — base, payload, runtime
-        # scripts, bill of materials (a code change leaves it as it is) — is the same step; the
-        # code's COPY is new, and after it come metadata steps without content.
+        # scripts — is the same step; the code's COPY (with the bill of materials) is new, and
+        # after it come metadata steps without content.
         old_steps = [(h["CreatedBy"], h["Size"]) for h in reversed(old_image.history())]
         new_steps = [(h["CreatedBy"], h["Size"]) for h in reversed(new_image.history())]
         code = max(index for index, (by, _) in enumerate(new_steps) if " COPY " in by)

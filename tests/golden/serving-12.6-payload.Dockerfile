@@ -9,8 +9,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # 1. Python environment(s) for the python backend: the largest, most stable layer.
 COPY environment/ /
 
-# 2. Model weights, into /models.
-COPY weights/ /
+# 2. Model weights, into /models: a layer per model, largest first, so a
+#    retrained model rebuilds and pushes its own layer (and those after it, unchanged: nothing to push).
+COPY weights/encoder/ /
+COPY weights/head/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]

@@ -9,10 +9,7 @@ FROM sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 #    into /opt/triton-builder.
 COPY runtime/ /
 
-# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json:
-#    before the code, so a code-only change, which leaves it as it is, rebuilds only the next layer.
-COPY sbom/ /
-
-# 5. Pipeline code and model configurations, into /models: small, and the
-#    only layer a code change rebuilds.
+# 4. Pipeline code and model configurations, into /models, and the bill of
+#    materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json: small, and the
+#    only layer a code change rebuilds (a new version's SBOM changes with the code layer alone).
 COPY code/ /

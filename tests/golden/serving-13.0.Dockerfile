@@ -9,8 +9,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # 1. Python environment(s) for the python backend: the largest, most stable layer.
 COPY environment/ /
 
-# 2. Model weights, into /models.
-COPY weights/ /
+# 2. Model weights, into /models: a layer per model, largest first, so a
+#    retrained model rebuilds and pushes its own layer (and those after it, unchanged: nothing to push).
+COPY weights/encoder/ /
+COPY weights/head/ /
 
 EXPOSE 8000 8001 8002 8003
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/opt/triton-builder/health.py", "--http-port=8000"]
@@ -23,10 +25,7 @@ CMD ["python3", "/opt/triton-builder/supervisor.py", "--lock-admin-apis", "trito
 #    into /opt/triton-builder.
 COPY runtime/ /
 
-# 4. The bill of materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json:
-#    before the code, so a code-only change, which leaves it as it is, rebuilds only the next layer.
-COPY sbom/ /
-
-# 5. Pipeline code and model configurations, into /models: small, and the
-#    only layer a code change rebuilds.
+# 4. Pipeline code and model configurations, into /models, and the bill of
+#    materials (CycloneDX JSON, builder/image/sbom.py) at /opt/triton-builder/sbom.cdx.json: small, and the
+#    only layer a code change rebuilds (a new version's SBOM changes with the code layer alone).
 COPY code/ /

@@ -132,5 +132,5 @@ def test_the_repository_and_the_image_layer_hold_what_the_release_takes(
     check_environment_cuda(holder, release if cuda == "12.4" else resolve("12.4"))
     with pytest.raises(EnvironmentMismatchError, match="nvidia_cuda_runtime_cu12-12.4.127"):
         check_environment_cuda(holder, resolve("11.8"))  # driver 520 runs no CUDA 12
-    dockerfile = render_serving_dockerfile(release, has_environment=True, has_weights=False)
+    dockerfile = render_serving_dockerfile(release, has_environment=True)
     assert "COPY environment/ /" in dockerfile

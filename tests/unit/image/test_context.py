@@ -11,6 +11,7 @@ from builder.base.releases import resolve
 from builder.image.context import (
     ENVIRONMENTS_DIR,
     LARGE_FILE,
+    REPOSITORY_PART,
     BuildContextError,
     environment_image_path,
     plan_context,
@@ -54,8 +55,8 @@ def test_files_are_sorted_by_how_often_they_change(repository):
     layers = _layers(plan_context(repository))
     assert layers["environment"] == ["environment/models/pipeline/environment.tar.gz",
                                      "environment/models/post/environment.tar.gz"]
-    assert layers["weights"] == ["weights/models/encoder/1/model.onnx",
-                                 "weights/models/encoder/1/model.onnx.data"]
+    assert layers["weights"] == ["weights/encoder/models/encoder/1/model.onnx",
+                                 "weights/encoder/models/encoder/1/model.onnx.data"]
     assert layers["code"] == [
         "code/models/encoder/config.pbtxt", "code/models/pipeline/1/model.py",
         "code/models/pipeline/1/pipe.pickle", "code/models/pipeline/config.pbtxt",
@@ -85,7 +86,7 @@ def test_a_symlink_leaving_the_repository_is_replaced_by_its_target(repository, 
 def test_large_files_count_as_weights_whatever_their_name(repository):
     with open(repository / "pipeline" / "1" / "vocabulary.txt", "wb") as stream:
         stream.truncate(LARGE_FILE)
-    assert ("weights/models/pipeline/1/vocabulary.txt"
+    assert ("weights/pipeline/models/pipeline/1/vocabulary.txt"
             in _layers(plan_context(repository))["weights"])
 
 
@@ -97,6 +98,54 @@ def test_an_unpacked_environment_directory_is_an_environment(repository):
     (env / "lib" / "x.py").write_text("")
     layers = _layers(plan_context(repository))
     assert "environment/models/pipeline/env/lib/x.py" in layers["environment"]
+
+
+def test_an_environments_interpreter_linked_outside_is_copied_once_into_the_environment(
+        repository, tmp_path):
+    """A virtual environment's bin/python, python3 and python3.11 point at the host's
+    interpreter (6.8 MB): before, each became a copy of it in the code layer, so a code-only
+    change pushed 20 MB."""
+    interpreter = tmp_path / "host" / "python3.11"
+    interpreter.parent.mkdir()
+    interpreter.write_bytes(b"\x7fELF interpreter")
+    interpreter.chmod(0o755)
+    env = repository / "pipeline" / "environment"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "activate").write_text("")
+    for name in ("python", "python3", "python3.11"):
+        (env / "bin" / name).symlink_to(interpreter)
+    plan = plan_context(repository)
+    entries = {e.path.rsplit("/", 1)[1]: e for e in plan.entries if "/bin/python" in e.path}
+    assert {e.layer for e in entries.values()} == {"environment"}
+    assert entries["python"].source == interpreter and entries["python"].link is None
+    assert entries["python3"].link == entries["python3.11"].link == "python"
+    context = plan.write(tmp_path / "context", ["environment"])
+    assert (context / "environment/models/pipeline/environment/bin/python3.11").read_bytes() == (
+        b"\x7fELF interpreter")
+    assert not any("bin/python" in e.path for e in plan.layer("code"))
+
+
+def test_each_models_weights_are_a_part_of_their_own_largest_first(repository):
+    (repository / "head" / "1").mkdir(parents=True)
+    (repository / "head" / "1" / "model.onnx").write_bytes(b"h" * 10)
+    (repository / "encoder" / "1" / "model.onnx.data").write_bytes(b"e" * 1000)
+    (repository / "tokenizer.safetensors").write_bytes(b"t" * 100)
+    plan = plan_context(repository)
+    assert plan.weight_parts() == ("encoder", REPOSITORY_PART, "head")
+    assert plan.part_size("encoder") == 4 + 1000 and plan.part_size("head") == 10
+    assert [e.path for e in plan.layer("weights") if e.part == REPOSITORY_PART] == [
+        f"weights/{REPOSITORY_PART}/models/tokenizer.safetensors"]
+    assert {e.part for e in plan.layer("code")} == {"code"}
+
+
+def test_a_new_version_of_one_model_changes_only_its_parts_files(repository):
+    (repository / "head" / "1").mkdir(parents=True)
+    (repository / "head" / "1" / "model.onnx").write_bytes(b"head 1")
+    before = {e.path: e.source.read_bytes() for e in plan_context(repository).layer("weights")}
+    (repository / "head" / "1" / "model.onnx").write_bytes(b"head 2")
+    after = {e.path: e.source.read_bytes() for e in plan_context(repository).layer("weights")}
+    changed = {path for path in before if before[path] != after[path]}
+    assert changed == {"weights/head/models/head/1/model.onnx"}
 
 
 def test_explicit_environments_go_to_their_own_directory(repository, tmp_path):
@@ -124,7 +173,7 @@ def test_context_files_are_hard_linked_not_copied(repository, tmp_path):
     plan = plan_context(repository)
     context = plan.write(tmp_path / "context", ["weights"])
     source = repository / "encoder" / "1" / "model.onnx"
-    assert (os.stat(context / "weights/models/encoder/1/model.onnx").st_ino
+    assert (os.stat(context / "weights/encoder/models/encoder/1/model.onnx").st_ino
             == os.stat(source).st_ino)
     assert not (context / "code").exists()
 

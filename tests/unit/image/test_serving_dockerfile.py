@@ -17,10 +17,16 @@ from builder.bridge import plan_python
 from builder.bridge.stub_build import render_stub_dockerfile
 from builder.engine.dockerfile import DockerfileError
 from builder.image.labels import LabelError, serving_labels
-from builder.image.serving_dockerfile import ServingOptions, render_serving_dockerfile
+from builder.image.serving_dockerfile import (
+    ServingOptions,
+    layer_parts,
+    render_serving_dockerfile,
+)
 from tests.support.paths import GOLDEN
 
 GOLDEN = GOLDEN
+PARTS = ("encoder", "head")
+"""Two models' weights, as ContextPlan.weight_parts() gives them (largest first)."""
 UPDATE = os.environ.get("TRITON_BUILDER_UPDATE_GOLDEN") == "1"
 
 
@@ -34,21 +40,21 @@ def _golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("cuda", ["11.4", "11.8", "12.4", "12.6", "13.0", None])
 def test_golden_dockerfile(cuda):
-    text = render_serving_dockerfile(resolve(cuda))
+    text = render_serving_dockerfile(resolve(cuda), weight_parts=PARTS)
     _golden(f"serving-{cuda or 'cpu'}.Dockerfile", text)
 
 
 def test_golden_with_user_and_server_args():
     options = ServingOptions(user="triton", uid=1001, server_args=("--log-verbose=1",
                                                                     "--http-port=9000"))
-    _golden("serving-cpu-user.Dockerfile", render_serving_dockerfile(resolve(None),
-                                                                      options=options))
+    _golden("serving-cpu-user.Dockerfile", render_serving_dockerfile(
+        resolve(None), options=options, weight_parts=PARTS))
 
 
 def test_golden_two_stage_split():
     release = resolve("12.6")
     _golden("serving-12.6-payload.Dockerfile",
-            render_serving_dockerfile(release, stage="payload"))
+            render_serving_dockerfile(release, stage="payload", weight_parts=PARTS))
     _golden("serving-12.6-serving.Dockerfile",
             render_serving_dockerfile(release, stage="serving", payload_image="sha256:" + "a" * 64))
 
@@ -59,10 +65,10 @@ def _instructions(text: str) -> list[str]:
 
 @pytest.mark.parametrize("cuda", ["11.8", None])
 def test_layers_go_from_stable_to_volatile(cuda):
-    lines = _instructions(render_serving_dockerfile(resolve(cuda)))
+    lines = _instructions(render_serving_dockerfile(resolve(cuda), weight_parts=PARTS))
     copies = [line for line in lines if line.startswith("COPY")]
-    assert copies == ["COPY environment/ /", "COPY weights/ /", "COPY runtime/ /",
-                      "COPY sbom/ /", "COPY code/ /"]
+    assert copies == ["COPY environment/ /", "COPY weights/encoder/ /", "COPY weights/head/ /",
+                      "COPY runtime/ /", "COPY code/ /"]
     assert lines[0].startswith("FROM ")
     assert lines[-1] == "COPY code/ /"  # code last: nothing after it but labels
     assert "EXPOSE 8000 8001 8002 8003" in lines
@@ -132,9 +138,33 @@ def test_only_the_gpu_image_sets_the_nvidia_runtime_variables():
 
 
 def test_absent_layers_are_left_out():
-    text = render_serving_dockerfile(resolve(None), has_environment=False, has_weights=False)
+    text = render_serving_dockerfile(resolve(None), has_environment=False)
     copies = [line for line in _instructions(text) if line.startswith("COPY")]
-    assert copies == ["COPY runtime/ /", "COPY sbom/ /", "COPY code/ /"]
+    assert copies == ["COPY runtime/ /", "COPY code/ /"]
+
+
+def test_each_layer_is_named_by_the_step_that_makes_it():
+    """The names restamp_image writes into the history, read off both stages as built."""
+    release = resolve(None)
+    payload = render_serving_dockerfile(release, stage="payload", weight_parts=PARTS)
+    serving = render_serving_dockerfile(release, stage="serving",
+                                        payload_image="sha256:" + "a" * 64)
+    assert layer_parts(payload, serving) == [
+        "environment", "weights of encoder", "weights of head", "runtime", "code"]
+    user = ServingOptions(user="triton", uid=1001)
+    assert layer_parts(render_serving_dockerfile(release, options=user))[:2] == [
+        "user", "environment"]
+
+
+def test_a_part_named_like_a_triton_model_may_begin_with_an_underscore():
+    assert "COPY weights/_repository/ /" in render_serving_dockerfile(
+        resolve(None), weight_parts=["_repository"])
+
+
+@pytest.mark.parametrize("part", ["a b", "x\nRUN rm -rf /", "../../etc"])
+def test_a_weights_part_that_is_not_one_plain_word_is_refused(part):
+    with pytest.raises(DockerfileError):
+        render_serving_dockerfile(resolve(None), weight_parts=[part])
 
 
 HOSTILE = [
