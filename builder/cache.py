@@ -4,6 +4,7 @@ wheels, unpacked servers, environments, images."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -179,7 +180,7 @@ def content_hash(*parts: bytes | str | Path) -> str:
                 digest.update(str(path.relative_to(part) if part.is_dir() else path.name).encode())
                 digest.update(b"\0")
                 with open(path, "rb") as stream:
-                    for block in iter(lambda s=stream: s.read(1 << 20), b""):
+                    for block in iter(functools.partial(stream.read, 1 << 20), b""):
                         digest.update(block)
         else:
             digest.update(part.encode() if isinstance(part, str) else part)
@@ -190,7 +191,7 @@ def content_hash(*parts: bytes | str | Path) -> str:
 def _files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    found = []
+    found: list[Path] = []
     for directory, subdirs, names in os.walk(root):
         subdirs.sort()
         found.extend(Path(directory, name) for name in sorted(names))

@@ -40,6 +40,9 @@ class SignatureError(PipelineError):
 class OperatorError(PipelineError):
     """An operator raised while the pipeline ran; the original exception is ``__cause__``."""
 
+    attributed: bool = False
+    """Whether the message names the operator already (the executor's own wording)."""
+
 
 class RejectedInputError(OperatorError, InputError):
     """An operator refused its input: it raised :class:`InputError`, or an exception it

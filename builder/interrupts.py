@@ -104,15 +104,17 @@ def deferred_interrupts() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         held.append(signum)
 
-    previous = {}
+    previous: dict[int, Callable[[int, FrameType | None], object]] = {}
     for signum in INTERRUPTS:
-        if callable(signal.getsignal(signum)):
-            previous[signum] = signal.signal(signum, hold)
+        installed = signal.getsignal(signum)
+        if callable(installed):
+            signal.signal(signum, hold)
+            previous[signum] = installed
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         if held:
             previous[held[0]](held[0], None)
 

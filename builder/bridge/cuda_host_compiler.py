@@ -25,7 +25,7 @@ PROBE = "#include <cuda_runtime.h>\n__global__ void probe(int *x) { *x = 1; }\n"
 def candidates() -> list[str]:
     """The compilers to try, in order, as absolute paths, each once."""
     names = ["c++", "g++", os.environ.get("CUDAHOSTCXX", "")]
-    versioned = set()
+    versioned: set[str] = set()
     for directory in os.environ.get("PATH", "").split(os.pathsep):
         if os.path.isdir(directory):
             versioned.update(name for name in os.listdir(directory)

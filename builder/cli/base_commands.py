@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.text import Text
 
@@ -10,6 +12,9 @@ from builder.base.os_image import debian_os_image
 from builder.base.releases import DEBIAN_SUITES
 from builder.cli.app import base_app, console, log_line, run_step
 from builder.cli.command_options import parameter_default
+
+if TYPE_CHECKING:  # the engine is imported only by the commands that use it
+    from builder.engine.image_build import BuiltImage
 
 
 @base_app.command("os")
@@ -68,7 +73,7 @@ def base_cpu(
 
     target = run_step("reading the options", lambda: parse_platform(platform))
 
-    def build() -> object:
+    def build() -> BuiltImage:
         client = ensure_engine()
         require_platforms(client, (target,))
         return build_cpu_base(client, os_image=os_image, python_version=python_version,

@@ -56,6 +56,8 @@ def field_default(options: type, name: str) -> Any:
     found = _field(options, name)
     if found.default is not dataclasses.MISSING:
         return found.default
+    if found.default_factory is dataclasses.MISSING:
+        raise TypeError(f"{options.__name__}.{name} has no default")
     return found.default_factory()
 
 

@@ -4,6 +4,7 @@ manifests."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import typer
 from rich.text import Text
@@ -11,7 +12,7 @@ from rich.text import Text
 from builder.cli.app import console, deploy_app, run_step
 from builder.cli.command_options import field_default, field_option, parameter_default
 from builder.deploy.kubernetes import KubernetesOptions
-from builder.deploy.swarm import STACK, SwarmOptions, deploy_swarm
+from builder.deploy.swarm import STACK, PublishMode, SwarmOptions, deploy_swarm
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = field_default(SwarmOptions, "ports")
 
@@ -44,9 +45,11 @@ def deploy_swarm_command(
     from builder.deploy.swarm import stack_document, write_stack
     from builder.engine import ensure_engine
 
-    ports = tuple(port or None for port in (http_port, grpc_port, metrics_port))
+    ports = (http_port or None, grpc_port or None, metrics_port or None)
     options = run_step("reading the options", lambda: SwarmOptions(
-        replicas=replicas, shm_size=shm_size, publish=publish, ports=ports,
+        replicas=replicas, shm_size=shm_size,
+        publish=cast(PublishMode, publish),  # any text: SwarmOptions refuses another mode
+        ports=ports,
         health_interval_s=health_interval, health_retries=health_retries,
         update_delay_s=update_delay))
     if dry_run:

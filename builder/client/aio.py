@@ -11,7 +11,7 @@ results, same retries) over ``tritonclient.grpc.aio`` and ``tritonclient.http.ai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -73,7 +73,7 @@ class AsyncTritonRemoteModel(RemoteModelBase, AsyncClosing):
                                          self.retry_policy)
         return unbatch(outputs) if request.single else outputs
 
-    async def stream(self, request: Request) -> AsyncIterator[dict[str, np.ndarray]]:
+    async def stream(self, request: Request) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """Send a prepared request to a decoupled model; yield each response's outputs as it
         comes, with their batch axis (see ``TritonRemoteModel.stream``). Leaving the iteration
         early cancels the request on the server."""
@@ -111,6 +111,7 @@ class AsyncClient(PipelineClientBase, AsyncClosing):
     """
 
     model_class = AsyncTritonRemoteModel
+    model: AsyncTritonRemoteModel
 
     async def codec(self) -> PipelineCodec:
         """The pipeline's signature, read from the served model on first use."""

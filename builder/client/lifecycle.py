@@ -9,10 +9,14 @@ names its transport opener, its lock and its way of closing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from builder.client.endpoint import Endpoint, parse_endpoint
 from builder.client.retry import RetryPolicy, as_policy
+
+if TYPE_CHECKING:
+    from builder.client.codec import PipelineCodec
+    from builder.client.served_model import ServedModel
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_IN_FLIGHT = 8
@@ -29,7 +33,7 @@ class RemoteModelBase:
     of one ``batch`` sent at once.
     """
 
-    open_transport: ClassVar[Callable[[Endpoint, float, int], Any]]
+    open_transport: ClassVar[staticmethod[[Endpoint, float, int], Any]]
     new_lock: ClassVar[Callable[[], Any]]
 
     def __init__(
@@ -47,7 +51,7 @@ class RemoteModelBase:
         self.retry_policy = as_policy(retries)
         self.max_in_flight = max_in_flight
         self._transport = type(self).open_transport(self.endpoint, timeout, max_in_flight)
-        self._spec = None
+        self._spec: ServedModel | None = None
         self._lock = type(self).new_lock()
 
     def __repr__(self) -> str:
@@ -63,7 +67,7 @@ class PipelineClientBase:
     def __init__(self, url: str, endpoint: str | None = None, scheme: str | None = None,
                  **options: Any) -> None:
         self.model = self.model_class(url, endpoint, scheme, **options)
-        self._codec = None
+        self._codec: PipelineCodec | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model.endpoint.url!r})"
@@ -71,6 +75,9 @@ class PipelineClientBase:
 
 class Closing:
     """``with``: ``close()`` on the way out."""
+
+    if TYPE_CHECKING:  # each subclass has its own
+        def close(self) -> None: ...
 
     def __enter__(self):
         return self
@@ -81,6 +88,9 @@ class Closing:
 
 class AsyncClosing:
     """``async with``: ``await close()`` on the way out."""
+
+    if TYPE_CHECKING:  # each subclass has its own
+        async def close(self) -> None: ...
 
     async def __aenter__(self):
         return self

@@ -35,6 +35,7 @@ class Client(PipelineClientBase, Closing):
     """
 
     model_class = TritonRemoteModel
+    model: TritonRemoteModel
 
     @property
     def codec(self) -> PipelineCodec:

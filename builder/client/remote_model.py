@@ -14,7 +14,7 @@ in-process pipeline returns, is :class:`builder.client.Client`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -83,7 +83,7 @@ class TritonRemoteModel(RemoteModelBase, Closing):
                                   self.retry_policy)
         return unbatch(outputs) if request.single else outputs
 
-    def stream(self, request: Request) -> Iterator[dict[str, np.ndarray]]:
+    def stream(self, request: Request) -> Generator[dict[str, np.ndarray], None, None]:
         """Send a prepared request to a decoupled model; yield each response's outputs as it
         comes, with their batch axis (a response may hold several rows: a streaming pipeline
         sends the items made while its last response was on the way in one). Closing the

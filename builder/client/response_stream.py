@@ -89,11 +89,12 @@ def grpc_stream(endpoint: Endpoint, inputs: Sequence[Any], outputs: Sequence[str
             raise _refusal(error, responses, what) from error
         while True:
             try:
-                result, error = responses.get(timeout=timeout)
+                result, failure = responses.get(timeout=timeout)
             except queue.Empty:
-                raise classify(TimeoutError(f"no response within {timeout} s"), what) from None
-            if error is not None:
-                raise stream_failure(error, what) from error
+                late = TimeoutError(f"no response within {timeout} s")
+                raise (classify(late, what) or late) from None
+            if failure is not None:
+                raise stream_failure(failure, what) from failure
             response = result.get_response()
             final = response.parameters[FINAL_PARAMETER].bool_param
             if response.outputs:

@@ -155,7 +155,7 @@ def _ports(image: DeployableImage) -> list[tuple[str, int]]:
 
 
 def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, Any]:
-    requests = {"cpu": options.cpu_request, "memory": options.memory_request}
+    requests: dict[str, Any] = {"cpu": options.cpu_request, "memory": options.memory_request}
     limits: dict[str, Any] = {}
     if options.memory_limit:
         limits["memory"] = options.memory_limit

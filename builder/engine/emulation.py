@@ -70,7 +70,8 @@ def platform_support(client: docker.DockerClient, target: Platform, *,
     kernel's handlers are listed, :data:`BINFMT_MISC`)."""
     if engine_platform(client) == target:
         return PlatformSupport(target, native=True)
-    if configured_host() is not None and not configured_host().startswith("unix://"):
+    host = configured_host()
+    if host is not None and not host.startswith("unix://"):
         return PlatformSupport(target, native=False)
     return PlatformSupport(target, native=False,
                            problem=binfmt_problem(target, binfmt_misc or BINFMT_MISC))

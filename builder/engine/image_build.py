@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import docker
 import docker.errors
@@ -119,7 +118,7 @@ class _Upload(io.RawIOBase):
     """The build context as the SDK sends it, cut short once ``abandoned``: the engine then
     reads a truncated context and builds nothing."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: io.BufferedIOBase) -> None:
         super().__init__()
         self._file = file
         self.abandoned = False
@@ -178,6 +177,8 @@ class _BuildStream:
                 on_log(text.rstrip("\n"))
         if self.error is not None:
             raise self.error
+        if self.image_id is None:  # never: _read sets an error then
+            raise ImageBuildError("docker build ended without an image id")
         return self.image_id
 
     def ended(self, wait: float) -> bool:
@@ -189,7 +190,8 @@ class _BuildStream:
         return not self._thread.is_alive()
 
     def _read(self, start: Callable[[], Iterable[dict]]) -> None:
-        step, step_output = "", []
+        step = ""
+        step_output: list[str] = []
         cached = False
         try:
             for chunk in start():

@@ -122,7 +122,7 @@ def registry_insecure(client: docker.DockerClient, host: str) -> bool:
     except docker.errors.APIError:
         return False
     index = (config.get("IndexConfigs") or {}).get(host)
-    return bool(index) and index.get("Secure") is False
+    return bool(index and index.get("Secure") is False)
 
 
 def is_loopback(host: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import posixpath
 import re
 import tarfile
@@ -18,6 +19,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -27,7 +29,8 @@ from builder.environment.errors import ArchiveCheckError, SpecError
 from builder.environment.spec import EnvironmentSpec
 from builder.environment.target import EnvironmentTarget
 
-FORMATS = {".tar.gz": "r:gz", ".tar": "r:"}
+ReadMode = Literal["r:gz", "r:"]
+FORMATS: dict[str, ReadMode] = {".tar.gz": "r:gz", ".tar": "r:"}
 """What Triton's python backend extracts (besides a plain directory, used in place)."""
 
 NUMPY_2_FIRST_TRITON: Version | None = None
@@ -59,7 +62,7 @@ class CudaRuntime:
     distribution: str
 
 
-def archive_cuda_runtime(path: str | Path) -> CudaRuntime | None:
+def archive_cuda_runtime(path: str | os.PathLike[str]) -> CudaRuntime | None:
     """The CUDA runtime inside a packed environment (``nvidia-cuda-runtime`` wheels, or a
     ``torch+cuXY`` build); None when it carries none (CPU packages only). ``path`` may also be
     an unpacked one (a directory), as GPU releases that accept one ship it
@@ -189,7 +192,7 @@ class _Contents:
     numpy_version: str | None = None
 
 
-def _mode(path: Path) -> str:
+def _mode(path: Path) -> ReadMode:
     for suffix, mode in FORMATS.items():
         if path.name.endswith(suffix):
             with open(path, "rb") as stream:
@@ -206,7 +209,7 @@ def _mode(path: Path) -> str:
     )
 
 
-def _read(path: Path, mode: str) -> _Contents:
+def _read(path: Path, mode: ReadMode) -> _Contents:
     contents = _Contents(names=set(), python_dirs=set())
     try:
         with tarfile.open(path, mode) as archive:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import stat
 import tarfile
 from pathlib import Path
-from typing import BinaryIO
 
 COMPRESS_LEVEL = 4
 """venv-pack's and conda-pack's default: 3.5x faster than 9 for about 3 % more bytes."""
@@ -52,7 +52,7 @@ def write_canonical_archive(raw: str | os.PathLike, output: str | os.PathLike, *
     it is named ``.tar.gz``, a plain tar where it is named ``.tar``."""
     output = Path(output)
     with open(output, "wb") as file, contextlib.ExitStack() as stack:
-        stream: BinaryIO = file
+        stream: io.BufferedIOBase = file
         if output.name.endswith(".gz"):
             stream = stack.enter_context(gzip.GzipFile(
                 filename="", mode="wb", compresslevel=COMPRESS_LEVEL, fileobj=file, mtime=0))
@@ -60,7 +60,7 @@ def write_canonical_archive(raw: str | os.PathLike, output: str | os.PathLike, *
     return output
 
 
-def _write_members(raw: str | os.PathLike, stream: BinaryIO, mtime: int) -> None:
+def _write_members(raw: str | os.PathLike, stream: io.BufferedIOBase, mtime: int) -> None:
     with tarfile.open(raw, "r:") as source, \
             tarfile.open(fileobj=stream, mode="w:", format=tarfile.PAX_FORMAT) as target:
         latest = {member.name: member for member in source.getmembers()}  # as tar extracts

@@ -64,7 +64,8 @@ def missing_wheel_message(requirement: str, where: str, release: Release, python
 
 
 def require_platform_wheels(release: Release, python_version: str, *,
-                            env_specs: Iterable[str] = (), requirements: Iterable[str] = (),
+                            env_specs: Iterable[str | os.PathLike[str]] = (),
+                            requirements: Iterable[str] = (),
                             operators: Iterable[object] = (),
                             index: PackageIndex | None = None) -> None:
     """Refuse, naming it, the first requirement (of ``env_specs``, ``requirements`` and the

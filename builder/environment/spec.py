@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +94,7 @@ class EnvironmentSpec:
         return ", ".join(self.origins.get(requirement, ())) or "unknown source"
 
 
-def read_spec(path: str | Path) -> EnvironmentSpec:
+def read_spec(path: str | os.PathLike[str]) -> EnvironmentSpec:
     """Read ``requirements.txt``-style (``.txt``) or conda (``.yml``/``.yaml``) spec ``path``."""
     path = Path(path)
     if not path.is_file():
@@ -171,7 +172,7 @@ def missing_requirements(spec: EnvironmentSpec, requirements: Iterable[str]) -> 
 
 
 def load_spec(
-    paths: Iterable[str | Path] = (),
+    paths: Iterable[str | os.PathLike[str]] = (),
     requirements: Iterable[str] = (),
     operators: Iterable[object] = (),
 ) -> EnvironmentSpec:

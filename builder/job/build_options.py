@@ -195,7 +195,7 @@ def _given(options: BuildOptions | Sequence[StageOptions] | None
     if isinstance(options, BuildOptions):
         return options, set(GROUPS)
     by_kind = {kind: group for group, kind in GROUPS.items()}
-    stages = {}
+    stages: dict[str, Any] = {}  # each group's own kind (by_kind), which a dict cannot say
     for option in options:
         group = by_kind.get(type(option))
         if group is None:

@@ -118,7 +118,7 @@ class Pipeline:
         """Run one call in process and return its output value(s): the reference result."""
         self._check_arity(values)
         result = run_plan(self.plan, self.streaming, [values])[0]
-        if not result.ok:
+        if result.error is not None:
             raise result.error
         return self._whole_result(result)
 
@@ -150,12 +150,12 @@ class Pipeline:
         """
         if len(self.inputs) == 1:
             calls = [c if isinstance(c, tuple) else (c,) for c in calls]
-        calls = [tuple(c) for c in calls]
-        for values in calls:
+        rows = [tuple(c) for c in calls]
+        for values in rows:
             self._check_arity(values)
         results = []
-        for result in self.run(calls):
-            if result.ok:
+        for result in self.run(rows):
+            if result.error is None:
                 results.append(self._whole_result(result))
             elif return_exceptions:
                 results.append(result.error)
@@ -245,7 +245,7 @@ class Pipeline:
                 )
         results = run_plan(self.plan, self.streaming, self.examples)
         for number, (example, result) in enumerate(zip(self.examples, results, strict=True), 1):
-            if not result.ok:
+            if result.error is not None:
                 error = OperatorError(f"{result.error} (on example {number}: {_short(example)})")
                 raise error from result.error.__cause__ or result.error
         inputs = {
@@ -377,7 +377,8 @@ class _Pipe:
 pipe = _Pipe()
 
 
-def _columns(columns: Columns) -> tuple[str, ...]:
+def _columns(columns: object) -> tuple[str, ...]:
+    """The names ``columns`` gives, checked: the caller's argument, whatever it is."""
     if isinstance(columns, str):
         return (columns,)
     if isinstance(columns, Sequence) and all(isinstance(c, str) for c in columns):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import InputError, OperatorError, PipelineError
@@ -47,9 +47,10 @@ class Row:
 
 @dataclass
 class CallResult:
-    """The outcome of one call: ``outputs`` by column, or the ``error`` that stopped it."""
+    """The outcome of one call: ``outputs`` by column, or the ``error`` that stopped it (its
+    outputs then empty)."""
 
-    outputs: dict[str, Any] | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
     error: OperatorError | None = None
 
     @property
@@ -184,18 +185,20 @@ def _call(node: Node, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, 
                 return [None], {0: error}
         else:
             if len(results) != len(argument_rows):
-                error = _attributed(
+                wrong = _attributed(
                     f"operator {node.label}: call_batch returned {len(results)} results "
                     f"for {len(argument_rows)} rows"
                 )
-                return [None] * len(argument_rows), dict.fromkeys(range(len(argument_rows)),
-                                                                  error)
+                errors: dict[int, BaseException] = dict.fromkeys(range(len(argument_rows)),
+                                                                  wrong)
+                return [None] * len(argument_rows), errors
             return results, {}
         return _call_each(lambda *args: batch([args])[0], argument_rows)
     return _call_each(node.op, argument_rows)
 
 
-def _call_each(function: Any, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, Any]]:
+def _call_each(function: Any,
+               argument_rows: list[tuple]) -> tuple[list[Any], dict[int, BaseException]]:
     values: list[Any] = []
     errors: dict[int, BaseException] = {}
     for index, args in enumerate(argument_rows):
@@ -217,8 +220,9 @@ def _attributed(message: str) -> OperatorError:
 def failure(node: Node, error: BaseException) -> OperatorError:
     """The error a call reports: the operator, its columns and what it raised; a refusal of
     the input when the operator declared that exception as one."""
-    if getattr(error, "attributed", False):
+    if isinstance(error, OperatorError) and error.attributed:
         return error
+    failure: OperatorError
     if rejected(node.op, error):
         columns = node.filter_columns if node.kind == "filter" else node.inputs
         failure = rejection(node.label, tuple(columns), error)

@@ -348,6 +348,8 @@ class ModelFields:
     map names. The model is exported with every field; each map takes the ones it names."""
 
     def __init__(self, model: ModelOp, names: Sequence[str]) -> None:
+        if model.output_names is None:
+            raise PipelineError(f"model operator {model.name!r}: its outputs have no names")
         self.model = model
         self.names = tuple(names)
         self.positions = tuple(model.output_names.index(n) for n in self.names)
@@ -376,7 +378,7 @@ def fields_by_column(op: Any, columns: Sequence[str]) -> Any:
     return op
 
 
-def restore_model_op(cls: type, state: dict[str, Any]) -> ModelOp:
+def restore_model_op(cls: type[ModelOp], state: dict[str, Any]) -> ModelOp:
     """Rebuild a served :class:`ModelOp` from :meth:`ModelOp.serving_state` (unpickling)."""
     op = cls.__new__(cls)
     op.__dict__.update(state)

@@ -131,7 +131,7 @@ def _check_padding(op: ModelOp, row: tuple[np.ndarray, ...], forward: Any, run: 
     """Rows shorter than ``row`` along the varying axes, padded with it into one batch, must
     each answer as alone (:mod:`builder.pipeline.padding`)."""
     inputs, _ = op._padded_axes()
-    shorter = []
+    shorter: list[tuple[np.ndarray, ...]] = []
     for cut in range(1, ROWS):
         short = tuple(array[tuple(slice(0, max(1, size - cut)) if a in varying else slice(None)
                                   for a, size in enumerate(array.shape))]

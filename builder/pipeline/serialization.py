@@ -66,7 +66,7 @@ class _ServingPickler(cloudpickle.Pickler):
         if isinstance(obj, type):
             self.classes.add(obj)
             _track_class(obj)
-            copyreg._slotnames(obj)  # noqa: SLF001 - cached now, see the docstring
+            copyreg._slotnames(obj)  # type: ignore[attr-defined]  # private, not in typeshed
         if isinstance(obj, ModelOp) and obj.module is not None:
             target = self._targets.get(obj.name)
             if target is None:

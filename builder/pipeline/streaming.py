@@ -32,7 +32,7 @@ Answered whole (``pipe(x)``), each output is the list of the call's items.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,7 +284,7 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]], 
                    stopped: Callable[[], Collection[int]] | None = None,
                    arguments: dict[int, list[tuple]] | None = None,
                    arrivals: Callable[[], Sequence[Sequence[Any]]] | None = None,
-                   ) -> Iterator[StreamEvent]:
+                   ) -> Generator[StreamEvent, None, None]:
     """Run ``calls`` through a streaming ``plan``, yielding each item as it is made.
 
     Events of different calls interleave, step by step; each call ends with one ``final``
@@ -382,7 +382,7 @@ def run_plan(plan: Any, part: StreamPart | None, calls: Sequence[Sequence[Any]],
                                                for i in range(len(calls))}
     results: list[CallResult] = [CallResult()] * len(calls)
     for event in execute_stream(plan, part, calls, times, arguments=arguments):
-        if not event.final:
+        if event.outputs is not None:  # an item: every event but the final one has outputs
             for column in plan.outputs:
                 items[event.call][column].append(event.outputs[column])
         elif event.error is not None:

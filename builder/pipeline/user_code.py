@@ -15,6 +15,7 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Mapping
 
 _INSTALLATION_PATHS: list[tuple[str, ...]] = []
 """Cache of :func:`installation_paths` (a plain list: ``lru_cache`` wrappers pickle by reference,
@@ -85,7 +86,7 @@ def distributions_of(top: str) -> list[str]:
     return list(_PACKAGES_DISTRIBUTIONS[0].get(top, []))
 
 
-_PACKAGES_DISTRIBUTIONS: list[dict[str, list[str]]] = []
+_PACKAGES_DISTRIBUTIONS: list[Mapping[str, list[str]]] = []
 
 
 def _provides(distribution: importlib.metadata.Distribution, top: str) -> bool:

@@ -414,7 +414,7 @@ def _run_torch(module: Any, reference: Reference, tolerance: float) -> tuple[np.
     """Run a re-loaded module on the reference cases, compare, return the first outputs."""
     import torch
 
-    first = None
+    first: tuple[np.ndarray, ...] | None = None
     with torch.no_grad():
         for feeds, expected in reference.cases:
             outputs = module(*(torch.from_numpy(a.copy()) for a in feeds))
@@ -422,6 +422,8 @@ def _run_torch(module: Any, reference: Reference, tolerance: float) -> tuple[np.
             got = [o.detach().cpu().numpy() for o in outputs]
             compare(expected, got, reference.output_names, tolerance)
             first = first or tuple(got)
+    if first is None:  # never: the reference has the operator's examples, at least one
+        raise ExportError("the exported module answered no reference case")
     return first
 
 

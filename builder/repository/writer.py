@@ -392,20 +392,20 @@ class _staging:  # noqa: N801 - used as a context manager, reads like contextlib
     def __exit__(self, kind, error, traceback) -> None:
         assert self.path is not None
         if kind is not None:
-            self._abandon()
+            self._abandon(self.path)
             if isinstance(error, PipelineError):
                 return
             if isinstance(error, OSError):
                 raise BuildError(f"could not write the model repository: {error}") from error
             return
         try:
-            self._replace()
+            self._replace(self.path)
         except OSError as failure:
-            self._abandon()
+            self._abandon(self.path)
             raise BuildError(f"could not move the model repository into place: {failure}") \
                 from failure
 
-    def _replace(self) -> None:
+    def _replace(self, staged: Path) -> None:
         if self.root.is_symlink() or self.root.is_file():
             raise BuildError(f"{self.root} exists and is not a directory")
         old = None
@@ -414,7 +414,7 @@ class _staging:  # noqa: N801 - used as a context manager, reads like contextlib
             old.rmdir()
             os.rename(self.root, old)
         try:
-            os.rename(self.path, self.root)
+            os.rename(staged, self.root)
         except OSError:
             if old is not None:
                 os.rename(old, self.root)
@@ -422,8 +422,8 @@ class _staging:  # noqa: N801 - used as a context manager, reads like contextlib
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _abandon(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+    def _abandon(self, staged: Path) -> None:
+        shutil.rmtree(staged, ignore_errors=True)
         for directory in reversed(self.created):
             try:
                 directory.rmdir()

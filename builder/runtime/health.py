@@ -42,7 +42,7 @@ from pathlib import Path
 if __package__:  # imported from the repository (builder.runtime.health)
     from . import drain
 else:  # run as /opt/triton-builder/health.py, drain.py beside it
-    import drain
+    import drain  # type: ignore[no-redef]  # the same module, run as a script
 
 SERVER = "tritonserver"
 STUB = "triton_python_backend_stub"[:15]

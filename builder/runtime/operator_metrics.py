@@ -39,7 +39,7 @@ class OperatorMetrics:
                  interval: float = 1.0) -> None:
         pb = api.pb
         counter = pb.MetricFamily.COUNTER
-        self._families = (
+        self._families: tuple[Any, ...] = (
             pb.MetricFamily(name=self.DURATION, kind=counter,
                             description="Wall time in each operator of a served pipeline"),
             pb.MetricFamily(name=self.ROWS, kind=counter,

@@ -20,6 +20,7 @@ from ``builder``: the serving environment need not have it installed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,15 +39,18 @@ try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported outside Triton: unit tests pass a stand-in to TritonPythonModel
     pb_utils = None
-try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
-    from . import triton_builder_drain as drain
-    from . import triton_builder_model_calls as model_calls
-    from . import triton_builder_operator_metrics as operator_metrics
-    from . import triton_builder_request_size as request_size
-    from . import triton_builder_stream_serving as stream_serving
-    from . import triton_builder_warm_up as warm_up
-except ImportError:  # in the builder's package: builder.runtime.drain & co
+if TYPE_CHECKING:  # the copies beside model.py are these modules
     from . import drain, model_calls, operator_metrics, request_size, stream_serving, warm_up
+else:
+    try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
+        from . import triton_builder_drain as drain
+        from . import triton_builder_model_calls as model_calls
+        from . import triton_builder_operator_metrics as operator_metrics
+        from . import triton_builder_request_size as request_size
+        from . import triton_builder_stream_serving as stream_serving
+        from . import triton_builder_warm_up as warm_up
+    except ImportError:  # in the builder's package: builder.runtime.drain & co
+        from . import drain, model_calls, operator_metrics, request_size, stream_serving, warm_up
 
 BlsError = model_calls.BlsError
 
@@ -420,7 +424,8 @@ class TritonPythonModel:
         if self.warm_ups:
             return self._warm_up_sample(requests)
         if self.pipeline.streaming is not None:
-            return self._stream(requests)
+            self._stream(requests)
+            return None
         if self.in_flight is None:
             return self._serve(requests)
         self.in_flight.add(len(requests))
@@ -474,7 +479,6 @@ class TritonPythonModel:
         finally:
             if not started:
                 self.stream_slots.release()
-        return None
 
     def _start_streams(self, requests: list) -> bool:
         """Whether a thread now streams the batch (it releases the slot when done)."""
@@ -516,33 +520,38 @@ class TritonPythonModel:
         batches that join it until none is left."""
         times = None if self.metrics is None else [[0.0, 0, 0, 0] for _ in self.metrics.times]
         loop = self.stream_loop
-
-        def arrivals() -> list[stream_serving.Streams]:
-            joined = loop.arrivals()
-            if joined:
-                self._add_times(times)
-            return joined
-
+        arrivals = None if loop is None else functools.partial(self._arrivals, loop, times)
+        running: stream_serving.Streams | None = streams
         try:
-            while streams is not None:
-                stream_serving.run_streams(self.pipeline, self.api, streams, times,
-                                           failure_kind, None if loop is None else arrivals)
+            while running is not None:
+                stream_serving.run_streams(self.pipeline, self.api, running, times,
+                                           failure_kind, arrivals)
                 self._add_times(times)
-                streams = None if loop is None else loop.next_or_stop()
+                running = None if loop is None else loop.next_or_stop()
         except BaseException as error:
             for batch in [] if loop is None else loop.stop():  # never left waiting
                 for sender in batch.senders:
                     self.api.send(sender, stream_serving.stream_error(
                         self.api, f"pipeline failed: {type(error).__name__}: {error}"),
                         final=True)
-                batch.done()
+                if batch.done is not None:
+                    batch.done()
             raise
         finally:
             self.streaming_threads.discard(threading.current_thread())
 
+    def _arrivals(self, loop: stream_serving.StreamLoop,
+                  times: list[list[float]] | None) -> list[stream_serving.Streams]:
+        """The batches that joined the running loop; the times of the steps before them are
+        added to the metrics first."""
+        joined = loop.arrivals()
+        if joined:
+            self._add_times(times)
+        return joined
+
     def _add_times(self, times: list[list[float]] | None) -> None:
         """Add a loop's operator times to the metrics, and start counting them again."""
-        if times is None:
+        if times is None or self.metrics is None:  # times are kept only with metrics
             return
         with self.metrics.lock:
             for total, spent in zip(self.metrics.times, times):

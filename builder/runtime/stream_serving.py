@@ -13,12 +13,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:  # in Triton: beside model.py
-    from . import triton_builder_stream_outbox as stream_outbox
-except ImportError:  # in the builder's package
+if TYPE_CHECKING:  # the copy beside model.py is this module
     from . import stream_outbox
+else:
+    try:  # in Triton: beside model.py
+        from . import triton_builder_stream_outbox as stream_outbox
+    except ImportError:  # in the builder's package
+        from . import stream_outbox
 
 
 COALESCE_PARAMETER = "builder_coalesce_items"

@@ -263,7 +263,7 @@ def measure_load(analyzer: PerfAnalyzer, grpc_url: str, model: str, input_data: 
     rate = float(row["Inferences/Second"])
     counted = re.search(r"Request count: (\d+)", run.stdout)
     requests = int(counted.group(1)) if counted else round(rate * measurement_ms / 1000)
-    if streaming:
+    if profile is not None:  # streaming: checked above
         p50_ms, p99_ms = first_response_latencies(profile, concurrency)
     else:
         p50_ms, p99_ms = float(row["p50 latency"]) / 1000, float(row["p99 latency"]) / 1000

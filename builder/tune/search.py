@@ -271,7 +271,7 @@ def _changed(setting: Setting, knob: Knob, value: object) -> Setting | None:
     """``setting`` with ``knob`` at ``value``; ``None`` where that means nothing (preferred batch
     sizes without a queue delay to wait for them, or larger than the model's batch)."""
     model: ModelSetting = setting[knob.model]
-    if knob.name == "preferred_batch_size" and value and (
+    if knob.name == "preferred_batch_size" and isinstance(value, tuple) and value and (
             model.max_queue_delay_us == 0 or max(value) > model.max_batch_size):
         return None
     return setting.with_model(knob.model, **{knob.name: value})

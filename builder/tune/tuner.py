@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from builder.engine import docker_client
 from builder.errors import TuneError
@@ -36,7 +37,7 @@ from builder.tune.image_serving import (
 )
 from builder.tune.perf_analyzer import MEASUREMENT_MS, perf_analyzer, write_input_data
 from builder.tune.search import Search, knobs
-from builder.tune.serving_trial import ServingTrial, host_server
+from builder.tune.serving_trial import Serve, ServingTrial, host_server
 from builder.tune.settings import MAX_CONCURRENCY, read_setting
 from builder.tune.tuning_file import Machine, Tuning
 from builder.tune.tuning_report import write_report
@@ -54,7 +55,7 @@ def tune(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
     max_instances: int | None = None,
     max_concurrency: int = MAX_CONCURRENCY,
     subject: str = "",
-    build_keywords: Mapping[str, object] | None = None,
+    build_keywords: Mapping[str, Any] | None = None,
     image: str | None = None,
     client: object | None = None,
     log: Callable[[str], None] | None = None,
@@ -86,6 +87,7 @@ def tune(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
     streams = bool(pipe.signature().streamed)
     analyzer = perf_analyzer()  # fetched once per machine: not the search's time
     started = time.monotonic()
+    serve: Serve
     with tempfile.TemporaryDirectory(prefix="triton-builder-tune-") as scratch:
         if image is None:
             repository, serve = _built(pipe, Path(scratch) / "models", latency_budget_ms,
@@ -134,7 +136,7 @@ def tune(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
 
 
 def _built(pipe: Pipeline, root: Path, latency_budget_ms: float, queue_policy: bool,
-           build_keywords: Mapping[str, object] | None) -> ServedRepository:
+           build_keywords: Mapping[str, Any] | None) -> ServedRepository:
     """The pipeline's repository, written as a build writes it."""
     built = build_pipeline_model(pipe, root, **{
         **(build_keywords or {}),

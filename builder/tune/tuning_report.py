@@ -4,6 +4,7 @@ the budget drawn, so the choice can be checked by eye and kept beside the tuning
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from builder.tune.tuning_file import Trial, Tuning
 
@@ -85,5 +86,5 @@ def _chart(tuning: Tuning, path: Path) -> Path | None:
     return path
 
 
-def _mark(axes: object, trial: Trial, colour: str, label: str) -> None:
+def _mark(axes: Any, trial: Trial, colour: str, label: str) -> None:
     axes.scatter([trial.p99_ms], [trial.rate], color=colour, s=90, label=label, zorder=3)

@@ -92,17 +92,18 @@ class ServingContainer:
             ports={f"{port}/tcp": (bind, host_ports[i] if host_ports else None)
                    for i, port in enumerate(TRITON_PORTS)},
         )
-        self.container = None
+        self.container: docker.models.containers.Container | None = None
 
     def start(self, timeout: float = 180.0) -> ContainerEndpoint:
         """Create and start the container, then wait until ``/v2/health/ready`` answers 200."""
         try:
-            self.container = create_container(self.client, self.image, owner=self.owner,
-                                              start=True, **self._options)
+            container = create_container(self.client, self.image, owner=self.owner,
+                                         start=True, **self._options)
         except docker.errors.APIError as error:
             raise ContainerError(f"could not start {self.image}: {error.explanation or error}",
                                  self.logs()) from None
-        return self._wait_ready(timeout)
+        self.container = container
+        return self._wait_ready(container, timeout)
 
     def logs(self) -> str:
         if self.container is None:
@@ -127,23 +128,24 @@ class ServingContainer:
     def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
-    def _wait_ready(self, timeout: float) -> ContainerEndpoint:
+    def _wait_ready(self, container: docker.models.containers.Container,
+                    timeout: float) -> ContainerEndpoint:
         deadline = time.monotonic() + timeout
         endpoint = None
         while time.monotonic() < deadline:
-            self.container.reload()
-            if self.container.status in ("exited", "dead"):
-                code = self.container.attrs.get("State", {}).get("ExitCode")
+            container.reload()
+            if container.status in ("exited", "dead"):
+                code = container.attrs.get("State", {}).get("ExitCode")
                 raise ContainerError(f"the container exited with code {code} while starting",
                                      self.logs())
-            endpoint = endpoint or self._endpoint()
+            endpoint = endpoint or self._endpoint(container)
             if endpoint is not None and triton_ready(endpoint.http_url):
                 return endpoint
             time.sleep(0.2)
         raise ContainerError(f"Triton was not ready after {timeout:.0f}s", self.logs())
 
-    def _endpoint(self) -> ContainerEndpoint | None:
-        ports = self.container.ports or {}
+    def _endpoint(self, container: docker.models.containers.Container) -> ContainerEndpoint | None:
+        ports = container.ports or {}
 
         def url(port: int) -> str | None:
             bound = ports.get(f"{port}/tcp")
@@ -157,7 +159,7 @@ class ServingContainer:
         if not (http and grpc):
             return None
         return ContainerEndpoint(http_url=http, grpc_url=grpc, metrics_url=metrics or "",
-                        container_id=self.container.id)
+                        container_id=container.id)
 
 
 def gpus_available(client: docker.DockerClient) -> bool:

@@ -22,6 +22,7 @@ weights are verified on the CPU, and the result says that the GPU placement was 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -65,14 +66,14 @@ class PlacementVerdict:
     evidence: dict[str, str]
 
 
-def gpu_models(repository_dir: str | Path) -> list[str]:
+def gpu_models(repository_dir: str | os.PathLike[str]) -> list[str]:
     """The models of a repository with a ``KIND_GPU`` instance group."""
     return [path.parent.name for path in sorted(Path(repository_dir).glob(f"*/{CONFIG_FILE}"))
             if any(group.kind == mc.ModelInstanceGroup.KIND_GPU
                    for group in read_config(path.parent).instance_group)]
 
 
-def cpu_config_mounts(repository_dir: str | Path, models: list[str], directory: Path,
+def cpu_config_mounts(repository_dir: str | os.PathLike[str], models: list[str], directory: Path,
                       image_repository: str) -> dict[str, dict[str, str]]:
     """Docker volume binds that put a ``KIND_CPU`` config over each GPU model's config.
 

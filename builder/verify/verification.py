@@ -12,6 +12,7 @@ removed, whatever the instant of an interrupt (:mod:`builder.engine.container_li
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -112,7 +113,7 @@ def verify_image(
     shm_size: str | None = DEFAULT_SHM_SIZE,
     timeout: float = 180.0,
     on_log: Log | None = None,
-    repository_dir: str | Path | None = None,
+    repository_dir: str | os.PathLike[str] | None = None,
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
     owner: BuildOwner | None = None,
     platform: str | None = None,
@@ -134,7 +135,7 @@ def verify_image(
     gpus = gpus_available(client) if gpus is None else gpus
     with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir:
         volumes = (cpu_config_mounts(repository_dir, on_gpu, Path(workdir), image_repository)
-                   if on_gpu and not gpus else None)
+                   if repository_dir is not None and on_gpu and not gpus else None)
         admin_key = secrets.token_urlsafe(24)
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
                                      labels={VERIFICATION_LABEL: "1"}, volumes=volumes,

@@ -366,8 +366,8 @@ def _from_package_index(requirement: Requirement, release: Release, python_versi
         relaxed = True
         chosen = _newest_fitting(wanted, own, cuda_of)
     if chosen is None:
-        chosen = next((v for v in reversed(wanted) if cuda_of(v).cuda and
-                       release.cuda_runtime_problem(cuda_of(v).cuda) is None), None)
+        chosen = next((v for v in reversed(wanted) if (wheel_runtime := cuda_of(v).cuda) and
+                       release.cuda_runtime_problem(wheel_runtime) is None), None)
         how_chosen = (f"newest torch on {simple} whose CUDA runtime the release's driver "
                       f"(>= {release.min_driver}) runs by minor version compatibility")
     if chosen is None:
@@ -442,7 +442,7 @@ def _refuse_mismatch(requirement: Requirement, release: Release, wheel: WheelFil
         raise SpecError(f"{requirement} ({where}): {wheel.filename} {built.evidence}: {problem}")
 
 
-def _newest_fitting(versions: list[Version], own: tuple[int, int],
+def _newest_fitting(versions: list[Version], own: tuple[int, ...],
                     cuda_of: Callable[[Version], WheelCuda]) -> Version | None:
     """The newest version built for CUDA ``own`` or an older minor of its major.
 

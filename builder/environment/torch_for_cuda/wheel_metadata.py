@@ -208,7 +208,7 @@ class _RangeFile(io.RawIOBase):
             self.position += len(piece)
         return b"".join(parts)
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
         buffer[:len(data)] = data
         return len(data)

@@ -108,9 +108,9 @@ class StubWatch:
                     deaths.append(Death(model, stub, instance, describe_exit(stub.exit_status)))
             elif identity not in self.live:
                 cmdline = read_cmdline(stub.pid, self.proc)
-                model = stub_model(cmdline)
-                if model is not None:
-                    self.live[identity] = (model, cmdline[8])
+                served = stub_model(cmdline)
+                if served is not None:
+                    self.live[identity] = (served, cmdline[8])
                     self.regions.add(cmdline[2])
                     if cmdline[3].isdigit():
                         self.region_bytes = max(self.region_bytes, int(cmdline[3]))

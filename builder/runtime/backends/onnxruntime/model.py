@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict  # noqa: UP035 - runs on the Python 3.8 stubs too
 
 import numpy as np
@@ -31,9 +31,9 @@ Feeds = Dict[str, np.ndarray]  # noqa: UP006 - a runtime alias: dict[...] needs 
 
 @dataclass
 class BatchResult:
-    """The outputs of one request, or the error that stopped them."""
+    """The outputs of one request, or the error that stopped them (its outputs then empty)."""
 
-    outputs: Feeds | None = None
+    outputs: Feeds = field(default_factory=dict)
     error: str | None = None
 
 
