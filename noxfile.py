@@ -115,8 +115,10 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
+    """ruff over the sources, then mypy over ``builder/`` (its settings: pyproject.toml)."""
+    session.install("ruff>=0.6", "mypy>=1.11")
     session.run("ruff", "check", *SOURCES)
+    session.run("mypy")
 
 
 def _os_image(session: nox.Session) -> str:
