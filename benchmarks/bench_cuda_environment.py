@@ -157,7 +157,8 @@ def _measure(client, cuda: str, interpreter_image: str, runs: int,
     plan = plan_python(release, options=BridgeOptions(interpreter_image=interpreter_image))
     with tempfile.TemporaryDirectory(prefix="bench-cuda-env-") as workdir:
         work = Path(workdir)
-        built = build_pipeline_model(pipeline, work / "pipeline", ("onnx",), 1, target=release)
+        built = build_pipeline_model(pipeline, work / "pipeline", format_priority=("onnx",),
+                                     parallelism=1, target=release)
         started = time.monotonic()
         target = interpreter_target(client, interpreter_image, python_version=plan.python_version,
                                     triton_version=release.triton_version)

@@ -63,7 +63,8 @@ def build(
     keywords = build_keywords({"latency_budget_ms": latency_budget_ms,
                                "max_request_mb": max_request_mb})
     result = run_step("building the repository", lambda: build_pipeline_model(
-        pipe, model_root, format_priority, parallelism, target=target, **keywords))
+        pipe, model_root, target=target, format_priority=format_priority,
+        parallelism=parallelism, **keywords))
     console.print(result.report())
     print(result.model_root)
 

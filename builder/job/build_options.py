@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
@@ -24,48 +24,9 @@ from builder.bridge import BridgeOptions
 from builder.environment import EnvironmentOptions
 from builder.errors import BuildError
 from builder.image import ImageOptions
-from builder.repository import EXPORT_TOLERANCE, MAX_BATCH_SIZE
+from builder.repository import RepositoryOptions
 from builder.tune import Tuning, read_tuning
 from builder.verify import VerifyOptions
-
-
-@dataclass(frozen=True)
-class RepositoryOptions:
-    """What :func:`builder.repository.build_pipeline_model` takes besides the pipeline, where it
-    writes and its target (the build chooses those per platform)."""
-
-    format_priority: tuple[str, ...] = field(default=("onnx",), metadata={"help": (
-        "Export formats of the model operators, in order.")})
-    parallelism: int = field(default=1, metadata={"help": (
-        "Instances of the pipeline model (each runs its Python operators on one "
-        "core).")})
-    name: str = "pipeline"
-    op_defaults: Mapping[str, Any] | None = None
-    max_batch_size: int = MAX_BATCH_SIZE
-    dynamic_batching: Mapping[str, Any] | None = None
-    export_tolerance: float = field(default=EXPORT_TOLERANCE, metadata={"help": (
-        "The export's check of each model operator against torch, and of its "
-        "rows' independence (tolerance is the verification's).")})
-    in_process: bool | None = None
-    latency_budget_ms: float | None = field(default=None, metadata={"help": (
-        "Latency budget of a request: what would wait longer in a queue is "
-        "refused at once with UNAVAILABLE (queue policies).")})
-    max_queue_size: int | None = None
-    max_request_bytes: int | None = field(default=None, metadata={"help": (
-        "The largest request served; a larger one is answered INVALID_ARGUMENT / "
-        "400 (default: 16 MiB, or 64 times the largest example).")})
-    model_settings: Mapping[str, Mapping[str, Any]] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "format_priority", tuple(self.format_priority))
-
-    def keywords(self) -> dict[str, Any]:
-        """The keywords of ``build_pipeline_model`` (``export_tolerance`` is its ``tolerance``;
-        ``format_priority`` and ``parallelism`` included)."""
-        chosen = {f.name: getattr(self, f.name) for f in fields(self)}
-        chosen["tolerance"] = chosen.pop("export_tolerance")
-        return chosen
-
 
 StageOptions = (BaseOptions | BridgeOptions | EnvironmentOptions | RepositoryOptions
                 | ImageOptions | VerifyOptions)

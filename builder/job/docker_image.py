@@ -42,7 +42,7 @@ def build_docker_image(
     :class:`~builder.base.BaseOptions`; ``requirements=`` … of
     :class:`~builder.environment.EnvironmentOptions`; ``latency_budget_ms=``,
     ``max_request_bytes=``, ``export_tolerance=`` … of
-    :class:`~builder.job.build_options.RepositoryOptions`; ``user=``, ``no_cache=`` … of
+    :class:`~builder.repository.RepositoryOptions`; ``user=``, ``no_cache=`` … of
     :class:`~builder.image.ImageOptions`; ``verify=``, ``tolerance=`` … of
     :class:`~builder.verify.VerifyOptions`; ``bridge=`` … of
     :class:`~builder.bridge.BridgeOptions`; ``platforms=``, ``no_verify_platforms=``);

@@ -85,8 +85,7 @@ def build_platform(pipe: Pipeline, plan: BuildPlan, target: Platform, options: B
     release, python = fit_base_python(python, client, base.id)
     models = workdir / (target.architecture if plan.multi else "") / "models"
     with timed_step(f"model repository (export, configs, pipe.pickle){where}", on_log):
-        built = build_pipeline_model(pipe, models, target=release,
-                                     **options.repository.keywords())
+        built = build_pipeline_model(pipe, models, options.repository, target=release)
     with timed_step(f"python environment{where}", on_log):
         prepared = prepare_environment(
             client, built, python, operators=[node.op for node in pipe.nodes],

@@ -35,7 +35,7 @@ from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
 from builder.repository.batching import MAX_BATCH_SIZE, default_batching
 from builder.repository.config_rules import check_config, check_onnx_model
-from builder.repository.export import TOLERANCE, ExportAttempt, check_formats, export_model
+from builder.repository.export import ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -43,6 +43,7 @@ from builder.repository.model_config import (
     write_config,
 )
 from builder.repository.model_warmup import operator_samples, pipeline_samples, write_samples
+from builder.repository.options import RepositoryOptions, repository_options
 from builder.repository.queue_policy import (
     MIN_INSTANCES,
     OPERATOR_SHARE,
@@ -119,158 +120,202 @@ class BuildResult:
         return "\n".join(lines)
 
 
-def build_pipeline_model(  # noqa: PLR0913 - options as keywords (issue 68: options objects)
+def build_pipeline_model(
     pipe: Pipeline,
     model_root: str | os.PathLike = "models",
-    format_priority: Sequence[str] = ("onnx",),
-    parallelism: int = 1,
+    options: RepositoryOptions | None = None,
     *,
-    name: str = "pipeline",
-    op_defaults: Mapping[str, Any] | None = None,
-    max_batch_size: int = MAX_BATCH_SIZE,
-    dynamic_batching: Mapping[str, Any] | None = None,
-    tolerance: float = TOLERANCE,
     target: Release | None = None,
-    in_process: bool | None = None,
-    latency_budget_ms: float | None = None,
-    max_queue_size: int | None = None,
-    max_request_bytes: int | None = None,
-    model_settings: Mapping[str, Mapping[str, Any]] | None = None,
+    **keywords: Any,
 ) -> BuildResult:
     """Write the Triton model repository serving ``pipe`` to ``model_root``.
 
-    ``parallelism`` is the pipeline model's instance count; ``format_priority`` the export
-    formats tried for model operators (an operator's ``op_config`` may override it);
-    ``op_defaults`` is an ``op_config`` applied to every model operator; ``max_batch_size`` and
-    ``dynamic_batching`` configure the pipeline model (default: by target, from
-    :mod:`builder.repository.batching`; ``{}`` is Triton's defaults). ``target`` (a
-    :class:`~builder.base.releases.Release`) places the model operators: on a GPU release they
-    get ``KIND_GPU`` instances unless their ``op_config`` says ``"device": "cpu"``, on the CPU
-    base ``KIND_CPU``; without a target only ``device_ids`` or ``"device": "gpu"`` make them GPU
-    models. The pipeline model always runs on the CPU. ``in_process`` makes the pipeline model
-    run its CPU ONNX model operators itself, in ONNX Runtime, instead of through BLS; by
-    default it does unless the target is a GPU release: on the CPU base the ``onnxruntime``
-    backend is another python stub (see :mod:`builder.runtime.pipeline_model`). Every model
-    operator keeps its own Triton model either way. ``latency_budget_ms`` becomes the queue policy
-    of the pipeline model and its model operators (:mod:`builder.repository.queue_policy`: what
-    would wait longer is refused at once with ``UNAVAILABLE``; each such model gets two instances at
-    least); ``max_queue_size`` bounds the pipeline model's queue. ``max_request_bytes`` is the
-    largest request the pipeline model serves (default: :mod:`builder.repository.request_limit`);
-    one over it is answered ``INVALID_ARGUMENT`` before it is decoded. ``model_settings`` maps a
-    model operator's name to an ``op_config`` that overrides its own (a tuning file's settings,
-    :mod:`builder.tune`); a name that is no model operator is refused. Raises a
-    :class:`PipelineError` subclass, before anything is written, for a bad pipeline or option.
+    ``options`` (a :class:`~builder.repository.options.RepositoryOptions`, where each option is
+    documented) with ``keywords`` set on it — each keyword one of its fields; another is
+    refused. ``target`` (a :class:`~builder.base.releases.Release`) places the model
+    operators: on a GPU release they get ``KIND_GPU`` instances unless their ``op_config`` says
+    ``"device": "cpu"``, on the CPU base ``KIND_CPU``; without a target only ``device_ids`` or
+    ``"device": "gpu"`` make them GPU models. The pipeline model always runs on the CPU.
+
+    Three steps: the options checked, everything decided (:class:`_Plan`), then written.
+    Raises a :class:`PipelineError` subclass, before anything is written, for a bad pipeline or
+    option.
     """
+    chosen = repository_options(options, keywords)
+    _validate(pipe, chosen)
+    plan = _plan(pipe, chosen, target)
+    root = Path(model_root).absolute()
+    with _staging(root) as staging:
+        built = _write(staging, pipe, plan, chosen.export_tolerance)
+    result = BuildResult(root, chosen.name, plan.signature, built, max_request_bytes=plan.limit)
+    log.info("%s", result.report())
+    return result
+
+
+@dataclass(frozen=True)
+class _ModelPlan:
+    """A model operator's part of the plan: its formats, and its config as far as it is decided
+    before the export (which adds its tensors, backend and warm-up samples)."""
+
+    op: ModelOp
+    formats: list[str]
+    spec: ModelConfigSpec
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The repository, decided: what :func:`_write` writes, and nothing left to check."""
+
+    signature: PipelineSignature
+    limit: int
+    models: Mapping[str, _ModelPlan]
+    pipeline: ModelConfigSpec
+    in_process: bool
+    """Whether the pipeline model runs its CPU ONNX model operators itself."""
+
+
+def _validate(pipe: Pipeline, options: RepositoryOptions) -> None:
+    """The checks of the pipeline's kind and of the options that need nothing else."""
     if isinstance(pipe, PipeBuilder):
         raise BuildError("the pipeline is unfinished: end it with .output(...)")
     if not isinstance(pipe, Pipeline):
         raise BuildError(f"expected a Pipeline, got {type(pipe).__name__}")
+    parallelism, max_batch_size = options.parallelism, options.max_batch_size
     if not isinstance(parallelism, int) or parallelism < 1:
         raise BuildError(f"parallelism must be a positive int, got {parallelism!r}")
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise BuildError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
-    if not _MODEL_NAME.match(name):
-        raise BuildError(f"{name!r} is not a valid Triton model name")
-    check_formats(format_priority, "build_pipeline_model")
-    budget = validate_op_config({key: value for key, value in (
-        ("latency_budget_ms", latency_budget_ms), ("max_queue_size", max_queue_size))
-        if value is not None}, name)
-    defaults = {**DEFAULT_OP_CONFIG, **validate_op_config(op_defaults or {}, "op_defaults")}
-    pipeline_batching = validate_op_config({"dynamic_batching": (
-        default_batching(target, "pipeline") if dynamic_batching is None else dynamic_batching
-    )}, name)["dynamic_batching"]
+    if not _MODEL_NAME.match(options.name):
+        raise BuildError(f"{options.name!r} is not a valid Triton model name")
+    check_formats(options.format_priority, "build_pipeline_model")
 
+
+def _plan(pipe: Pipeline, options: RepositoryOptions, target: Release | None) -> _Plan:
+    """Everything decided, and checked, before anything is written."""
+    name = options.name
+    budget = validate_op_config({key: value for key, value in (
+        ("latency_budget_ms", options.latency_budget_ms),
+        ("max_queue_size", options.max_queue_size)) if value is not None}, name)
+    defaults = {**DEFAULT_OP_CONFIG,
+                **validate_op_config(options.op_defaults or {}, "op_defaults")}
+    batching = validate_op_config({"dynamic_batching": (
+        default_batching(target, "pipeline") if options.dynamic_batching is None
+        else options.dynamic_batching)}, name)["dynamic_batching"]
     signature = pipe.signature()
-    limit = max_request_bytes_for(max_request_bytes, signature, pipe.examples)
-    check_row_independence(pipe, tolerance)
+    limit = max_request_bytes_for(options.max_request_bytes, signature, pipe.examples)
+    check_row_independence(pipe, options.export_tolerance)
     model_ops = pipe.model_ops()
-    overrides = _model_settings(model_settings or {}, model_ops)
-    plans = {op.name: _model_plan(op, defaults, format_priority, overrides.get(op.name, {}))
-             for op in model_ops}
-    placements = {name: placement(config, target, name) for name, (_, config) in plans.items()}
-    if name in plans:
+    models = _model_plans(model_ops, defaults, options, target)
+    if name in models:
         raise BuildError(
             f"model operator {name!r} has the same name as the pipeline model; rename one"
         )
+    _check_serializable(pipe, model_ops)
+    policy = queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
+                          budget.get("max_queue_size"))
+    spec = _pipeline_spec(pipe, signature, options, limit, batching, policy)
+    check_config(build_config(spec), name)
+    return _Plan(signature, limit, models, spec, _in_process(options.in_process, target))
+
+
+def _model_plans(model_ops: Sequence[ModelOp], defaults: dict[str, Any],
+                 options: RepositoryOptions, target: Release | None) -> dict[str, _ModelPlan]:
+    """Each model operator's formats and config (every operator's formats checked before any
+    placement), then where it runs, its batching and its queue policy."""
+    overrides = _model_settings(options.model_settings or {}, model_ops)
+    configs = {op.name: _model_plan(op, defaults, options.format_priority,
+                                    overrides.get(op.name, {})) for op in model_ops}
+    placements = {name: placement(config, target, name) for name, (_, config) in configs.items()}
+    plans = {}
+    for op in model_ops:
+        formats, config = configs[op.name]
+        policy = queue_policy(config.get("latency_budget_ms", options.latency_budget_ms),
+                              1.0 if "latency_budget_ms" in config else OPERATOR_SHARE,
+                              config.get("max_queue_size"))
+        gpu, device_ids = placements[op.name]
+        plans[op.name] = _ModelPlan(op, formats, ModelConfigSpec(
+            name=op.name, inputs=(), outputs=(), max_batch_size=config["max_batch_size"],
+            instance_count=_instances(config["instance_count"], policy),
+            gpu=gpu, device_ids=device_ids,
+            dynamic_batching=config.get("dynamic_batching", default_batching(target, "model")),
+            queue_policy=policy))
+    return plans
+
+
+def _check_serializable(pipe: Pipeline, model_ops: Sequence[ModelOp]) -> None:
+    """Every node can be pickled, its model operators standing in as BLS targets."""
     placeholders = {
         op.name: BlsTarget(op.name, "?", op.input_names, (), 1) for op in model_ops
     }
     for node in pipe.nodes:
         check_serializable(node.op, node.label, placeholders)
-    pipeline_policy = queue_policy(budget.get("latency_budget_ms"), PIPELINE_SHARE,
-                                   budget.get("max_queue_size"))
-    pipeline_spec = ModelConfigSpec(
-        name=name,
+
+
+def _pipeline_spec(pipe: Pipeline, signature: PipelineSignature, options: RepositoryOptions,
+                   limit: int, batching: Any, policy: QueuePolicy | None) -> ModelConfigSpec:
+    """The pipeline model's config (its in-process models are added once exported)."""
+    return ModelConfigSpec(
+        name=options.name,
         inputs=_tensors(signature.inputs),
         outputs=_tensors(signature.outputs),
-        max_batch_size=max_batch_size,
+        max_batch_size=options.max_batch_size,
         backend="python",
-        instance_count=_instances(parallelism, pipeline_policy),
-        dynamic_batching=pipeline_batching,
-        queue_policy=pipeline_policy,
+        instance_count=_instances(options.parallelism, policy),
+        dynamic_batching=batching,
+        queue_policy=policy,
         parameters={**signature_parameter(signature),  # lets any client rebuild the values
                     MAX_REQUEST_PARAMETER: str(limit)},
         decoupled=pipe.streaming is not None,
         warmup=() if pipe.streaming is not None else pipeline_samples(
             signature, pipe.examples[:WARM_UP_EXAMPLES]),  # the examples pipe.pickle keeps
     )
-    check_config(build_config(pipeline_spec), name)
 
-    root = Path(model_root).absolute()
-    with _staging(root) as staging:
-        built, targets = [], {}
-        for op in model_ops:
-            formats, config = plans[op.name]
-            version_dir = staging / op.name / "1"
-            exported = export_model(op, version_dir, formats, tolerance,
-                                    max(1, config["max_batch_size"]))
-            inputs, outputs = _with_batch_dims(exported, config["max_batch_size"])
-            policy = queue_policy(config.get("latency_budget_ms", latency_budget_ms),
-                                  1.0 if "latency_budget_ms" in config else OPERATOR_SHARE,
-                                  config.get("max_queue_size"))
-            batching = config.get("dynamic_batching", default_batching(target, "model"))
-            warmup = operator_samples(op.name, inputs, op.example_arrays(),
-                                      config["max_batch_size"], batching)
-            write_samples(staging / op.name, warmup)
-            model_config = build_config(ModelConfigSpec(
-                name=op.name,
-                inputs=inputs,
-                outputs=outputs,
-                max_batch_size=config["max_batch_size"],
-                backend=exported.backend,
-                platform=exported.platform,
-                instance_count=_instances(config["instance_count"], policy),
-                gpu=placements[op.name][0],
-                device_ids=placements[op.name][1],
-                dynamic_batching=batching,
-                queue_policy=policy,
-                warmup=warmup,
-            ))
-            if exported.format == "onnx":
-                check_onnx_model(model_config, version_dir / ONNX_FILE)
-            write_config(model_config, staging / op.name)
-            targets[op.name] = BlsTarget(
-                op.name, exported.format,
-                tuple(t.name for t in inputs), tuple(t.name for t in outputs),
-                config["max_batch_size"],
-                reshaped=tuple(t.name for t in (*inputs, *outputs) if not t.dims),
-            )
-            built.append(BuiltModel(op.name, exported.format, exported.attempts,
-                                    gpu=placements[op.name][0]))
-        own = {
-            op.name: f"{op.name}/1/{ONNX_FILE}" for op in model_ops
-            if targets[op.name].format == "onnx" and not placements[op.name][0]
-        } if _in_process(in_process, target) else {}
-        for model in built:
-            model.in_process = model.name in own
-        _write_pipeline_model(staging / name, pipe, signature, targets, own, replace(
-            pipeline_spec, parameters={
-                **pipeline_spec.parameters,
-                **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)} if own else {}),
-            }))
-    result = BuildResult(root, name, signature, built, max_request_bytes=limit)
-    log.info("%s", result.report())
-    return result
+
+def _write(staging: Path, pipe: Pipeline, plan: _Plan, tolerance: float) -> list[BuiltModel]:
+    """The planned repository written into ``staging``: each model operator exported with its
+    config, then the pipeline model."""
+    built, targets = [], {}
+    for model in plan.models.values():
+        targets[model.op.name], written = _write_model(staging, model, tolerance)
+        built.append(written)
+    own = {
+        name: f"{name}/1/{ONNX_FILE}" for name, model in plan.models.items()
+        if targets[name].format == "onnx" and not model.spec.gpu
+    } if plan.in_process else {}
+    for each in built:
+        each.in_process = each.name in own
+    _write_pipeline_model(staging / plan.pipeline.name, pipe, plan.signature, targets, own,
+                          replace(plan.pipeline, parameters={
+                              **plan.pipeline.parameters,
+                              **({IN_PROCESS_PARAMETER: json.dumps(own, sort_keys=True)}
+                                 if own else {}),
+                          }))
+    return built
+
+
+def _write_model(staging: Path, model: _ModelPlan,
+                 tolerance: float) -> tuple[BlsTarget, BuiltModel]:
+    """One model operator exported, its warm-up samples and config written beside it: how the
+    pipeline model calls it, and what was built."""
+    op, spec, version_dir = model.op, model.spec, staging / model.op.name / "1"
+    exported = export_model(op, version_dir, model.formats, tolerance,
+                            max(1, spec.max_batch_size))
+    inputs, outputs = _with_batch_dims(exported, spec.max_batch_size)
+    warmup = operator_samples(op.name, inputs, op.example_arrays(), spec.max_batch_size,
+                              spec.dynamic_batching)
+    write_samples(staging / op.name, warmup)
+    model_config = build_config(replace(spec, inputs=inputs, outputs=outputs,
+                                        backend=exported.backend, platform=exported.platform,
+                                        warmup=warmup))
+    if exported.format == "onnx":
+        check_onnx_model(model_config, version_dir / ONNX_FILE)
+    write_config(model_config, staging / op.name)
+    target = BlsTarget(
+        op.name, exported.format,
+        tuple(t.name for t in inputs), tuple(t.name for t in outputs), spec.max_batch_size,
+        reshaped=tuple(t.name for t in (*inputs, *outputs) if not t.dims),
+    )
+    return target, BuiltModel(op.name, exported.format, exported.attempts, gpu=spec.gpu)
 
 
 def _with_batch_dims(exported: Any, max_batch_size: int) -> tuple[list[TensorConfig],

@@ -54,7 +54,7 @@ def served(tmp_path_factory):
                     f"route does not serve ({', '.join(slim_cuda_versions())})")
     release = resolve(cuda, slim=True)
     root = tmp_path_factory.mktemp("slim-gpu") / "models"
-    built = build_pipeline_model(pipeline, root, ("onnx",), target=release)
+    built = build_pipeline_model(pipeline, root, format_priority=("onnx",), target=release)
     target = host_target()
     try:
         resolution = resolve_cuda_packages(

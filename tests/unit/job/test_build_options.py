@@ -94,8 +94,12 @@ def test_build_docker_image_refuses_a_clash_before_touching_the_engine():
     assert calls == []
 
 
-def test_the_repositorys_keywords_carry_the_export_tolerance_as_its_tolerance():
-    chosen = RepositoryOptions(export_tolerance=1e-3, max_request_bytes=1000)
-    keywords = chosen.keywords()
-    assert keywords["tolerance"] == 1e-3 and "export_tolerance" not in keywords
-    assert keywords["max_request_bytes"] == 1000 and keywords["format_priority"] == ("onnx",)
+def test_the_repositorys_options_are_the_repository_stages_own():
+    """Defined in :mod:`builder.repository.options`, which ``build_pipeline_model`` takes as
+    it is; the public names stay."""
+    import builder
+    import builder.repository
+
+    assert GROUPS["repository"] is RepositoryOptions is builder.repository.RepositoryOptions
+    assert builder.RepositoryOptions is RepositoryOptions
+    assert RepositoryOptions.__module__ == "builder.repository.options"

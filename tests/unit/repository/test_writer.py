@@ -22,6 +22,7 @@ from builder import (
     ModelOp,
     OperatorError,
     PipelineError,
+    RepositoryOptions,
     SerializationError,
     build_pipeline_model,
     pipe,
@@ -275,6 +276,27 @@ def test_bad_options_are_refused_before_writing(options, message, tmp_path):
     with pytest.raises(PipelineError, match=message):
         build_pipeline_model(_pipeline(), tmp_path / "models", **options)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_keyword_is_refused_naming_it_before_writing(tmp_path):
+    with pytest.raises(BuildError, match="unknown keyword 'tolerance'; did you mean "
+                                         "export_tolerance") as refused:
+        build_pipeline_model(_pipeline(), tmp_path / "models", tolerance=1e-3)
+    assert "format_priority, parallelism, name" in str(refused.value)  # the known ones
+    with pytest.raises(BuildError, match="options must be a RepositoryOptions, got tuple"):
+        build_pipeline_model(_pipeline(), tmp_path / "models", ("onnx",))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_options_and_keywords_combine(tmp_path):
+    """Keywords are set on ``options``: each keyword's field, the object's for the rest."""
+    options = RepositoryOptions(name="combined", parallelism=2, max_batch_size=8)
+    result = build_pipeline_model(_pipeline(), tmp_path / "models", options, parallelism=3,
+                                  max_request_bytes=1 << 20)
+    config = read_config(tmp_path / "models" / "combined")
+    (group,) = config.instance_group
+    assert result.pipeline_model == "combined" and config.max_batch_size == 8
+    assert group.count == 3 and result.max_request_bytes == 1 << 20
 
 
 def test_an_unfinished_pipeline_is_refused(tmp_path):
