@@ -8,6 +8,7 @@ run, and queried over gRPC. Triton's own log shows the environment extracted onc
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -16,6 +17,7 @@ import docker.errors
 import pytest
 
 from builder.engine.image_build import build_image
+from builder.engine.ownership import PID_LABEL
 from builder.environment.attach import attach_environment
 from builder.environment.spec import load_spec
 from builder.environment.tarball import pack_environment
@@ -66,14 +68,18 @@ def test_model_importing_an_environment_only_package_answers_in_the_cpu_image(
 
 def test_the_image_probe_is_kept_per_image_id(docker_client, cpu_base_image, tmp_path,
                                               monkeypatch):
-    """A second probe of the same image ID starts no container (the engine's events say so)."""
+    """A second probe of the same image ID starts no container (the engine's events say so).
+
+    Only this process's containers count (the owner's pid label): the other worker may start
+    one of the same base meanwhile (a new machine's run at 3490635 counted two)."""
     monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path))
     since = int(time.time()) - 1
     first = image_target(docker_client, cpu_base_image)
     second = image_target(docker_client, cpu_base_image)
     created = docker_client.events(
         since=since, until=int(time.time()) + 1, decode=True,
-        filters={"type": "container", "event": "create", "image": cpu_base_image})
+        filters={"type": "container", "event": "create", "image": cpu_base_image,
+                 "label": f"{PID_LABEL}={os.getpid()}"})
     assert len(list(created)) == 1
     assert second.fingerprint() == first.fingerprint()
     assert second.python_executable == first.python_executable
