@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,16 @@ def timed_step(title: str, on_log: Log | None = None) -> Iterator[None]:
         emit(f"x {title} failed after {time.monotonic() - started:.1f}s")
         raise
     emit(f"✓ {title} ({time.monotonic() - started:.1f}s)")
+
+
+def peak_memory() -> int:
+    """The most memory this process has held so far (its peak RSS), in bytes.
+
+    A build holds each model operator's weights while it exports and checks them, so its peak
+    grows with the largest model: a build of a 2.46 GB operator peaks near 7.7 GB, which a CI
+    runner's memory limit must allow. Linux counts ``ru_maxrss`` in KiB, macOS in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def stderr_line(line: str) -> None:

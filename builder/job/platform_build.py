@@ -69,6 +69,8 @@ class ImageBuild(ServingImage):
     """Each reference pushed → the digest the registry confirmed (of a multi-platform build's
     references: the image index's)."""
     seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    """The build process's peak RSS (:func:`builder.progress.peak_memory`), read at its end."""
     platform_images: dict[str, ImageBuild] = field(default_factory=dict)
     """A multi-platform build: every platform's image (``linux/arm64`` → its build)."""
 

@@ -15,7 +15,7 @@ import docker
 
 from builder.engine import Platform, platform_references
 from builder.job.platform_build import ImageBuild
-from builder.progress import Log, stderr_line, step_log
+from builder.progress import Log, peak_memory, stderr_line, step_log
 from builder.push import push_image, push_index, tag_image
 
 
@@ -53,7 +53,7 @@ def publish(result: ImageBuild, builds: dict[Platform, ImageBuild], references: 
             with step_log(f"pushing {', '.join(references)}", on_log) as log:
                 for reference in references:
                     result.pushed[reference] = push_image(client, reference, on_log=log)
-        result.seconds = time.monotonic() - started
+        _finish(result, started, log_line)
         log_line(f"run it: {result.run_command}")
         return result
     if push:
@@ -69,7 +69,15 @@ def publish(result: ImageBuild, builds: dict[Platform, ImageBuild], references: 
                              for target in builds}
                 result.pushed[reference] = push_index(client, reference, manifests,
                                                       on_log=log)
-    result.seconds = time.monotonic() - started
+    _finish(result, started, log_line)
     for target, image in builds.items():
         log_line(f"run it ({target}): {image.run_command}")
     return result
+
+
+def _finish(result: ImageBuild, started: float, log_line: Log) -> None:
+    """How long the build took and the most memory it held, on ``result`` and in the log."""
+    result.seconds = time.monotonic() - started
+    result.peak_memory_bytes = peak_memory()
+    log_line(f"built in {result.seconds:.1f}s; peak memory {result.peak_memory_bytes / 1e9:.2f} "
+             f"GB (the build process's RSS)")
