@@ -30,6 +30,7 @@ from builder.engine.image_config import image_layers
 from builder.verify.concurrent import concurrent_check
 from builder.verify.container import ServingContainer
 from builder.verify.equality import TOLERANCE
+from tests.support.testbed import LocalRegistry
 
 pytestmark = [pytest.mark.slow]
 WIDTH, HIDDEN, CLASSES = 256, 4096, 16
@@ -110,6 +111,15 @@ def _push(pipeline, reference: str, registry, docker_client, **keywords):
     uploaded = [part for part, digest in zip(parts, layers, strict=True) if digest in new]
     assert new <= set(layers) | described, "a blob the manifest does not name"
     return uploaded, sum(after[digest] for digest in new), parts
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A registry of the test's own: the session's holds the base's layers once another test
+    pushed them, and a first push there uploads only what is new to it (CI at 397e2c3)."""
+    (tmp_path / "registry").mkdir()
+    with LocalRegistry(tmp_path / "registry") as running:
+        yield running
 
 
 def test_a_push_uploads_the_layers_of_what_changed(docker_client, cpu_base_image, registry):
