@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import docker.errors
@@ -98,9 +99,19 @@ def test_corrupt_archives_are_refused(docker_client, cpu_base_image, cpu_target,
     flipped = tmp_path / "flipped.tar.gz"
     for tenth in range(1, 10):  # a byte flipped in a header, in file data, in the deflate stream
         at = len(data) * tenth // 10
-        flipped.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+        changed = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+        if _inflates_to(changed) == _inflates_to(data):
+            continue  # a flip deflate ignores (an unused code length): the archive is intact
+        flipped.write_bytes(changed)
         with pytest.raises(ArchiveCheckError, match="corrupt or truncated"):
             check_archive(flipped, cpu_target)
+
+
+def _inflates_to(data: bytes) -> bytes | None:
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error):
+        return None
 
 
 def test_formats_triton_cannot_extract_are_refused(tmp_path):
