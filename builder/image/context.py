@@ -98,11 +98,8 @@ class ContextPlan:
         Docker rebuilds every layer after a changed one, and a large pretrained model changes
         less often than a small head trained on top of it; a rebuilt layer of unchanged content
         is byte-identical (canonical dates and modes), so its push uploads nothing either way."""
-        sizes: dict[str, int] = {}
-        for entry in self.layer("weights"):
-            sizes[entry.part] = sizes.get(entry.part, 0) + (
-                os.stat(entry.source).st_size if entry.source else 0)
-        return tuple(sorted(sizes, key=lambda part: (-sizes[part], part)))
+        parts = {entry.part for entry in self.layer("weights")}
+        return tuple(sorted(parts, key=lambda part: (-self.part_size(part), part)))
 
     def part_size(self, part: str) -> int:
         """Bytes of the weights part ``part``."""
