@@ -14,13 +14,14 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import re
+import os
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -29,6 +30,7 @@ from docker import auth as docker_auth
 from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
+from builder.runtime.supervisor.weights_registry import parse_challenge, request_token
 
 MANIFEST_TYPES = ", ".join((
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -39,7 +41,11 @@ MANIFEST_TYPES = ", ".join((
 
 
 class RegistryError(TritonBuilderError, RuntimeError):
-    """The registry could not be asked, or refused to say."""
+    """The registry could not be asked, or refused to say (``status``: its HTTP answer)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def manifest_digest(reference: str, *, insecure: bool | None = None,
@@ -92,12 +98,14 @@ class RegistryAnswer:
 
 
 def registry_request(ref: ImageReference, path: str, *, method: str = "GET",
-                     body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                     body: bytes | Path | None = None, headers: Mapping[str, str] | None = None,
                      actions: str = "pull", insecure: bool | None = None,
                      timeout: float = 15.0) -> RegistryAnswer:
     """``method /v2/<repository>/<path>`` on ``ref``'s registry, with the credentials of the
     Docker configuration where it asks for them (a token for ``actions`` on the repository:
-    ``pull``, or ``pull,push`` to write). Manifests are asked for in every type we know."""
+    ``pull``, or ``pull,push`` to write). Manifests are asked for in every type we know.
+    A ``body`` that is a file's path is streamed from it (a blob of gigabytes), opened again
+    for the request that carries the credentials."""
     if insecure is None:
         insecure = is_loopback(ref.registry)
     sent = {"Accept": MANIFEST_TYPES, **(headers or {})}
@@ -108,7 +116,7 @@ def registry_request(ref: ImageReference, path: str, *, method: str = "GET",
             return _send(url, method, body, sent, ref, actions, timeout)
         except (urllib.error.URLError, ssl.SSLError, ConnectionError, TimeoutError) as error:
             if isinstance(error, urllib.error.HTTPError):
-                raise RegistryError(_http_message(ref, error)) from None
+                raise RegistryError(_http_message(ref, error), status=error.code) from None
             errors.append(f"{url}: {getattr(error, 'reason', error)}")
     raise RegistryError(f"cannot reach the registry {ref.registry}: " + "; ".join(errors))
 
@@ -138,7 +146,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _send(url: str, method: str, body: bytes | None, headers: dict[str, str],
+def _send(url: str, method: str, body: bytes | Path | None, headers: dict[str, str],
           ref: ImageReference, actions: str, timeout: float) -> RegistryAnswer:
     try:
         return _open(url, method, body, headers, timeout)
@@ -150,9 +158,18 @@ def _send(url: str, method: str, body: bytes | None, headers: dict[str, str],
     return _open(url, method, body, authorized, timeout)
 
 
-def _open(url: str, method: str, body: bytes | None, headers: dict[str, str],
+def _open(url: str, method: str, body: bytes | Path | None, headers: dict[str, str],
           timeout: float) -> RegistryAnswer:
-    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    if isinstance(body, Path):
+        with open(body, "rb") as stream:
+            sized = {**headers, "Content-Length": str(os.fstat(stream.fileno()).st_size)}
+            return _open_request(urllib.request.Request(url, data=stream, headers=sized,
+                                                        method=method), timeout)
+    return _open_request(urllib.request.Request(url, data=body, headers=headers, method=method),
+                         timeout)
+
+
+def _open_request(request: urllib.request.Request, timeout: float) -> RegistryAnswer:
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return RegistryAnswer(response.status, dict(response.headers.items()), response.read())
 
@@ -182,30 +199,24 @@ def _credentials(ref: ImageReference) -> tuple[str, str] | None:
 
 def _authorization(challenge: str, ref: ImageReference, timeout: float,
                    actions: str = "pull") -> str:
-    scheme, _, params = challenge.partition(" ")
+    scheme, fields = parse_challenge(challenge)
     credentials = _credentials(ref)
-    if scheme.lower() == "basic":
-        if credentials is None:
+    basic = (base64.b64encode(":".join(credentials).encode()).decode()
+             if credentials is not None else None)
+    if scheme == "basic":
+        if basic is None:
             raise RegistryError(f"{ref.registry} wants a login: run `docker login {ref.registry}`")
-        return "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
-    if scheme.lower() != "bearer":
+        return f"Basic {basic}"
+    if scheme != "bearer":
         raise RegistryError(f"{ref.registry} asks for an unknown authentication: {challenge!r}")
-    fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
-    realm = fields.pop("realm", "")
-    if not realm:
+    if not fields.get("realm"):
         raise RegistryError(f"{ref.registry} sent a bearer challenge without a realm")
     fields.setdefault("scope", f"repository:{ref.registry_path}:{actions}")
-    request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
-    if credentials is not None:
-        token = base64.b64encode(":".join(credentials).encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.load(response)
+        token = request_token(fields, basic, timeout)
     except urllib.error.HTTPError as error:
         raise RegistryError(f"{ref.registry} refused a token for {ref.registry_path} "
                             f"({error.code}); run `docker login {ref.registry}`") from None
-    token = answer.get("token") or answer.get("access_token")
     if not token:
         raise RegistryError(f"{ref.registry}'s token service sent no token")
     return f"Bearer {token}"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 
 from .admin_api import (
     ADMIN_APIS,
@@ -30,6 +31,15 @@ from .reaper import (
     reap_until,
 )
 from .stop_drain import Drain, drain_periods, request_drain
+from .weights_fetch import ensure_weights
+from .weights_lock import (
+    CACHE_DIR,
+    CACHE_VARIABLE,
+    LOCK_PATH,
+    LOCK_VARIABLE,
+    WeightsError,
+    read_lock,
+)
 
 try:  # builder.runtime.supervisor
     from .. import drain
@@ -38,6 +48,28 @@ except ImportError:  # in the image: drain.py beside the package
 
 SUPERVISOR_OPTIONS = {"--lock-admin-apis": "start the server with ADMIN_APIS behind a key"}
 """The supervisor's own flags, before the server's command."""
+WEIGHTS_FAILED = 78
+"""The exit status when the weights could not be put in place (``EX_CONFIG``)."""
+
+
+def put_weights_in_place(environ: Mapping[str, str]) -> int | None:
+    """Fill the weights cache from the image's lock, if it has one (an image whose weights
+    travel beside it), before anything listens: the container is not ready until every file
+    is in place and checked. A stop meanwhile ends the container at once. Returns the exit
+    status of a failure, None when the server may start."""
+    lock_path = environ.get(LOCK_VARIABLE, LOCK_PATH)
+    if not os.path.exists(lock_path):
+        return None
+    previous = signal.signal(signal.SIGTERM, lambda received, frame: sys.exit(128 + received))
+    try:
+        ensure_weights(read_lock(lock_path), cache=environ.get(CACHE_VARIABLE, CACHE_DIR),
+                       environ=environ, log=log)
+    except WeightsError as error:
+        log(f"cannot start: {error}")
+        return WEIGHTS_FAILED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return None
 
 
 
@@ -55,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be 
         print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
               "       supervisor.py --drain", file=sys.stderr)
         return 2
+    failed = put_weights_in_place(environ)
+    if failed is not None:
+        return failed
     policy = RestartPolicy.from_environment(environ)
     drain_s, finish_s = drain_periods(environ)
     key = None
