@@ -89,7 +89,41 @@ def run_checks(cuda: str | None = "cpu", environment: str | Path | None = None,
     if client is not None:
         checks.append(_base_image(client, release))
         checks.append(leftovers_check(client, remove=remove_leftovers))
+        checks.append(weights_cache_check(client))
     return checks
+
+
+def weights_cache_check(client) -> Check:
+    """The node's weights cache (the volume that ``serve`` and ``deploy swarm`` mount for
+    images whose weights travel beside them): the files no image on this engine names in its
+    lock (:data:`~builder.image.labels.WEIGHTS_LABEL`) — old models' weights, safe to remove
+    once no other node's image needs them."""
+    import docker.errors
+
+    from builder.image.labels import WEIGHTS_LABEL
+    from builder.runtime.supervisor.weights_lock import CACHE_VOLUME, unnamed_blobs
+
+    try:
+        volume = client.volumes.get(CACHE_VOLUME)
+    except docker.errors.NotFound:
+        return Check("weights cache", "ok", f"no weights cache (volume {CACHE_VOLUME}) here")
+    root = Path(volume.attrs.get("Mountpoint") or "")
+    named = {digest for image in client.images.list(filters={"label": WEIGHTS_LABEL})
+             for digest in (image.labels or {}).get(WEIGHTS_LABEL, "").split(",") if digest}
+    try:
+        stray = unnamed_blobs(root, named)
+    except OSError as error:
+        return Check("weights cache", "warn", f"cannot read the volume {CACHE_VOLUME} at "
+                     f"{root}: {error.strerror}")
+    if not stray:
+        return Check("weights cache", "ok", f"every file of {CACHE_VOLUME} is named by an "
+                     f"image's weights lock here ({len(named)} digests)")
+    size = sum(path.stat().st_size for path in stray)
+    return Check("weights cache", "warn", f"{len(stray)} file(s) of {CACHE_VOLUME} "
+                 f"({size / 1e6:.1f} MB) that no image here names: "
+                 + ", ".join(f"sha256:{path.name}" for path in stray)
+                 + f" (in {root / 'blobs' / 'sha256'})")
+
 
 
 def leftovers_check(client, *, remove: bool = False) -> Check:

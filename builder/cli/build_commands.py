@@ -32,6 +32,7 @@ from builder.cli.command_options import (
     TUNING,
     USER,
     VERIFY,
+    WEIGHTS,
     build_keywords,
     parameter_default,
 )
@@ -85,6 +86,7 @@ def image(
     user: str = USER,
     drain_seconds: float = DRAIN_SECONDS,
     no_cache: bool = NO_CACHE,
+    weights: str = WEIGHTS,
     latency_budget_ms: float = LATENCY_BUDGET_MS,
     max_request_mb: float = MAX_REQUEST_MB,
     pytorch_index: str = PYTORCH_INDEX,

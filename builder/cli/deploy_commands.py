@@ -85,6 +85,7 @@ def deploy_k8s_command(
     replicas: int = field_option(KubernetesOptions, "replicas"),
     min_replicas: int = field_option(KubernetesOptions, "min_replicas"),
     max_replicas: int = field_option(KubernetesOptions, "max_replicas"),
+    weights_host_path: str = field_option(KubernetesOptions, "weights_host_path"),
     gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
                                                        "image's labels where it is local]"),
     kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),
@@ -99,20 +100,17 @@ def deploy_k8s_command(
     """
     from builder.deploy import kubernetes
     from builder.deploy.serving import deployable_image
+    from builder.engine import EngineError, docker_client
 
-    client = None
-    if gpu is None:
-        from builder.engine import EngineError, docker_client
-
-        try:
-            client = docker_client()
-        except EngineError:
-            client = None  # no engine here: a CPU image unless --gpu says otherwise
+    try:  # the image's labels and volumes, where it is local
+        client = docker_client()
+    except EngineError:
+        client = None  # no engine here: a CPU image unless --gpu says otherwise
     image = run_step("reading the image",
                      lambda: deployable_image(reference, gpu=gpu, client=client))
     options = run_step("reading the options", lambda: kubernetes.KubernetesOptions(
         name=name, namespace=namespace, replicas=replicas, min_replicas=min_replicas,
-        max_replicas=max_replicas))
+        max_replicas=max_replicas, weights_host_path=weights_host_path))
     documents = kubernetes.manifests(image, options)
     chosen = ({"inferenceservice": documents["inferenceservice"]} if kserve else
               {key: documents[key] for key in ("deployment", "service", "hpa")})

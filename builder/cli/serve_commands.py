@@ -31,10 +31,20 @@ def serve(
     Example: triton-builder serve embed:1 --detach && triton-builder infer
     grpc://127.0.0.1:8001/pipeline --input text=hello
     """
-    from builder.engine import ensure_engine
+    import docker.errors
 
+    from builder.deploy.serving import carries_weights_cache
+    from builder.engine import ensure_engine
+    from builder.runtime.supervisor.weights_lock import CACHE_DIR, CACHE_VOLUME
+
+    client = ensure_engine()
+    try:
+        beside = carries_weights_cache(client.images.get(reference))
+    except docker.errors.ImageNotFound:
+        beside = False
     container = run_step("starting the server", lambda: ServingContainer(
-        ensure_engine(), reference, host_ports=(http_port, grpc_port, metrics_port)))
+        client, reference, host_ports=(http_port, grpc_port, metrics_port),
+        volumes={CACHE_VOLUME: {"bind": CACHE_DIR, "mode": "rw"}} if beside else None))
     try:
         endpoint = container.start(timeout)
     except Exception as error:  # noqa: BLE001 - its log first, then the one error line

@@ -44,6 +44,7 @@ from builder.deploy.serving import (
     DeployError,
     size_bytes,
 )
+from builder.runtime.supervisor.weights_lock import CACHE_DIR
 
 SUPPORTED_KUBERNETES = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 """Kubernetes versions the manifests are validated against (kubernetes-validate's schemas)."""
@@ -69,7 +70,12 @@ class KubernetesOptions:
     """``nvidia.com/gpu`` per pod, for CUDA images."""
     shm_size: str = "1Gi"
     startup_seconds: int = 600
-    """How long a pod may take to load its models before Kubernetes gives up on it."""
+    """How long a pod may take to load its models (and fetch weights that travel beside the
+    image) before Kubernetes gives up on it."""
+    weights_host_path: str | None = field(default=None, metadata={"help": (
+        "For an image whose weights travel beside it: a directory of each node (writable by "
+        "the image's user) that caches them, so each digest is fetched once per node; "
+        "default: an emptyDir, fetched once per pod.")})
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name) or len(self.name) > 53:
@@ -81,6 +87,9 @@ class KubernetesOptions:
             raise DeployError(f"replicas must satisfy 1 <= min_replicas ({self.min_replicas}) "
                               f"<= max_replicas ({self.max_replicas}), replicas >= 1")
         size_bytes(self.shm_size.replace("i", ""))
+        if self.weights_host_path is not None and not self.weights_host_path.startswith("/"):
+            raise DeployError(f"weights_host_path must be an absolute path of the nodes: "
+                              f"{self.weights_host_path!r}")
 
 
 def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOptions(),
@@ -92,6 +101,10 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
     container = _container(image, options)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
                {"name": "tmp", "emptyDir": {}}]
+    if image.weights_beside:
+        volumes.append({"name": "weights", **(
+            {"hostPath": {"path": options.weights_host_path, "type": "Directory"}}
+            if options.weights_host_path else {"emptyDir": {}})})
     pod_security = _pod_security(image)
     prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(image.metrics_port),
                   "prometheus.io/path": METRICS_PATH}
@@ -178,7 +191,9 @@ def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, 
                           "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": {"requests": requests, **({"limits": limits} if limits else {})},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"},
+                         *([{"name": "weights", "mountPath": CACHE_DIR}]
+                           if image.weights_beside else [])],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }

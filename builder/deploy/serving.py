@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import docker
 import docker.errors
+from docker.models.images import Image
 
 from builder.errors import TritonBuilderError
 from builder.image.labels import PREFIX
@@ -31,6 +32,7 @@ from builder.image.serving_dockerfile import (
 from builder.image.startup import START_PERIOD_S
 from builder.runtime.supervisor import DRAIN_S, FINISH_S
 from builder.runtime.supervisor import METRICS_PORT as SUPERVISOR_PORT
+from builder.runtime.supervisor.weights_lock import CACHE_DIR
 
 READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
@@ -66,6 +68,9 @@ class DeployableImage:
     ``TRITON_BUILDER_DRAIN_S``)."""
     supervisor_port: int = SUPERVISOR_PORT
     """The supervisor's readiness (503 at once when the container starts to stop) and metrics."""
+    weights_beside: bool = False
+    """Its weights travel beside it (its ``VOLUME`` is the node's weights cache): deployments
+    give it a cache volume, so each digest is fetched once per node."""
 
     def __post_init__(self) -> None:
         if self.user.split(":", 1)[0] in ("", "0", "root"):
@@ -114,6 +119,7 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     start_period_s = START_PERIOD_S
     user = DEFAULT_USER
     drain_s = DRAIN_S
+    weights_beside = False
     if client is not None:
         try:
             image = client.images.get(reference)
@@ -126,6 +132,7 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
             start_period_s = max(START_PERIOD_S, (health.get("StartPeriod") or 0) // 10**9)
             user = (image.attrs.get("Config") or {}).get("User") or "root"
             drain_s = _drain_of(image.attrs.get("Config") or {})
+            weights_beside = carries_weights_cache(image)
             if HEALTH_SCRIPT not in test:
                 raise DeployError(
                     f"{reference} has no triton-builder health check ({HEALTH_SCRIPT}): "
@@ -133,7 +140,13 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
     return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s,
-                           user=user, drain_s=drain_s)
+                           user=user, drain_s=drain_s, weights_beside=weights_beside)
+
+
+def carries_weights_cache(image: Image) -> bool:
+    """Whether ``image``'s weights travel beside it: its ``VOLUME`` is the node's weights
+    cache (:mod:`builder.image.weights_beside`)."""
+    return CACHE_DIR in ((image.attrs.get("Config") or {}).get("Volumes") or {})
 
 
 def _drain_of(config: dict) -> float:

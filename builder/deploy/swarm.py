@@ -37,6 +37,7 @@ import yaml
 
 from builder.deploy.serving import DeployableImage, DeployError, DeployRuntimeError, size_bytes
 from builder.host_packages import ensure_program
+from builder.runtime.supervisor.weights_lock import CACHE_DIR, CACHE_VOLUME
 
 PublishMode = Literal["ingress", "host"]
 SERVICE = "triton"
@@ -135,7 +136,12 @@ def stack_document(image: DeployableImage,
         "stop_grace_period": f"{_grace(image, options)}s",
         "deploy": deploy,
     }
-    return {"version": "3.8", "services": {SERVICE: service}}
+    document: dict[str, Any] = {"version": "3.8", "services": {SERVICE: service}}
+    if image.weights_beside:  # a local volume: one cache per node, shared by its replicas
+        service["volumes"] = [*service["volumes"],  # type: ignore[misc]
+                              {"type": "volume", "source": CACHE_VOLUME, "target": CACHE_DIR}]
+        document["volumes"] = {CACHE_VOLUME: {}}
+    return document
 
 
 def _grace(image: DeployableImage, options: SwarmOptions) -> int:

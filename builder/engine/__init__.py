@@ -17,9 +17,12 @@ from builder.engine.platforms import (
     platform_option,
     platform_references,
 )
-from builder.engine.reference import tag_references
+from builder.engine.reference import ImageReference, tag_references
+from builder.engine.registry import registry_insecure
 
 __all__ = [
+    "ImageReference",
+    "registry_insecure",
     "DEFAULT_PLATFORM",
     "EmulationMissingError",
     "PlatformSupport",

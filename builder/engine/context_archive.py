@@ -5,7 +5,7 @@ file's mtime, the modes the umask gave, the owner — and the legacy builder's `
 and modes in the layer. Two builds of the same repository from two checkouts, or with another
 umask, gave layers with other digests. Here entries are sorted, every mtime is the build's epoch
 (:mod:`builder.build_epoch`), modes are 0755 for directories and executables and 0644 for the
-rest, and owners are root without names.
+rest (a directory with the sticky bit is 1777, as ``/tmp``), and owners are root without names.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def context_member(path: Path, name: str, mtime: int) -> tarfile.TarInfo:
     member.uname = member.gname = ""
     if stat.S_ISLNK(info.st_mode):
         member.type, member.mode, member.linkname = tarfile.SYMTYPE, 0o777, os.readlink(path)
-    elif stat.S_ISDIR(info.st_mode):
-        member.type, member.mode = tarfile.DIRTYPE, 0o755
+    elif stat.S_ISDIR(info.st_mode):  # sticky: a directory every user may write to, as /tmp
+        member.type = tarfile.DIRTYPE
+        member.mode = 0o1777 if info.st_mode & stat.S_ISVTX else 0o755
     elif stat.S_ISREG(info.st_mode):
         member.mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
         member.size = info.st_size

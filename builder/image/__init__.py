@@ -5,6 +5,7 @@ from builder.image.serving_image import (
     DRAIN_S,
     ImageOptions,
     ServingImage,
+    WeightsChoiceError,
     build_serving_image,
 )
 from builder.image.startup import emulated_allowance
@@ -14,6 +15,7 @@ __all__ = [
     "ImageOptions",
     "PythonRuntime",
     "ServingImage",
+    "WeightsChoiceError",
     "build_serving_image",
     "emulated_allowance",
 ]

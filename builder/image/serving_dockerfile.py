@@ -29,6 +29,7 @@ from builder.base.releases import Release
 from builder.engine.dockerfile import DockerfileError, render, template_source
 from builder.image.sbom import SBOM_PATH
 from builder.image.startup import START_PERIOD_S
+from builder.image.weights_beside import CACHE_CONTEXT
 from builder.runtime.supervisor import DRAIN_S, locked_command
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
@@ -213,6 +214,7 @@ def render_serving_dockerfile(
     stage: Stage = "full",
     has_environment: bool = True,
     weight_parts: Sequence[str] = (),
+    weights_cache: str = "",
     payload_image: str | None = None,
     labels: Mapping[str, str] | None = None,
     start_period: int = START_PERIOD_S,
@@ -220,6 +222,7 @@ def render_serving_dockerfile(
     """Render the Dockerfile for ``release``; ``payload_image`` is the FROM of stage "serving".
 
     ``weight_parts`` are the weights' layers in order (:meth:`ContextPlan.weight_parts`);
+    ``weights_cache`` the node cache's directory of an image whose weights travel beside it;
     ``labels`` become one ``LABEL`` instruction at the end of the stage rendered;
     ``start_period`` is the health check's (:func:`builder.image.startup.health_start_period`)."""
     options = options or ServingOptions()
@@ -248,6 +251,8 @@ def render_serving_dockerfile(
         model_repository=options.model_repository,
         has_environment=has_environment,
         weight_parts=list(weight_parts),
+        weights_cache=weights_cache,
+        weights_cache_context=CACHE_CONTEXT,
         healthcheck=healthcheck_command(options.http_port),
         drain_s=f"{options.drain_s:g}",
         start_period=start_period,
@@ -263,7 +268,7 @@ def render_serving_dockerfile(
 
 _LAYER_STEP = re.compile(r"^(COPY|RUN|ADD)\s+(\S+)", re.MULTILINE)
 _COPIED_PARTS = {"environment/": "environment", RUNTIME_SCRIPTS_CONTEXT + "/": "runtime",
-                 "code/": "code"}
+                 "code/": "code", CACHE_CONTEXT + "/": "weights cache"}
 
 
 def layer_parts(*dockerfiles: str) -> list[str]:

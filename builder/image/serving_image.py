@@ -43,6 +43,7 @@ from builder.engine.image_build import (
 from builder.engine.image_config import restamp_image
 from builder.engine.leftovers import Leftovers
 from builder.engine.platforms import platform_option
+from builder.engine.reference import ImageReference
 from builder.environment.archive_check import archive_cuda_runtime
 from builder.errors import TritonBuilderError
 from builder.image.context import (
@@ -56,6 +57,7 @@ from builder.image.labels import (
     OCI,
     PAYLOAD_HASH,
     STAGE,
+    WEIGHTS_LABEL,
     created_timestamp,
     hashed,
     repository_signature,
@@ -85,8 +87,15 @@ from builder.image.startup import (
     health_start_period,
     verify_timeout,
 )
+from builder.image.weights_beside import (
+    WEIGHTS_CHOICES,
+    weights_beside,
+    write_cache_directory,
+    write_lock,
+)
 from builder.progress import Log, step_log
 from builder.runtime.supervisor import DRAIN_S
+from builder.runtime.supervisor.weights_lock import CACHE_DIR, WeightFile, WeightsLock
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
 
@@ -96,6 +105,12 @@ class PayloadLayers(TypedDict):
 
     has_environment: bool
     weight_parts: tuple[str, ...]
+    weights_cache: str
+    """The node cache's directory, for an image whose weights travel beside it; else empty."""
+
+
+class WeightsChoiceError(TritonBuilderError, ValueError):
+    """``weights=`` is neither of :data:`~builder.image.weights_beside.WEIGHTS_CHOICES`."""
 
 
 class EnvironmentMismatchError(TritonBuilderError, ValueError):
@@ -114,6 +129,10 @@ class ServingImage:
     built: bool
     payload_id: str | None = None
     """The cached payload below a new image: what a discarded build keeps."""
+    weights_lock: WeightsLock | None = None
+    """An image whose weights travel beside it: the lock it carries."""
+    weight_sources: dict[WeightFile, Path] = field(default_factory=dict)
+    """Each locked file's source on this machine (what verification serves, a push sends)."""
     ready_timeout_s: float = VERIFY_TIMEOUT_S
     """How long a container of it may take to be ready: longer where it carries environment
     archives, which the python backend extracts at every start (:mod:`builder.image.startup`)."""
@@ -147,12 +166,19 @@ class ImageOptions:
     environment_python: str | None = None
     platforms: tuple[str, ...] = ()
     """Every platform of a multi-platform build this image is one of (its label)."""
+    weights: str = field(default="image", metadata={"help": (
+        "Where the models' weights travel: 'image' (a layer per model, in the image) or "
+        "'artifact' (beside it: an OCI artifact per model pushed to the image's repository, "
+        "fetched by each container into its node's cache at start).")})
     no_cache: bool = field(default=False, metadata={"help": (
         "Build every layer of the image again (docker build --no-cache): reuse "
         "nothing the engine holds from an earlier build, so that it cannot stand in for "
         "this one (a reproducibility check's second build).")})
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHTS_CHOICES:
+            raise WeightsChoiceError(f"weights must be one of {', '.join(WEIGHTS_CHOICES)}, not "
+                                     f"{self.weights!r}")
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels or {})))
         object.__setattr__(self, "server_args", tuple(self.server_args))
 
@@ -190,16 +216,23 @@ def build_serving_image(
     environments = [Path(options.environment)] if options.environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=serving.model_repository)
+    lock: WeightsLock | None = None
+    weight_sources: dict[WeightFile, Path] = {}
+    if options.weights == "artifact":
+        plan, lock, weight_sources = weights_beside(
+            plan, ImageReference.parse(image_name).repository)
     archives = [entry.source for entry in plan.layer("environment")
                 if entry.source is not None and entry.path.endswith(ENVIRONMENT_SUFFIXES)]
     for environment_path in [*archives, *environment_directories(Path(repository_dir))]:
         check_environment_python(environment_path, release, environment_python)
         check_environment_cuda(environment_path, release)
-    start_period = health_start_period(archive_bytes(archives))
+    start_period = health_start_period(archive_bytes(archives),
+                                       lock.size if lock is not None else 0)
     ready_timeout_s = verify_timeout(archive_bytes(archives))
 
     layers: PayloadLayers = {"has_environment": plan.has("environment"),
-                             "weight_parts": plan.weight_parts()}
+                             "weight_parts": plan.weight_parts(),
+                             "weights_cache": CACHE_DIR if lock is not None else ""}
     payload_hash = content_hash(  # the date too: it is every file's mtime in the layers
         render_serving_dockerfile(release, options=serving, stage="payload", **layers,
                                   start_period=start_period),
@@ -215,6 +248,8 @@ def build_serving_image(
                    else repository_signature(repository_dir)),
         version=options.version, revision=options.revision, extra=options.labels,
         platforms=options.platforms)
+    if lock is not None:
+        image_labels[WEIGHTS_LABEL] = ",".join(sorted(file.digest for file in lock.unique()))
     sbom = image_sbom(
         title=image_labels[OCI + "title"], version=image_labels[OCI + "version"],
         release=release, base=BaseImage(release.image, base.id, _base_digest(base),
@@ -226,7 +261,8 @@ def build_serving_image(
         payload_hash, render_serving_dockerfile(release, options=serving, stage="serving",
                                                 payload_image="payload",
                                                 start_period=start_period),
-        plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels))
+        plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels),
+        lock.to_json() if lock is not None else "")
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
@@ -234,11 +270,13 @@ def build_serving_image(
     if cached is not None:
         return ServingImage(id=cached.id, release=release, content_hash=digest,
                             labels=dict(client.images.get(cached.id).labels), built=False,
+                            weights_lock=lock, weight_sources=weight_sources,
                             ready_timeout_s=ready_timeout_s)
     platform = platform_option(release.platform)
     with step_log(f"payload layers of {image_name}", on_log) as log:
         payload_id = _payload_image(client, plan, payload_dockerfile, payload_hash, log,
-                                    platform, no_cache=options.no_cache)
+                                    platform, no_cache=options.no_cache,
+                                    weights_cache=lock is not None)
     serving_dockerfile = render_serving_dockerfile(
         release, options=serving, stage="serving", payload_image=payload_id,
         start_period=start_period, labels=image_labels)
@@ -254,6 +292,8 @@ def build_serving_image(
         sbom_file = context / "code" / SBOM_PATH.lstrip("/")
         sbom_file.parent.mkdir(parents=True, exist_ok=True)
         sbom_file.write_text(sbom)
+        if lock is not None:
+            write_lock(context / "code", lock)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], platform=platform, on_log=log,
                             made=leftovers.images, nocache=options.no_cache)
@@ -264,7 +304,8 @@ def build_serving_image(
         remove_images(client, [built.id])
         log(f"dated {image_labels[CREATED]} (the build's epoch): {image_id}")
     return ServingImage(id=image_id, release=release, content_hash=digest, labels=image_labels,
-                        built=True, payload_id=payload_id, ready_timeout_s=ready_timeout_s)
+                        built=True, payload_id=payload_id, weights_lock=lock,
+                        weight_sources=weight_sources, ready_timeout_s=ready_timeout_s)
 
 
 def check_environment_python(tarball: str | os.PathLike, release: Release,
@@ -332,7 +373,7 @@ def _base_digest(image: Image) -> str:
 
 def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: str,
                    payload_hash: str, log: Log, platform: str | None = None, *,
-                   no_cache: bool = False) -> str:
+                   no_cache: bool = False, weights_cache: bool = False) -> str:
     """The payload image for ``payload_hash``: found by its cache tag (unless ``no_cache``), or
     built and tagged.
 
@@ -349,6 +390,8 @@ def _payload_image(client: docker.DockerClient, plan: ContextPlan, dockerfile: s
         pass
     with tempfile.TemporaryDirectory(prefix="triton-builder-payload-") as workdir:
         context = plan.write(Path(workdir), ["environment", "weights"])
+        if weights_cache:
+            write_cache_directory(context)
         (context / "Dockerfile").write_text(dockerfile)
         built = build_image(client, context, [reference], platform=platform, on_log=log,
                             nocache=no_cache)

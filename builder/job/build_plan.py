@@ -24,6 +24,7 @@ from builder.engine import (
     tag_references,
 )
 from builder.environment import require_platform_wheels
+from builder.image import WeightsChoiceError
 from builder.job.build_options import BuildOptions
 from builder.pipeline import Pipeline, check_row_independence
 from builder.verify import NothingToVerifyError
@@ -56,6 +57,11 @@ def plan_build(pipe: Pipeline, image_name: str, tags: Iterable[str],
     """Decide the build of ``pipe`` as ``image_name`` (and ``tags``), or refuse it."""
     targets = parse_platforms(options.platforms)
     unverified = _unverified(targets, options.no_verify_platforms)
+    if options.image.weights == "artifact" and len(targets) > 1:
+        raise WeightsChoiceError(
+            f"weights='artifact' builds one platform's image for now, not "
+            f"{', '.join(map(str, targets))}: build each platform on its own, or keep the "
+            f"weights in the image (weights='image')")
     references = tuple(tag_references(image_name, tags))
     verifying = options.verify
     calls = tuple(tuple(call) for call in (verifying.calls if verifying.calls is not None

@@ -71,20 +71,20 @@ def build_docker_image(
             f"{target}): it is tagged and pushed without having answered once")
     builds: dict[Any, ImageBuild] = {}
     leftovers = Leftovers()
-    try:
-        with scratch_directory("triton-builder-") as workdir:
+    with scratch_directory("triton-builder-") as workdir:  # kept until a push sent weights
+        try:
             for target in plan.targets:
                 builds[target] = build_platform(pipe, plan, target, chosen, client=client,
                                                 workdir=workdir, support=support[target],
                                                 leftovers=leftovers, on_log=on_log)
-        native = [t for t in plan.targets if support[t].native]
-        with deferred_interrupts():
-            result = tag_builds(client, builds, plan.references, native)
-    except BaseException:
-        leftovers.remove(client)
-        raise
-    return publish(result, builds, plan.references, client=client, push=push, started=started,
-                   on_log=on_log)
+            native = [t for t in plan.targets if support[t].native]
+            with deferred_interrupts():
+                result = tag_builds(client, builds, plan.references, native)
+        except BaseException:
+            leftovers.remove(client)
+            raise
+        return publish(result, builds, plan.references, client=client, push=push,
+                       started=started, on_log=on_log)
 
 
 def build_image_from_repository(

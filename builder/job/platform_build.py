@@ -158,11 +158,13 @@ def build_verified(  # noqa: PLR0913 - options as keywords (issue 68: options ob
             verification = verify_image(
                 client, image.id, checks, gpus=verifying.gpus, shm_size=shm_size,
                 timeout=timeout, on_log=log, repository_dir=repository_dir,
-                owner=leftovers.owner, platform=platform)
+                owner=leftovers.owner, platform=platform,
+                weights=image.weight_sources if image.weights_lock is not None else None)
     return ImageBuild(**vars(image), verification=verification,
                       run_command=docker_run_command(
                           image_name, gpus=release.gpu, shm_size=shm_size,
-                          platform=platform if platform and not native else None))
+                          platform=platform if platform and not native else None,
+                          weights_cache=image.weights_lock is not None))
 
 
 def pipeline_check(model: str, pipe: Pipeline, calls: Sequence[tuple[Any, ...]],

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import docker
 
-from builder.engine import Platform, platform_references
+from builder.engine import ImageReference, Platform, platform_references, registry_insecure
 from builder.job.platform_build import ImageBuild
 from builder.progress import Log, peak_memory, stderr_line, step_log
-from builder.push import push_image, push_index, tag_image
+from builder.push import PushResult, push_image, push_index, push_lock_weights, tag_image
 
 
 def tag_builds(client: docker.DockerClient, builds: dict[Platform, ImageBuild],
@@ -52,7 +52,8 @@ def publish(result: ImageBuild, builds: dict[Platform, ImageBuild], references: 
         if push:
             with step_log(f"pushing {', '.join(references)}", on_log) as log:
                 for reference in references:
-                    result.pushed[reference] = push_image(client, reference, on_log=log)
+                    result.pushed[reference] = _push_one(client, result, reference,
+                                                         next(iter(builds)), log)
         _finish(result, started, log_line)
         log_line(f"run it: {result.run_command}")
         return result
@@ -73,6 +74,20 @@ def publish(result: ImageBuild, builds: dict[Platform, ImageBuild], references: 
     for target, image in builds.items():
         log_line(f"run it ({target}): {image.run_command}")
     return result
+
+
+def _push_one(client: docker.DockerClient, image: ImageBuild, reference: str,
+              target: Platform, log: Log) -> PushResult:
+    """``reference`` pushed; an image whose weights travel beside it: its models' artifacts
+    first (to the reference's repository), then one index of the image and them under the
+    tag, so that the tag names the weights the image's lock needs."""
+    if image.weights_lock is None:
+        return push_image(client, reference, on_log=log)
+    ref = ImageReference.parse(reference)
+    artifacts = push_lock_weights(ref.repository, image.weights_lock, image.weight_sources,
+                                  insecure=registry_insecure(client, ref.registry), on_log=log)
+    pushed = push_image(client, reference, on_log=log)
+    return push_index(client, reference, {target: pushed}, artifacts=artifacts, on_log=log)
 
 
 def _finish(result: ImageBuild, started: float, log_line: Log) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from builder.engine.registry import (
 )
 from builder.progress import Log
 from builder.push.docker_push import PushError, PushResult
+from builder.push.weights_artifact import UNKNOWN_PLATFORM, WeightsArtifact, artifact_entries
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 
@@ -57,14 +58,16 @@ class ManifestDescriptor:
     size: int
 
 
-def index_document(entries: Mapping[Platform, ManifestDescriptor]) -> bytes:
-    """The canonical bytes of the OCI image index over ``entries`` (in their order)."""
+def index_document(entries: Mapping[Platform, ManifestDescriptor],
+                   artifacts: Sequence[WeightsArtifact] = ()) -> bytes:
+    """The canonical bytes of the OCI image index over ``entries`` (in their order), then the
+    weights' ``artifacts`` (no platform's entries: :mod:`builder.push.weights_artifact`)."""
     document = {
         "schemaVersion": 2,
         "mediaType": INDEX_MEDIA_TYPE,
         "manifests": [{"mediaType": entry.media_type, "digest": entry.digest,
                        "size": entry.size, "platform": target.index_entry()}
-                      for target, entry in entries.items()],
+                      for target, entry in entries.items()] + artifact_entries(artifacts),
     }
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
@@ -84,9 +87,11 @@ def manifest_descriptor(repository: ImageReference, digest: str, *,
 
 def push_index(client: docker.DockerClient, reference: str,
                manifests: Mapping[Platform, PushResult], *,
+               artifacts: Sequence[WeightsArtifact] = (),
                on_log: Log | None = None) -> IndexPushResult:
-    """Write the index of ``manifests`` (each platform's push, in this repository) under
-    ``reference``'s tag and confirm it with the registry (see the module's text)."""
+    """Write the index of ``manifests`` (each platform's push, in this repository) and the
+    weights' ``artifacts`` (pushed to it) under ``reference``'s tag and confirm it with the
+    registry (see the module's text)."""
     ref = ImageReference.parse(reference)
     insecure = registry_insecure(client, ref.registry)
     try:
@@ -97,7 +102,7 @@ def push_index(client: docker.DockerClient, reference: str,
                                 f"manifests of its own repository", reference=reference,
                                 attempts=1, transient=False)
             entries[target] = manifest_descriptor(ref, pushed.digest, insecure=insecure)
-        body = index_document(entries)
+        body = index_document(entries, artifacts)
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         answer = registry_request(ref, f"manifests/{ref.tag}", method="PUT", body=body,
                                   headers={"Content-Type": INDEX_MEDIA_TYPE},
@@ -131,5 +136,7 @@ def _served_platforms(ref: ImageReference, digest: str,
     served = {}
     for entry in document.get("manifests", []):
         platform = entry.get("platform", {})
+        if platform == UNKNOWN_PLATFORM:
+            continue
         served[f"{platform.get('os')}/{platform.get('architecture')}"] = entry.get("digest")
     return served

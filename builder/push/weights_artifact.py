@@ -30,7 +30,7 @@ from builder.engine.reference import ImageReference
 from builder.engine.registry import RegistryError, registry_request
 from builder.progress import Log
 from builder.push.docker_push import PushError
-from builder.runtime.supervisor.weights_lock import WeightFile
+from builder.runtime.supervisor.weights_lock import WeightFile, WeightsLock
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.triton-builder.weights.config.v1+json"
@@ -86,6 +86,16 @@ def push_weights(repository: str, model: str, files: Mapping[WeightFile, Path], 
         on_log(f"weights of {model!r}: artifact {digest} ({len(uploaded)} of {len(files)} "
                f"files uploaded, {sent / 1e6:.1f} MB)")
     return WeightsArtifact(model, digest, len(manifest), tuple(uploaded), sent)
+
+
+def push_lock_weights(repository: str, lock: WeightsLock, sources: Mapping[WeightFile, Path],
+                      *, insecure: bool | None = None,
+                      on_log: Log | None = None) -> list[WeightsArtifact]:
+    """Every model of ``lock`` pushed to ``repository`` as its artifact, in the lock's order."""
+    return [push_weights(repository, model,
+                         {file: sources[file] for file in lock.files if file.model == model},
+                         insecure=insecure, on_log=on_log)
+            for model in lock.models]
 
 
 def artifact_manifest(model: str, files: Iterable[WeightFile], config_digest: str,

@@ -26,6 +26,7 @@ from builder.engine.container_lifecycle import create_container, remove_containe
 from builder.engine.ownership import BuildOwner
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from builder.runtime.supervisor.weights_lock import CACHE_DIR, CACHE_VOLUME
 from builder.tritonserver.host_process import triton_ready
 
 DEFAULT_SHM_SIZE: str | None = None
@@ -183,10 +184,13 @@ def gpus_available(client: docker.DockerClient) -> bool:
 
 def docker_run_command(image: str, *, gpus: bool = True,
                        shm_size: str | None = DEFAULT_SHM_SIZE,
-                       platform: str | None = None) -> str:
+                       platform: str | None = None, weights_cache: bool = False) -> str:
     """The command users copy to run the image (GPU form unless ``gpus=False``; ``platform``
-    where it is not the engine's own)."""
+    where it is not the engine's own; ``weights_cache``: the node's weights cache mounted, for
+    an image whose weights travel beside it)."""
     parts = ["docker", "run", "--rm", *([f"--platform={platform}"] if platform else [])]
+    if weights_cache:
+        parts += ["-v", f"{CACHE_VOLUME}:{CACHE_DIR}"]
     if gpus:
         parts.append("--gpus=all")
     if shm_size:

@@ -11,6 +11,7 @@ removed, whatever the instant of an interrupt (:mod:`builder.engine.container_li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.progress import Log
 from builder.runtime.supervisor import ADMIN_KEY_HEADER, ADMIN_KEY_VARIABLE
+from builder.runtime.supervisor.weights_lock import WeightFile
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
     ContainerEndpoint,
@@ -48,6 +50,7 @@ from builder.verify.placement import (
     gpu_models,
     read_placement_evidence,
 )
+from builder.verify.weights_source import WeightsSource
 
 LOG_TAIL_LINES = 80
 VERIFICATION_LABEL = "ai.triton-builder.verification"
@@ -117,6 +120,7 @@ def verify_image(
     image_repository: str = DEFAULT_MODEL_REPOSITORY,
     owner: BuildOwner | None = None,
     platform: str | None = None,
+    weights: Mapping[WeightFile, Path] | None = None,
 ) -> Verification:
     """Run ``image``, wait for readiness, run the default model check and ``checks``.
 
@@ -124,7 +128,10 @@ def verify_image(
     makes the check GPU-aware (:mod:`builder.verify.placement`): with GPUs each ``KIND_GPU``
     model must have run on one; without, those models are verified on the CPU and the result
     says their placement was not exercised. ``platform`` runs an image of another platform than
-    the engine's (under emulation: give it a longer ``timeout``).
+    the engine's (under emulation: give it a longer ``timeout``). ``weights`` (an image whose
+    weights travel beside it: each locked file's source here) are served to the container by a
+    registry of the build's own (:mod:`builder.verify.weights_source`), which its supervisor
+    fetches them from into the node's cache, as from the user's registry after a push.
 
     The container is labelled with ``owner`` (the build's; default: a new one of this process)
     and named after it, so that the build's cleanup and ``triton-builder doctor`` find it.
@@ -133,13 +140,18 @@ def verify_image(
     owner = owner or BuildOwner.here()
     on_gpu = gpu_models(repository_dir) if repository_dir is not None else []
     gpus = gpus_available(client) if gpus is None else gpus
-    with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="triton-builder-cpu-configs-") as workdir, \
+            (WeightsSource(client, weights) if weights else contextlib.nullcontext()) as source:
         volumes = (cpu_config_mounts(repository_dir, on_gpu, Path(workdir), image_repository)
-                   if repository_dir is not None and on_gpu and not gpus else None)
+                   if repository_dir is not None and on_gpu and not gpus else {})
         admin_key = secrets.token_urlsafe(24)
+        environment = {ADMIN_KEY_VARIABLE: admin_key}
+        if source is not None:
+            volumes.update(source.volumes)
+            environment.update(source.environment)
         container = ServingContainer(client, image, gpus=gpus, shm_size=shm_size,
-                                     labels={VERIFICATION_LABEL: "1"}, volumes=volumes,
-                                     environment={ADMIN_KEY_VARIABLE: admin_key}, owner=owner,
+                                     labels={VERIFICATION_LABEL: "1"}, volumes=volumes or None,
+                                     environment=environment, owner=owner,
                                      platform=platform)
         try:
             endpoint = container.start(timeout)

@@ -18,10 +18,12 @@ class LocalRegistry:
     """Debian's ``docker-registry`` (distribution v2.8) on a free 127.0.0.1 port.
 
     Pushing to ``127.0.0.1:PORT/name`` needs no TLS set-up: the engine trusts loopback.
+    ``bind`` ``0.0.0.0`` lets containers reach it too (at the engine's bridge gateway).
     """
 
-    def __init__(self, storage: Path) -> None:
+    def __init__(self, storage: Path, bind: str = "127.0.0.1") -> None:
         self.storage = Path(storage)
+        self.bind = bind
         self.port = 0
         self._process: subprocess.Popen | None = None
 
@@ -38,7 +40,7 @@ class LocalRegistry:
         config.write_text(
             "version: 0.1\n"
             f"storage: {{filesystem: {{rootdirectory: {self.storage / 'data'}}}}}\n"
-            f"http: {{addr: {self.host}}}\n"
+            f"http: {{addr: '{self.bind}:{self.port}'}}\n"
             "log: {level: warn}\n"
         )
         self._log = open(self.storage / "registry.log", "wb")

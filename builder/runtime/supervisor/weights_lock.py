@@ -162,9 +162,10 @@ def hash_prefix(path: str | os.PathLike[str], limit: int | None = None) -> Any:
     return digest
 
 
-def unnamed_blobs(cache: str | os.PathLike[str], locks: Iterable[WeightsLock]) -> list[Path]:
-    """Files of the cache that no lock of ``locks`` names: what ``doctor`` lists."""
-    named = {file.digest for lock in locks for file in lock.files}
+def unnamed_blobs(cache: str | os.PathLike[str], digests: Iterable[str]) -> list[Path]:
+    """Files of the cache whose digest is none of ``digests`` (every lock's): what ``doctor``
+    lists."""
+    named = set(digests)
     root = Path(cache) / "blobs" / "sha256"
     if not root.is_dir():
         return []

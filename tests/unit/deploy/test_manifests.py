@@ -278,3 +278,38 @@ def test_serving_image_refuses_an_image_without_our_health_check(docker_client):
         pytest.skip(f"{base} is not on this engine")
     with pytest.raises(DeployError, match="no triton-builder health check"):
         deployable_image(base, client=docker_client)
+
+
+# -- weights beside the image -----------------------------------------------------------------
+BESIDE = DeployableImage("registry.example:5000/embed:3", gpu=False, weights_beside=True)
+
+
+def test_a_stack_gives_each_node_one_weights_cache_for_its_replicas():
+    from builder.runtime.supervisor.weights_lock import CACHE_DIR, CACHE_VOLUME
+
+    document = stack_document(BESIDE, SwarmOptions(replicas=3))
+    assert {"type": "volume", "source": CACHE_VOLUME, "target": CACHE_DIR} in \
+        document["services"]["triton"]["volumes"]
+    assert document["volumes"] == {CACHE_VOLUME: {}}
+    assert "volumes" not in stack_document(CPU)
+
+
+@pytest.mark.parametrize("host_path", [None, "/var/cache/triton-builder/weights"])
+def test_pods_mount_a_weights_cache_and_validate(host_path):
+    from builder.runtime.supervisor.weights_lock import CACHE_DIR
+
+    options = kubernetes.KubernetesOptions(weights_host_path=host_path)
+    documents = kubernetes.manifests(BESIDE, options)
+    pod = documents["deployment"]["spec"]["template"]["spec"]
+    (weights,) = [volume for volume in pod["volumes"] if volume["name"] == "weights"]
+    assert weights == ({"name": "weights", "emptyDir": {}} if host_path is None else
+                       {"name": "weights", "hostPath": {"path": host_path, "type": "Directory"}})
+    assert {"name": "weights", "mountPath": CACHE_DIR} in pod["containers"][0]["volumeMounts"]
+    assert len(kubernetes.validate(documents)) == 4 * len(kubernetes.SUPPORTED_KUBERNETES)
+    plain = kubernetes.manifests(CPU)["deployment"]["spec"]["template"]["spec"]
+    assert "weights" not in {volume["name"] for volume in plain["volumes"]}
+
+
+def test_a_relative_weights_host_path_is_refused():
+    with pytest.raises(DeployError, match="weights_host_path must be an absolute path"):
+        kubernetes.KubernetesOptions(weights_host_path="cache")

@@ -260,7 +260,7 @@ def test_doctor_finds_the_cached_files_no_lock_names(own_registry, tmp_path):
     ensure_weights(lock, cache=str(cache), environ={})
     stray = blob_path("sha256:" + "d" * 64, cache)
     stray.write_bytes(b"old")
-    assert unnamed_blobs(cache, [lock]) == [stray]
+    assert unnamed_blobs(cache, [f.digest for f in lock.files]) == [stray]
     assert unnamed_blobs(cache, []) == sorted([stray, blob_path(lock.files[0].digest, cache)])
 
 
