@@ -118,8 +118,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels, "annotations": prometheus},
-                "spec": {"securityContext": pod_security, "containers": [container],
-                         "volumes": volumes,
+                "spec": {"securityContext": pod_security, **_weights_fetch(image, container),
+                         "containers": [container], "volumes": volumes,
                          "terminationGracePeriodSeconds": image.stop_seconds},
             },
         },
@@ -154,7 +154,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
         "spec": {"predictor": {
             "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
             "scaleMetric": "cpu", "scaleTarget": options.target_cpu_percent,
-            "securityContext": pod_security, "containers": [predictor_container],
+            "securityContext": pod_security, **_weights_fetch(image, container),
+            "containers": [predictor_container],
             "volumes": volumes, "terminationGracePeriodSeconds": image.stop_seconds,
         }},
     }
@@ -197,6 +198,22 @@ def _container(image: DeployableImage, options: KubernetesOptions) -> dict[str, 
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
+
+
+def _weights_fetch(image: DeployableImage, container: dict[str, Any]) -> dict[str, Any]:
+    """An init container that fills the weights cache for an image whose weights travel
+    beside it: the pod shows ``Init`` while the files arrive, a refused or unreachable digest
+    is the init container's error (exit 78, retried with the kubelet's back-off), and the
+    server's container starts only once every file is in place and checked."""
+    if not image.weights_beside:
+        return {}
+    return {"initContainers": [{
+        "name": "weights", "image": image.reference, "command": image.fetch_weights_command,
+        "resources": container["resources"],
+        "volumeMounts": [mount for mount in container["volumeMounts"]
+                         if mount["name"] in ("tmp", "weights")],
+        "securityContext": container["securityContext"],
+    }]}
 
 
 def _pod_security(image: DeployableImage) -> dict[str, Any]:
@@ -247,6 +264,7 @@ def validate(documents: dict[str, dict[str, Any]],
                 targets = [{"apiVersion": "v1", "kind": "Pod",
                             "metadata": {"name": document["metadata"]["name"]},
                             "spec": {"containers": predictor["containers"],
+                                     "initContainers": predictor.get("initContainers", []),
                                      "volumes": predictor.get("volumes", []),
                                      "terminationGracePeriodSeconds": predictor.get(
                                          "terminationGracePeriodSeconds", 30),
@@ -265,8 +283,9 @@ def validate(documents: dict[str, dict[str, Any]],
 
 
 _PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "containers",
-                     "volumes", "securityContext", "terminationGracePeriodSeconds",
-                     "serviceAccountName", "nodeSelector", "tolerations"}
+                     "initContainers", "volumes", "securityContext",
+                     "terminationGracePeriodSeconds", "serviceAccountName", "nodeSelector",
+                     "tolerations"}
 
 
 def _check_inference_service(document: dict[str, Any]) -> None:

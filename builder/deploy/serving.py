@@ -98,6 +98,12 @@ class DeployableImage:
         return ["python3", SUPERVISOR_SCRIPT, "--drain"]
 
     @property
+    def fetch_weights_command(self) -> list[str]:
+        """Puts the weights that travel beside the image in its cache, then exits (0 when they
+        are in place, 78 naming the operator and digest when not): an init container."""
+        return ["python3", SUPERVISOR_SCRIPT, "--fetch-weights"]
+
+    @property
     def health_command(self) -> list[str]:
         """Ready, and no dead stub: Docker's HEALTHCHECK, a Swarm health check."""
         return healthcheck_command(self.http_port)

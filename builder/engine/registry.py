@@ -30,7 +30,7 @@ from docker import auth as docker_auth
 from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
-from builder.runtime.supervisor.weights_registry import parse_challenge, request_token
+from builder.runtime.supervisor.weights_registry import ChallengeUnanswered, answer_challenge
 
 MANIFEST_TYPES = ", ".join((
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -199,27 +199,21 @@ def _credentials(ref: ImageReference) -> tuple[str, str] | None:
 
 def _authorization(challenge: str, ref: ImageReference, timeout: float,
                    actions: str = "pull") -> str:
-    scheme, fields = parse_challenge(challenge)
     credentials = _credentials(ref)
     basic = (base64.b64encode(":".join(credentials).encode()).decode()
              if credentials is not None else None)
-    if scheme == "basic":
-        if basic is None:
-            raise RegistryError(f"{ref.registry} wants a login: run `docker login {ref.registry}`")
-        return f"Basic {basic}"
-    if scheme != "bearer":
-        raise RegistryError(f"{ref.registry} asks for an unknown authentication: {challenge!r}")
-    if not fields.get("realm"):
-        raise RegistryError(f"{ref.registry} sent a bearer challenge without a realm")
-    fields.setdefault("scope", f"repository:{ref.registry_path}:{actions}")
     try:
-        token = request_token(fields, basic, timeout)
-    except urllib.error.HTTPError as error:
-        raise RegistryError(f"{ref.registry} refused a token for {ref.registry_path} "
-                            f"({error.code}); run `docker login {ref.registry}`") from None
-    if not token:
-        raise RegistryError(f"{ref.registry}'s token service sent no token")
-    return f"Bearer {token}"
+        return answer_challenge(challenge, basic, f"repository:{ref.registry_path}:{actions}",
+                                timeout)
+    except ChallengeUnanswered as why:
+        raise RegistryError({
+            "credentials": f"{ref.registry} wants a login: run `docker login {ref.registry}`",
+            "scheme": f"{ref.registry} asks for an authentication this client does not speak: "
+                      f"{challenge!r}",
+            "refused": f"{ref.registry} refused a token for {ref.registry_path} ({why.code}); "
+                       f"run `docker login {ref.registry}`",
+            "no token": f"{ref.registry}'s token service sent no token",
+        }[why.reason]) from None
 
 
 def _http_message(ref: ImageReference, error: urllib.error.HTTPError) -> str:

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be 
     environ = os.environ
     if command == ["--drain"]:
         return request_drain(environ)
+    if command == ["--fetch-weights"]:
+        return put_weights_in_place(environ) or 0
     own = []
     while command and command[0] in SUPERVISOR_OPTIONS:
         own.append(command.pop(0))
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be 
         command = command[1:]
     if not command or command[0].startswith("--"):
         print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
-              "       supervisor.py --drain", file=sys.stderr)
+              "       supervisor.py --drain\n"
+              "       supervisor.py --fetch-weights", file=sys.stderr)
         return 2
     failed = put_weights_in_place(environ)
     if failed is not None:

@@ -92,24 +92,52 @@ def open_blob(source: Source, url: str, headers: dict[str, str], timeout: float)
 
 
 def _authorization(source: Source, challenge: str, timeout: float) -> str:
-    scheme, fields = parse_challenge(challenge)
     basic = (base64.b64encode(source.auth.encode()).decode() if source.auth else None)
+    try:
+        return answer_challenge(challenge, basic, f"repository:{source.name}:pull", timeout)
+    except ChallengeUnanswered as why:
+        registry = source.registry
+        raise WeightsError({
+            "credentials": f"{registry} wants credentials for the weights: set "
+                           f"{AUTH_VARIABLE}=user:password",
+            "scheme": f"{registry} asks for an authentication this supervisor does not speak: "
+                      f"{challenge!r}",
+            "refused": f"{registry}'s token service refused to let this container pull "
+                       f"{source.name} ({why.code}): set {AUTH_VARIABLE}",
+            "no token": f"{registry}'s token service sent no token",
+        }[why.reason]) from None
+
+
+class ChallengeUnanswered(Exception):
+    """Why a registry's challenge got no ``Authorization``: ``reason`` is ``"credentials"``
+    (it wants some, none given), ``"scheme"`` (neither basic nor a bearer with a realm),
+    ``"refused"`` (the token service answered ``code``) or ``"no token"``. Each caller says
+    what its user should do about it."""
+
+    def __init__(self, reason: str, code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def answer_challenge(challenge: str, basic: str | None, scope: str, timeout: float) -> str:
+    """The ``Authorization`` that answers a ``WWW-Authenticate`` challenge: ``basic``
+    credentials (base64 ``user:password``) as they are, or a bearer token for ``scope`` from
+    the challenge's token service; :class:`ChallengeUnanswered` otherwise."""
+    scheme, fields = parse_challenge(challenge)
     if scheme == "basic":
         if basic is None:
-            raise WeightsError(f"{source.registry} wants credentials for the weights: set "
-                               f"{AUTH_VARIABLE}=user:password")
+            raise ChallengeUnanswered("credentials")
         return f"Basic {basic}"
     if scheme != "bearer" or not fields.get("realm"):
-        raise WeightsError(f"{source.registry} asks for an authentication this supervisor "
-                           f"does not speak: {challenge!r}")
-    fields.setdefault("scope", f"repository:{source.name}:pull")
+        raise ChallengeUnanswered("scheme")
+    fields.setdefault("scope", scope)
     try:
         token = request_token(fields, basic, timeout)
     except urllib.error.HTTPError as error:
-        raise WeightsError(f"{source.registry}'s token service refused to let this container "
-                           f"pull {source.name} ({error.code}): set {AUTH_VARIABLE}") from None
+        raise ChallengeUnanswered("refused", error.code) from None
     if not token:
-        raise WeightsError(f"{source.registry}'s token service sent no token")
+        raise ChallengeUnanswered("no token")
     return f"Bearer {token}"
 
 

@@ -305,9 +305,16 @@ def test_pods_mount_a_weights_cache_and_validate(host_path):
     assert weights == ({"name": "weights", "emptyDir": {}} if host_path is None else
                        {"name": "weights", "hostPath": {"path": host_path, "type": "Directory"}})
     assert {"name": "weights", "mountPath": CACHE_DIR} in pod["containers"][0]["volumeMounts"]
+    for spec in (pod, documents["inferenceservice"]["spec"]["predictor"]):
+        (init,) = spec["initContainers"]
+        assert init["image"] == BESIDE.reference
+        assert init["command"][-1] == "--fetch-weights"
+        assert {"name": "weights", "mountPath": CACHE_DIR} in init["volumeMounts"]
+        assert init["securityContext"]["readOnlyRootFilesystem"] is True
     assert len(kubernetes.validate(documents)) == 4 * len(kubernetes.SUPPORTED_KUBERNETES)
     plain = kubernetes.manifests(CPU)["deployment"]["spec"]["template"]["spec"]
     assert "weights" not in {volume["name"] for volume in plain["volumes"]}
+    assert "initContainers" not in plain
 
 
 def test_a_relative_weights_host_path_is_refused():

@@ -254,6 +254,25 @@ def test_the_supervisor_starts_the_server_only_once_the_weights_are_in_place(
     assert not started.exists()
 
 
+def test_fetch_weights_fills_the_cache_and_exits_as_an_init_container(
+        own_registry, tmp_path, monkeypatch):
+    lock, files = pushed_lock(own_registry, tmp_path, encoder={"model.onnx": 4096})
+    (file,) = files
+    lock_file = tmp_path / "weights.lock.json"
+    lock_file.write_text(lock.to_json())
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(LOCK_VARIABLE, str(lock_file))
+    monkeypatch.setenv(CACHE_VARIABLE, str(cache))
+    assert main(["--fetch-weights"]) == 0
+    assert blob_path(file.digest, cache).read_bytes() == files[file].read_bytes()
+    own_registry.stop()
+    blob_path(file.digest, cache).write_bytes(b"damaged")
+    monkeypatch.setenv(TIMEOUT_VARIABLE, "2")
+    assert main(["--fetch-weights"]) == WEIGHTS_FAILED
+    monkeypatch.setenv(LOCK_VARIABLE, str(tmp_path / "no-lock.json"))
+    assert main(["--fetch-weights"]) == 0, "an image with its weights inside has none to fetch"
+
+
 def test_doctor_finds_the_cached_files_no_lock_names(own_registry, tmp_path):
     lock, _ = pushed_lock(own_registry, tmp_path, encoder={"model.onnx": 100})
     cache = tmp_path / "cache"
