@@ -30,7 +30,7 @@ from docker import auth as docker_auth
 from builder.engine.platforms import Platform
 from builder.engine.reference import ImageReference
 from builder.errors import TritonBuilderError
-from builder.runtime.supervisor.weights_registry import ChallengeUnanswered, answer_challenge
+from builder.runtime.supervisor import weights_registry
 
 MANIFEST_TYPES = ", ".join((
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -203,9 +203,9 @@ def _authorization(challenge: str, ref: ImageReference, timeout: float,
     basic = (base64.b64encode(":".join(credentials).encode()).decode()
              if credentials is not None else None)
     try:
-        return answer_challenge(challenge, basic, f"repository:{ref.registry_path}:{actions}",
-                                timeout)
-    except ChallengeUnanswered as why:
+        return weights_registry.answer_challenge(
+            challenge, basic, f"repository:{ref.registry_path}:{actions}", timeout)
+    except weights_registry.ChallengeUnanswered as why:  # the container's: told as ours
         raise RegistryError({
             "credentials": f"{ref.registry} wants a login: run `docker login {ref.registry}`",
             "scheme": f"{ref.registry} asks for an authentication this client does not speak: "
