@@ -14,6 +14,7 @@ what the next ``docker run -v triton-builder-weights:…`` on this node finds.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import threading
@@ -82,7 +83,11 @@ class WeightsSource:
 
 
 def bridge_gateway(client: docker.DockerClient) -> str:
-    """The host's address on the engine's default bridge: what its containers reach it by."""
+    """The host's address on the engine's default bridge: what its containers reach it by.
+
+    The bridge's IPAM configuration names its gateway where it was configured or the daemon
+    wrote it back; a fresh Docker 20.10 engine lists the subnet alone, and its gateway is then
+    the subnet's first address, the one Docker's default IPAM gives the bridge."""
     try:
         configs = client.networks.get("bridge").attrs.get("IPAM", {}).get("Config") or []
     except docker.errors.NotFound:
@@ -90,6 +95,10 @@ def bridge_gateway(client: docker.DockerClient) -> str:
     for config in configs:
         if config.get("Gateway"):
             return str(config["Gateway"])
+    for config in configs:
+        subnet = ipaddress.ip_network(config.get("Subnet") or "::/128", strict=False)
+        if subnet.version == 4 and subnet.num_addresses > 2:
+            return str(subnet[1])
     raise WeightsSourceError("the engine has no default bridge network with a gateway: "
                              "verifying an image whose weights travel beside it needs one")
 
