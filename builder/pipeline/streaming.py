@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.errors import OperatorError, PipelineError
 from builder.pipeline.executor import (
@@ -48,6 +48,9 @@ from builder.pipeline.executor import (
     unpack,
 )
 from builder.pipeline.operators import batch_stream
+
+if TYPE_CHECKING:
+    from builder.runtime.operator_metrics import OperatorTimes
 
 STEP_KINDS = ("map",)
 """What may follow a streaming operator: operators applied to each item."""
@@ -279,8 +282,8 @@ def _close(iterator: Any) -> None:
         close()
 
 
-def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],  # noqa: C901 - issue 68: to be split
-                   times: list[list[float]] | None = None,
+def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]],
+                   times: Sequence[OperatorTimes] | None = None,
                    stopped: Callable[[], Collection[int]] | None = None,
                    arguments: dict[int, list[tuple]] | None = None,
                    arrivals: Callable[[], Sequence[Sequence[Any]]] | None = None,
@@ -296,82 +299,101 @@ def execute_stream(plan: Any, part: StreamPart, calls: Sequence[Sequence[Any]], 
     streaming operator's row count is its rows, its time the steps'. ``arguments``: as for
     ``execute``.
     """
-    node = plan.nodes[part.node]
-    failed: dict[int, OperatorError] = {}
-    rows: dict[int, Row] = {}
-    """The streaming operator's running rows, by their position in :class:`Steps`. What this
-    loop keeps of a call goes when the call ends, so a loop that never ends (calls keep
-    arriving) holds only the calls it runs."""
-    ended: set[int] = set()
-    """Calls that ended while their row still runs (an item failed after the operator)."""
-    steps = Steps(node.op, ())
-    count = [0]
-
-    def final(call: int, **state: Any) -> StreamEvent:
-        return StreamEvent(call, final=True, error=failed.pop(call, None), **state)
-
-    def admit(new: Sequence[Sequence[Any]]) -> Iterator[StreamEvent]:
-        first = count[0]
-        count[0] += len(new)
-        streams, _ = start_rows(plan, new, first)
-        run_nodes(plan, part.before, streams, failed, times, arguments)
-        joined = [r for r in streams.get(0, []) if r.call not in failed]
-        for call in sorted(set(range(first, count[0])) - {r.call for r in joined}):
-            yield final(call)
-        started = time.perf_counter()
-        node_arguments = argument_rows(joined, node.inputs)
-        if arguments is not None:
-            arguments.setdefault(part.node, []).extend(node_arguments)
-        rows.update(zip(steps.admit(node_arguments), joined))
-        _account(times, part.node, started, len(joined), len(steps.errors))
-        for position, error in sorted(steps.errors.items()):  # the rows that failed to start
-            call = rows.pop(position).call
-            failed.setdefault(call, failure(node, error))
-            yield final(call)
-        steps.errors.clear()
-
-    yield from admit(calls)
-    if not steps.admits:
+    run = StreamRun(plan, part, times, arguments)
+    yield from run.admit(calls)
+    if not run.steps.admits:
         arrivals = None
     try:
         while True:
             if arrivals is not None:
                 new = arrivals()
                 if new:
-                    yield from admit(new)
-            if not steps.running:
+                    yield from run.admit(new)
+            if not run.steps.running:
                 break
-            cancelled = set(stopped()) if stopped is not None else set()
-            stop = {p for p in steps.running if rows[p].call in cancelled or rows[p].call in failed}
-            started = time.perf_counter()
-            running = set(steps.running)
-            items = steps.step(stop)
-            _account(times, part.node, started, 0, len(steps.errors))
-            for position, error in list(steps.errors.items()):
-                failed.setdefault(rows[position].call, failure(node, error))
-            steps.errors.clear()
-            made = [Row(rows[p].call, rows[p], unpack(node, item)) for p, item in items.items()]
-            out = {part.items: made}
-            run_nodes(plan, part.after, out, failed, times, arguments)
-            for position in sorted(running - steps.running):
-                call = rows.pop(position).call  # ended this step (no item), stopped, or failed
-                if call in ended:
-                    ended.discard(call)
-                    failed.pop(call, None)
-                else:
-                    yield final(call, cancelled=call in cancelled and call not in failed)
-            for row in made:
-                if row.call not in failed:
-                    yield StreamEvent(row.call, {c: row.get(c) for c in plan.outputs})
-            for call in sorted({r.call for r in made} & set(failed) - ended):
-                ended.add(call)  # an item failed after the operator: the call ends now
-                yield StreamEvent(call, final=True, error=failed[call])
+            yield from run.step(set(stopped()) if stopped is not None else set())
     finally:
-        steps.close()
+        run.steps.close()
+
+
+class StreamRun:
+    """One loop of a streaming operator: its running rows, the calls that failed or ended, and
+    how many calls it has numbered. What it keeps of a call goes when the call ends, so a loop
+    that never ends (calls keep arriving) holds only the calls it runs."""
+
+    def __init__(self, plan: Any, part: StreamPart, times: Sequence[OperatorTimes] | None,
+                 arguments: dict[int, list[tuple]] | None) -> None:
+        self.plan, self.part, self.times, self.arguments = plan, part, times, arguments
+        self.node = plan.nodes[part.node]
+        self.failed: dict[int, OperatorError] = {}
+        self.rows: dict[int, Row] = {}
+        """The streaming operator's running rows, by their position in :class:`Steps`."""
+        self.ended: set[int] = set()
+        """Calls that ended while their row still runs (an item failed after the operator)."""
+        self.steps = Steps(self.node.op, ())
+        self.calls = 0
+        """Calls numbered so far: the next call's number."""
+
+    def final(self, call: int, **state: Any) -> StreamEvent:
+        return StreamEvent(call, final=True, error=self.failed.pop(call, None), **state)
+
+    def admit(self, new: Sequence[Sequence[Any]]) -> Iterator[StreamEvent]:
+        """Number ``new`` calls, run them up to the streaming operator and start their rows
+        there; a call that failed on the way ends at once."""
+        plan, node, part = self.plan, self.node, self.part
+        first = self.calls
+        self.calls += len(new)
+        streams, _ = start_rows(plan, new, first)
+        run_nodes(plan, part.before, streams, self.failed, self.times, self.arguments)
+        joined = [r for r in streams.get(0, []) if r.call not in self.failed]
+        for call in sorted(set(range(first, self.calls)) - {r.call for r in joined}):
+            yield self.final(call)
+        started = time.perf_counter()
+        node_arguments = argument_rows(joined, node.inputs)
+        if self.arguments is not None:
+            self.arguments.setdefault(part.node, []).extend(node_arguments)
+        self.rows.update(zip(self.steps.admit(node_arguments), joined))
+        _account(self.times, part.node, started, len(joined), len(self.steps.errors))
+        for position, error in sorted(self.steps.errors.items()):  # rows that failed to start
+            call = self.rows.pop(position).call
+            self.failed.setdefault(call, failure(node, error))
+            yield self.final(call)
+        self.steps.errors.clear()
+
+    def step(self, cancelled: set[int]) -> Iterator[StreamEvent]:
+        """One step of every running row (those of ``cancelled`` or failed calls stopped),
+        its items through the nodes after the operator, then the events: calls that ended,
+        the items, calls an item failed."""
+        plan, node, part, rows, failed, ended = (self.plan, self.node, self.part, self.rows,
+                                                 self.failed, self.ended)
+        stop = {p for p in self.steps.running if rows[p].call in cancelled or
+                rows[p].call in failed}
+        started = time.perf_counter()
+        running = set(self.steps.running)
+        items = self.steps.step(stop)
+        _account(self.times, part.node, started, 0, len(self.steps.errors))
+        for position, error in list(self.steps.errors.items()):
+            failed.setdefault(rows[position].call, failure(node, error))
+        self.steps.errors.clear()
+        made = [Row(rows[p].call, rows[p], unpack(node, item)) for p, item in items.items()]
+        run_nodes(plan, part.after, {part.items: made}, failed, self.times, self.arguments)
+        for position in sorted(running - self.steps.running):
+            call = rows.pop(position).call  # ended this step (no item), stopped, or failed
+            if call in ended:
+                ended.discard(call)
+                failed.pop(call, None)
+            else:
+                yield self.final(call, cancelled=call in cancelled and call not in failed)
+        for row in made:
+            if row.call not in failed:
+                yield StreamEvent(row.call, {c: row.get(c) for c in plan.outputs})
+        for call in sorted({r.call for r in made} & set(failed) - ended):
+            ended.add(call)  # an item failed after the operator: the call ends now
+            yield StreamEvent(call, final=True, error=failed[call])
 
 
 def run_plan(plan: Any, part: StreamPart | None, calls: Sequence[Sequence[Any]],
-             times: list[list[float]] | None = None,
+             times: Sequence[OperatorTimes] | None = None,
              arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
     """Any plan's calls answered whole: :func:`~builder.pipeline.executor.execute`, or for a
     streaming plan (``part``, the pipeline's :func:`stream_part`) its items collected, each
@@ -392,10 +414,9 @@ def run_plan(plan: Any, part: StreamPart | None, calls: Sequence[Sequence[Any]],
     return results
 
 
-def _account(times: list[list[float]] | None, index: int, started: float, rows: int,
+def _account(times: Sequence[OperatorTimes] | None, index: int, started: float, rows: int,
              failed: int) -> None:
     if times is not None:
         spent = times[index]
-        spent[0] += time.perf_counter() - started
-        spent[1] += rows
-        spent[3] += failed
+        spent.record(time.perf_counter() - started, rows)
+        spent.failed += failed

@@ -5,12 +5,12 @@ readiness the supervisor answers for, and the key that locks those APIs from eve
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 READY_PATH = "/v2/health/ready"
 RELOAD_PARAMETER = "triton_builder_reloaded"
@@ -101,7 +101,7 @@ def locked_command(command: list[str], key: str) -> list[str]:
             f"--grpc-restricted-protocol={apis}:{ADMIN_KEY_HEADER}={key}"]
 
 
-def admin_key(environ: dict[str, str] | os._Environ) -> tuple[str, str]:
+def admin_key(environ: Mapping[str, str]) -> tuple[str, str]:
     """The key of the locked APIs and where it came from: the operator's
     :data:`ADMIN_KEY_VARIABLE`, else a new random one."""
     chosen = environ.get(ADMIN_KEY_VARIABLE, "")

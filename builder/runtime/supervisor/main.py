@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .admin_api import (
     ADMIN_APIS,
@@ -73,7 +74,16 @@ def put_weights_in_place(environ: Mapping[str, str]) -> int | None:
 
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be split
+USAGE = ("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
+         "       supervisor.py --drain\n"
+         "       supervisor.py --fetch-weights")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The container's entrypoint. ``--drain`` (a ``preStop`` hook) and ``--fetch-weights``
+    (an init container) do that and exit. Otherwise: the weights in place, the server's
+    command and environment prepared (:class:`ServerLaunch`), then the server started and
+    supervised until it stops for good; the status is the container's."""
     command = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ
     if command == ["--drain"]:
@@ -86,95 +96,148 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - issue 68: to be 
     if command[:1] == ["--"]:
         command = command[1:]
     if not command or command[0].startswith("--"):
-        print("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
-              "       supervisor.py --drain\n"
-              "       supervisor.py --fetch-weights", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     failed = put_weights_in_place(environ)
     if failed is not None:
         return failed
-    policy = RestartPolicy.from_environment(environ)
-    drain_s, finish_s = drain_periods(environ)
-    key = None
-    if "--lock-admin-apis" in own:
-        try:
+    try:
+        launch = ServerLaunch.prepare(command, own, environ)
+    except ValueError as error:
+        log(f"cannot start: {error}")
+        return 2
+    return ServerRun(launch).run()
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """How the server runs: its command (the administrative APIs locked where asked), its
+    environment (without the key), how it heals, drains and reports."""
+
+    command: list[str]
+    environment: dict[str, str]
+    policy: RestartPolicy
+    drain_s: float
+    finish_s: float
+    key: str | None
+    heal: bool
+    reload: bool
+    http_port: int
+    metrics_port: int
+
+    @classmethod
+    def prepare(cls, command: list[str], own: list[str],
+                environ: Mapping[str, str]) -> ServerLaunch:
+        """``ValueError`` for settings the server cannot start with."""
+        policy = RestartPolicy.from_environment(environ)
+        drain_s, finish_s = drain_periods(environ)
+        key = None
+        if "--lock-admin-apis" in own:
             key, whose = admin_key(environ)
             command = locked_command(command, key)
-        except ValueError as error:
-            log(f"cannot start: {error}")
-            return 2
-        log(f"administrative APIs ({', '.join(ADMIN_APIS)}) locked over HTTP and gRPC behind "
-            f"the header {ADMIN_KEY_HEADER!r}, with {whose}")
-    drain.reset()
-    server_environment = {name: value for name, value in environ.items()
-                          if name != ADMIN_KEY_VARIABLE}
-    server_environment[drain.STATE_DIR_VARIABLE] = str(drain.STATE_DIR)
-    mode = server_option(command, "--model-control-mode")
-    heal = environ.get("TRITON_BUILDER_HEAL", "on").lower() not in ("off", "0", "false", "no")
-    reload = mode == "explicit"
-    if heal and not reload:
-        log(f"healing by restarting the server: it runs with --model-control-mode="
-            f"{mode or 'none'}, and only 'explicit' lets one model be reloaded")
-    http_port = int(server_option(command, "--http-port") or 8000)
+            log(f"administrative APIs ({', '.join(ADMIN_APIS)}) locked over HTTP and gRPC "
+                f"behind the header {ADMIN_KEY_HEADER!r}, with {whose}")
+        environment = {name: value for name, value in environ.items()
+                       if name != ADMIN_KEY_VARIABLE}
+        environment[drain.STATE_DIR_VARIABLE] = str(drain.STATE_DIR)
+        mode = server_option(command, "--model-control-mode")
+        heal = environ.get("TRITON_BUILDER_HEAL", "on").lower() not in ("off", "0", "false",
+                                                                          "no")
+        reload = mode == "explicit"
+        if heal and not reload:
+            log(f"healing by restarting the server: it runs with --model-control-mode="
+                f"{mode or 'none'}, and only 'explicit' lets one model be reloaded")
+        return cls(command=command, environment=environment, policy=policy, drain_s=drain_s,
+                   finish_s=finish_s, key=key, heal=heal, reload=reload,
+                   http_port=int(server_option(command, "--http-port") or 8000),
+                   metrics_port=int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT)))
 
-    server = subprocess.Popen(command, env=server_environment)
-    stopping = threading.Event()
-    supervisor = Supervisor(server.pid, http_port, policy, heal=heal, reload=reload,
-                            admin_key=key)
-    stop = Drain(supervisor, drain_s, finish_s)
 
-    def forward(received: int, frame: object) -> None:
-        if received in STOPPING_SIGNALS:
-            stopping.set()
-        forward_signal(server.pid, received)
+class ServerRun:
+    """The server's process, started again in place when it stops to heal or crashes, and
+    what decides: the healer (:class:`Supervisor`), the stop (:class:`Drain`), the signals."""
 
-    def drain_then_stop(received: int, frame: object) -> None:
-        stopping.set()
-        stop.start()
-
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, forward)
-    signal.signal(signal.SIGTERM, drain_then_stop)
-    metrics_port = int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT))
-    if metrics_port:
-        try:
-            serve_metrics(supervisor, metrics_port)
-        except OSError as error:
-            log(f"no metrics endpoint on port {metrics_port}: {error}")
-    threading.Thread(target=supervisor.run, daemon=True).start()
-    log(f"started {command[0]} (pid {server.pid}); healing "
-        + (f"on: {policy.max_failures} failures allowed per model within {policy.window_s:g}s"
-           if heal else "off")
-        + f"; a stop drains for {drain_s:g}s"
-        + (f"; metrics and readiness on :{metrics_port}" if metrics_port else ""))
-
-    while True:
-        status = reap_until(server.pid)
-        if stopping.is_set() or supervisor.given_up() is not None:
-            break
-        if supervisor.restart_pending():
-            removed = supervisor.forget_regions()
-            log(f"the server stopped (status {exit_code(status)}) to heal its stubs; starting "
-                f"it again ({removed} shared memory regions of its stubs removed)")
-        else:
-            crash = crash_signal(status)
-            if crash is None or not supervisor.server_crashed(f"was killed by {crash.name}",
-                                                              time.monotonic()):
-                break
+    def __init__(self, launch: ServerLaunch) -> None:
+        self.launch = launch
+        self.stopping = threading.Event()
         drain.reset()
-        server = subprocess.Popen(command, env=server_environment)
-        supervisor.follow(server.pid)
-        log(f"started {command[0]} again (pid {server.pid})")
-    supervisor.stop()
-    code = exit_code(status)
-    if supervisor.given_up() is not None:
-        log(f"server stopped (status {code}) after giving up; exiting {GAVE_UP}")
-        return GAVE_UP
-    if stop.started.is_set() and not stop.done.is_set():  # it ended before the drain did
-        log(f"server exited with status {code} while draining")
+        self.server = self._start()
+        self.supervisor = Supervisor(self.server.pid, launch.http_port, launch.policy,
+                                     heal=launch.heal, reload=launch.reload,
+                                     admin_key=launch.key)
+        self.stop = Drain(self.supervisor, launch.drain_s, launch.finish_s)
+
+    def run(self) -> int:
+        """Supervise until the server stops for good; the container's exit status."""
+        self._listen()
+        status = self._until_stopped()
+        self.supervisor.stop()
+        return self._exit_status(exit_code(status))
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.launch.command, env=self.launch.environment)
+
+    def _listen(self) -> None:
+        """Signals, the metrics and readiness endpoint, the healer's thread."""
+        launch, server = self.launch, self.server
+
+        def forward(received: int, frame: object) -> None:
+            if received in STOPPING_SIGNALS:
+                self.stopping.set()
+            forward_signal(self.server.pid, received)
+
+        def drain_then_stop(received: int, frame: object) -> None:
+            self.stopping.set()
+            self.stop.start()
+
+        for number in FORWARDED_SIGNALS:
+            signal.signal(number, forward)
+        signal.signal(signal.SIGTERM, drain_then_stop)
+        if launch.metrics_port:
+            try:
+                serve_metrics(self.supervisor, launch.metrics_port)
+            except OSError as error:
+                log(f"no metrics endpoint on port {launch.metrics_port}: {error}")
+        threading.Thread(target=self.supervisor.run, daemon=True).start()
+        policy = launch.policy
+        log(f"started {launch.command[0]} (pid {server.pid}); healing "
+            + (f"on: {policy.max_failures} failures allowed per model within "
+               f"{policy.window_s:g}s" if launch.heal else "off")
+            + f"; a stop drains for {launch.drain_s:g}s"
+            + (f"; metrics and readiness on :{launch.metrics_port}"
+               if launch.metrics_port else ""))
+
+    def _until_stopped(self) -> int:
+        """Reap the server; start it again where it stopped to heal, or crashed and may be
+        started again. The wait status it stopped for good with."""
+        while True:
+            status = reap_until(self.server.pid)
+            if self.stopping.is_set() or self.supervisor.given_up() is not None:
+                return status
+            if self.supervisor.restart_pending():
+                removed = self.supervisor.forget_regions()
+                log(f"the server stopped (status {exit_code(status)}) to heal its stubs; "
+                    f"starting it again ({removed} shared memory regions of its stubs "
+                    "removed)")
+            else:
+                crash = crash_signal(status)
+                if crash is None or not self.supervisor.server_crashed(
+                        f"was killed by {crash.name}", time.monotonic()):
+                    return status
+            drain.reset()
+            self.server = self._start()
+            self.supervisor.follow(self.server.pid)
+            log(f"started {self.launch.command[0]} again (pid {self.server.pid})")
+
+    def _exit_status(self, code: int) -> int:
+        if self.supervisor.given_up() is not None:
+            log(f"server stopped (status {code}) after giving up; exiting {GAVE_UP}")
+            return GAVE_UP
+        if self.stop.started.is_set() and not self.stop.done.is_set():  # ended mid-drain
+            log(f"server exited with status {code} while draining")
+            return code
+        if self.stop.done.is_set():
+            log("server stopped after draining; exiting 0")
+            return 0
+        log(f"server exited with status {code}")
         return code
-    if stop.done.is_set():
-        log("server stopped after draining; exiting 0")
-        return 0
-    log(f"server exited with status {code}")
-    return code

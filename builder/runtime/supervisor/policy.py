@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -29,7 +29,7 @@ class RestartPolicy:
         return min(self.max_delay_s, self.first_delay_s * 2 ** (failures - 2))
 
     @classmethod
-    def from_environment(cls, environ: dict[str, str] | os._Environ) -> RestartPolicy:
+    def from_environment(cls, environ: Mapping[str, str]) -> RestartPolicy:
         default = cls()
         try:
             return cls(

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ killed: a model hands its responses to the server, whose frontends write them to
 on threads of their own (a stream's last items and its final flag among them)."""
 
 
-def drain_periods(environ: dict[str, str] | os._Environ) -> tuple[float, float]:
+def drain_periods(environ: Mapping[str, str]) -> tuple[float, float]:
     """``(drain, finish)`` seconds: :data:`DRAIN_S` and :data:`FINISH_S` unless set."""
     try:
         periods = (float(environ.get("TRITON_BUILDER_DRAIN_S", DRAIN_S)),
@@ -84,7 +85,7 @@ class Drain:
         forward_signal(self.supervisor.server_pid(), signal.SIGKILL)
 
 
-def request_drain(environ: dict[str, str] | os._Environ, pid: int = 1) -> int:
+def request_drain(environ: Mapping[str, str], pid: int = 1) -> int:
     """``supervisor.py --drain``, a Kubernetes ``preStop`` hook: start the drain of the
     supervisor at ``pid`` and return when the replica closes (its drain period is over), so
     that the kubelet's SIGTERM, which follows, finds it closing already."""
