@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.dag import Node, Plan, check_column, compile_plan
@@ -55,6 +55,9 @@ from builder.pipeline.streaming import (
     run_plan,
     stream_part,
 )
+
+if TYPE_CHECKING:
+    from builder.runtime.operator_metrics import OperatorTimes
 
 Columns = str | Sequence[str]
 
@@ -164,13 +167,13 @@ class Pipeline:
         return results
 
     def run(self, calls: Sequence[tuple[Any, ...]],
-            times: list[list[float]] | None = None) -> list[CallResult]:
+            times: Sequence[OperatorTimes] | None = None) -> list[CallResult]:
         """Run calls and return each one's outputs or error (what the served model does);
         ``times``: see :func:`~builder.pipeline.executor.execute`."""
         return run_plan(self.plan, self.streaming, calls, times)
 
     def run_stream(self, calls: Sequence[tuple[Any, ...]],
-                   times: list[list[float]] | None = None,
+                   times: Sequence[OperatorTimes] | None = None,
                    stopped: Callable[[], Any] | None = None,
                    arrivals: Callable[[], Sequence[tuple[Any, ...]]] | None = None,
                    ) -> Iterator[StreamEvent]:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from builder.errors import InputError, OperatorError, PipelineError
 from builder.pipeline.dag import ROOT, Node, Plan
 from builder.pipeline.rejection import rejected, rejection
+
+if TYPE_CHECKING:
+    from builder.runtime.operator_metrics import OperatorTimes
 
 
 class Row:
@@ -59,15 +62,16 @@ class CallResult:
 
 
 def execute(plan: Plan, calls: Sequence[Sequence[Any]],
-            times: list[list[float]] | None = None,
+            times: Sequence[OperatorTimes] | None = None,
             arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
     """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
 
     Outputs from the root stream are single values; from other streams, lists of rows.
-    ``times`` (one ``[seconds, rows, rejected, failed]`` per node of the plan) accumulates how
-    long each node ran, on how many rows, and how many calls it refused as bad input or failed:
-    the served pipeline reports them as metrics. ``arguments`` collects
-    each node's argument rows by node index (the build's row-independence check replays them).
+    ``times`` (one :class:`~builder.runtime.operator_metrics.OperatorTimes` per node of the
+    plan) accumulates how long each node ran, each call's seconds, on how many rows, and how
+    many calls it refused as bad input or failed: the served pipeline reports them as metrics.
+    ``arguments`` collects each node's argument rows by node index (the build's
+    row-independence check replays them).
     """
     if any(node.kind == "stream" for node in plan.nodes):
         raise PipelineError("a streaming plan runs through builder.pipeline.streaming.run_plan")
@@ -106,7 +110,7 @@ def start_rows(plan: Plan, calls: Sequence[Sequence[Any]], first: int = 0,
 
 
 def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
-              failed: dict[int, OperatorError], times: list[list[float]] | None = None,
+              failed: dict[int, OperatorError], times: Sequence[OperatorTimes] | None = None,
               arguments: dict[int, list[tuple]] | None = None) -> None:
     """Run the nodes ``indices`` (in that order) over ``streams``, adding the streams they
     make; a call that fails is recorded in ``failed`` and dropped from later nodes."""
@@ -124,10 +128,12 @@ def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
             started, before = time.perf_counter(), len(failed)
             produced = _run_node(node, rows, failed)
             spent = times[index]
-            spent[0] += time.perf_counter() - started
-            spent[1] += len(rows)
+            spent.record(time.perf_counter() - started, len(rows))
             for error in list(failed.values())[before:]:  # this node's: failed only grows
-                spent[2 if isinstance(error, InputError) else 3] += 1
+                if isinstance(error, InputError):
+                    spent.rejected += 1
+                else:
+                    spent.failed += 1
         if node.kind != "map":
             streams[plan.node_output_stream[index]] = produced
 

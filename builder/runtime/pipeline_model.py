@@ -312,7 +312,8 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any],
 
 
 def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
-          times: list[list[float]] | None = None, limit: int | None = None) -> list[Any]:
+          times: Sequence[operator_metrics.OperatorTimes] | None = None,
+          limit: int | None = None) -> list[Any]:
     """Run a dynamic batch of requests through the pipeline; one response per request.
 
     ``times`` accumulates each operator's time, rows, refusals and failures (see
@@ -518,7 +519,8 @@ class TritonPythonModel:
     def _run_streams(self, streams: stream_serving.Streams) -> None:
         """Stream a batch, and where streams join a running loop (:attr:`stream_loop`), the
         batches that join it until none is left."""
-        times = None if self.metrics is None else [[0.0, 0, 0, 0] for _ in self.metrics.times]
+        times = (None if self.metrics is None
+                 else operator_metrics.new_times(len(self.metrics.times)))
         loop = self.stream_loop
         arrivals = None if loop is None else functools.partial(self._arrivals, loop, times)
         running: stream_serving.Streams | None = streams
@@ -541,7 +543,8 @@ class TritonPythonModel:
             self.streaming_threads.discard(threading.current_thread())
 
     def _arrivals(self, loop: stream_serving.StreamLoop,
-                  times: list[list[float]] | None) -> list[stream_serving.Streams]:
+                  times: Sequence[operator_metrics.OperatorTimes] | None,
+                  ) -> list[stream_serving.Streams]:
         """The batches that joined the running loop; the times of the steps before them are
         added to the metrics first."""
         joined = loop.arrivals()
@@ -549,15 +552,10 @@ class TritonPythonModel:
             self._add_times(times)
         return joined
 
-    def _add_times(self, times: list[list[float]] | None) -> None:
+    def _add_times(self, times: Sequence[operator_metrics.OperatorTimes] | None) -> None:
         """Add a loop's operator times to the metrics, and start counting them again."""
-        if times is None or self.metrics is None:  # times are kept only with metrics
-            return
-        with self.metrics.lock:
-            for total, spent in zip(self.metrics.times, times):
-                for k, value in enumerate(spent):
-                    total[k] += value
-                spent[:] = [0.0, 0, 0, 0]
+        if times is not None and self.metrics is not None:  # kept only with metrics
+            self.metrics.add(times)
 
     def _count(self, requests: int) -> None:
         if self.in_flight is not None:

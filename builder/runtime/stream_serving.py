@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the copy beside model.py is this module
     from . import stream_outbox
+    from .operator_metrics import OperatorTimes
 else:
     try:  # in Triton: beside model.py
         from . import triton_builder_stream_outbox as stream_outbox
@@ -147,7 +148,7 @@ trip to the server): every step, or every 5 ms where steps are shorter."""
 
 
 def run_streams(pipeline: Any, api: Any, streams: Streams,
-                times: list[list[float]] | None = None,
+                times: Sequence[OperatorTimes] | None = None,
                 failure_kind: Callable[[BaseException], dict[str, bool]] = lambda error: {},
                 arrivals: Callable[[], Sequence[Streams]] | None = None,
                 ) -> None:
@@ -161,69 +162,78 @@ def run_streams(pipeline: Any, api: Any, streams: Streams,
     stream whose client has cancelled it ends within one step (:data:`CANCEL_POLL_S`), with the
     final flag alone; errors end a stream as the pipeline model's ``serve`` answers them
     (``failure_kind``: the client's mistake, a refusal for now, or the server's fault)."""
-    signature = pipeline.signature()
-    taken: dict[int, _Stream] = {}
-    """The streams taken, by call number, each until its final response is sent (the outbox's
-    thread lets it go): a loop that runs on holds only the streams in flight."""
-    live: dict[int, Any] = {}
-    """The senders of the streams whose end the loop has not yet made (its own thread)."""
-    count = [0]
-    polled = [0.0]
-
-    def take(batch: Streams) -> list[tuple]:
-        """A batch's streams, numbered after those taken before (as the loop numbers calls)."""
-        left = _Left(len(batch.calls), batch.done)
-        for call, (sender, coalesce) in enumerate(zip(batch.senders, batch.coalesce),
-                                                  count[0]):
-            taken[call] = _Stream(sender, coalesce, left)
-            live[call] = sender
-        count[0] += len(batch.calls)
-        return batch.calls
-
-    def joined() -> list[tuple]:
-        calls: list[tuple] = []
-        for batch in arrivals() if arrivals is not None else ():
-            calls.extend(take(batch))
-        return calls
-
-    def stopped() -> set[int]:
-        now = time.monotonic()
-        if now - polled[0] < CANCEL_POLL_S:
-            return set()
-        polled[0] = now
-        return {call for call, sender in list(live.items()) if api.cancelled(sender)}
-
-    def send_items(call: int, items: list[dict]) -> None:
-        stream = taken[call]
-        for part in [items] if stream.coalesce else ([item] for item in items):
-            _send_items(api, signature, stream.sender, part)
-
-    def send_end(call: int, response: Any) -> None:
-        stream = taken.pop(call)
-        try:
-            api.send(stream.sender, response, final=True)
-        finally:
-            stream.left.count_down()
-
-    outbox = stream_outbox.Outbox(send_items, send_end, api.log_warning)
+    book = _StreamBook(api, pipeline.signature(), arrivals)
+    outbox = stream_outbox.Outbox(book.send_items, book.send_end, api.log_warning)
     try:
-        for event in pipeline.run_stream(take(streams), times, stopped,
-                                         joined if arrivals is not None else None):
+        for event in pipeline.run_stream(book.take(streams), times, book.stopped,
+                                         book.joined if arrivals is not None else None):
             if event.error is not None:
-                del live[event.call]
+                del book.live[event.call]
                 outbox.end(event.call, stream_error(api, str(event.error),
                                                     **failure_kind(event.error)))
             elif event.final:
-                del live[event.call]
+                del book.live[event.call]
                 outbox.end(event.call)
             else:
                 outbox.item(event.call, event.outputs)
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
-        for call in list(live):
+        for call in list(book.live):
             outbox.end(call, stream_error(api, message))
     finally:
         outbox.close()
+
+
+class _StreamBook:
+    """The streams of one loop, by the call numbers the loop gives them: who to send each
+    call's items and end to, which clients cancelled."""
+
+    def __init__(self, api: Any, signature: Any,
+                 arrivals: Callable[[], Sequence[Streams]] | None) -> None:
+        self.api, self.signature, self.arrivals = api, signature, arrivals
+        self.taken: dict[int, _Stream] = {}
+        """The streams taken, each until its final response is sent (the outbox's thread lets
+        it go): a loop that runs on holds only the streams in flight."""
+        self.live: dict[int, Any] = {}
+        """The senders of the streams whose end the loop has not yet made (its own thread)."""
+        self.calls = 0
+        self.polled = 0.0
+
+    def take(self, batch: Streams) -> list[tuple]:
+        """A batch's streams, numbered after those taken before (as the loop numbers calls)."""
+        left = _Left(len(batch.calls), batch.done)
+        for call, (sender, coalesce) in enumerate(zip(batch.senders, batch.coalesce),
+                                                  self.calls):
+            self.taken[call] = _Stream(sender, coalesce, left)
+            self.live[call] = sender
+        self.calls += len(batch.calls)
+        return batch.calls
+
+    def joined(self) -> list[tuple]:
+        calls: list[tuple] = []
+        for batch in self.arrivals() if self.arrivals is not None else ():
+            calls.extend(self.take(batch))
+        return calls
+
+    def stopped(self) -> set[int]:
+        """The calls whose clients cancelled, asked at most every :data:`CANCEL_POLL_S`."""
+        now = time.monotonic()
+        if now - self.polled < CANCEL_POLL_S:
+            return set()
+        self.polled = now
+        return {call for call, sender in list(self.live.items()) if self.api.cancelled(sender)}
+
+    def send_items(self, call: int, items: list[dict]) -> None:
+        stream = self.taken[call]
+        for part in [items] if stream.coalesce else ([item] for item in items):
+            _send_items(self.api, self.signature, stream.sender, part)
+
+    def send_end(self, call: int, response: Any) -> None:
+        stream = self.taken.pop(call)
+        try:
+            self.api.send(stream.sender, response, final=True)
+        finally:
+            stream.left.count_down()
 
 
 def _send_items(api: Any, signature: Any, sender: Any, items: list[dict]) -> None:

@@ -172,33 +172,58 @@ class InferenceResponseR2212(InferenceResponse):
 
 
 class Metric:
-    """A counter or gauge of a :class:`MetricFamily`, as python_backend's custom metrics."""
+    """A counter, gauge or histogram of a :class:`MetricFamily`, as python_backend's custom
+    metrics (r24.10: ``Metric(labels, buckets)``; a histogram is observed, not incremented)."""
 
-    def __init__(self, family: MetricFamily, labels: dict[str, str]) -> None:
+    def __init__(self, family: MetricFamilyR2305, labels: dict[str, str],
+                 buckets: list[float] | None = None) -> None:
+        self.histogram = family.kind == getattr(family, "HISTOGRAM", None)
+        if self.histogram != (buckets is not None):
+            raise ValueError("TritonError: a histogram, and only a histogram, has buckets")
         self.family, self.labels, self._value = family, dict(labels), 0.0
+        self.buckets = buckets
 
     def increment(self, value: float) -> None:
+        if self.histogram:
+            raise ValueError("TritonError: a histogram is observed, not incremented")
         if self.family.kind == MetricFamily.COUNTER and value < 0:
             raise ValueError("TritonError: increment must be non-negative for a counter")
         self._value += value
         MetricFamily.increments.append((self.family.name, self.labels, value))
 
+    def observe(self, value: float) -> None:
+        if not self.histogram:
+            raise ValueError("TritonError: only a histogram is observed")
+        MetricFamily.observations.append((self.family.name, self.labels, value))
+
     def value(self) -> float:
         return self._value
 
 
-class MetricFamily:
-    """Custom metrics (python_backend 23.05 and later); ``increments`` records every update,
-    each of which is a message to the server in Triton."""
+class MetricFamilyR2305:
+    """Custom metrics as python_backend 23.05 has them: counters and gauges, ``Metric(labels)``;
+    ``increments`` records every update, each of which is a message to the server in Triton."""
 
-    COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+    COUNTER, GAUGE = 0, 1
     increments: list[tuple[str, dict[str, str], float]] = []
+    observations: list[tuple[str, dict[str, str], float]] = []
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         self.name, self.description, self.kind = name, description, kind
 
     def Metric(self, labels: dict[str, str]) -> Metric:  # noqa: N802 - python_backend's name
         return Metric(self, labels)
+
+
+class MetricFamily(MetricFamilyR2305):
+    """r24.10: histograms too (24.08 on), ``Metric(labels, buckets)``; ``observations``
+    records every observation."""
+
+    HISTOGRAM = 2
+
+    def Metric(self, labels: dict[str, str],  # type: ignore[override]  # noqa: N802
+               buckets: list[float] | None = None) -> Metric:
+        return Metric(self, labels, buckets)
 
 
 class Logger:
@@ -286,7 +311,8 @@ class InferenceRequestR2212(BlsRequest):
 GENERATIONS: dict[str, dict[str, Any]] = {
     "r24.10": {},
     "r23.05": {"TritonError": MessageOnlyTritonError,
-               "InferenceResponse": InferenceResponseR2212, "InferenceRequest": BlsRequest},
+               "InferenceResponse": InferenceResponseR2212, "InferenceRequest": BlsRequest,
+               "MetricFamily": MetricFamilyR2305},
     "r22.12": {"TritonError": MessageOnlyTritonError,
                "InferenceResponse": InferenceResponseR2212,
                "InferenceRequest": InferenceRequestR2212,

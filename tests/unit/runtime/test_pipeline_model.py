@@ -296,6 +296,7 @@ def _metrics_every(model, pipeline, interval: float) -> list[str]:
     labels = [node.label for node in pipeline.plan.nodes]
     model.metrics.close()
     pb.MetricFamily.increments.clear()
+    pb.MetricFamily.observations.clear()
     model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
                                     interval=interval)
     return labels
@@ -324,6 +325,35 @@ def test_each_operators_time_and_rows_go_to_the_servers_metrics(served):
     model.execute([_request(vectors[1])])
     model.finalize()  # what is left is sent when the model unloads
     assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 1)
+
+
+@pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
+def test_each_call_of_an_operator_is_observed_in_its_latency_histogram(served, generation):
+    """r24.10: one observation per call of each operator (a batch of requests is one call),
+    its seconds, the buckets 0.1 ms to 10 s; r23.05 has no histograms: counters only."""
+    pipeline, model = served
+    labels = _metrics_every(model, pipeline, 3600)
+    vectors = [[1.0, -2.0, 3.0, 4.0], [2.0, 2.0, -1.0, 0.5]]
+    model.execute([_request(vectors[0]), _request(vectors[1])])  # one call of each operator
+    model.execute([_request(vectors[1])])
+    model.metrics.send()
+    observed: dict[str, list[float]] = {}
+    for name, labelled, seconds in pb.MetricFamily.observations:
+        assert name == OperatorMetrics.LATENCY and labelled["model"] == "pipeline"
+        observed.setdefault(labelled["operator"], []).append(seconds)
+    if not hasattr(generation.MetricFamily, "HISTOGRAM"):
+        assert observed == {} and not model.metrics.histograms
+        assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 3)
+        return
+    assert model.metrics.histograms
+    assert sorted(observed) == sorted(labels)
+    sent = _sent(pipeline)
+    for label in labels:
+        assert len(observed[label]) == 2 and all(0 < s < 10 for s in observed[label])
+        assert sum(observed[label]) * 1e6 == pytest.approx(sent[OperatorMetrics.DURATION, label])
+    pb.MetricFamily.observations.clear()
+    model.metrics.send()
+    assert pb.MetricFamily.observations == []  # each call observed once
 
 
 @pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
@@ -748,7 +778,7 @@ def test_the_pipeline_runs_its_examples_through_every_operator_before_it_is_read
     (info,) = [m for m in pb.Logger.infos if "warmed up" in m]
     assert "on 2 example(s)" in info and "as 2 request(s)" in info and "cold" not in info
     if model.metrics is not None:
-        assert all(spent == [0.0, 0, 0, 0] for spent in model.metrics.times)
+        assert not any(model.metrics.times), model.metrics.times
 
 
 def test_a_bls_model_is_not_called_before_ready_and_what_follows_it_is_said_to_be_cold(
