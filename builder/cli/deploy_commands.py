@@ -9,7 +9,7 @@ from typing import cast
 import typer
 from rich.text import Text
 
-from builder.cli.app import console, deploy_app, run_step
+from builder.cli.app import EXIT_USAGE, console, deploy_app, fail, run_step
 from builder.cli.command_options import field_default, field_option, parameter_default
 from builder.deploy.kubernetes import KubernetesOptions
 from builder.deploy.swarm import STACK, PublishMode, SwarmOptions, deploy_swarm
@@ -86,6 +86,9 @@ def deploy_k8s_command(
     min_replicas: int = field_option(KubernetesOptions, "min_replicas"),
     max_replicas: int = field_option(KubernetesOptions, "max_replicas"),
     weights_host_path: str = field_option(KubernetesOptions, "weights_host_path"),
+    scale_on: str = field_option(KubernetesOptions, "scale_on"),
+    queue_target_ms: float = field_option(KubernetesOptions, "queue_target_ms"),
+    pending_target: float = field_option(KubernetesOptions, "pending_target"),
     gpu: bool = typer.Option(None, "--gpu/--cpu", help="Ask for GPUs [default: from the "
                                                        "image's labels where it is local]"),
     kserve: bool = typer.Option(False, help="Write a KServe InferenceService instead."),
@@ -93,7 +96,8 @@ def deploy_k8s_command(
     validate: bool = typer.Option(True, help="Validate against the supported Kubernetes "
                                              "versions (needs kubernetes-validate)."),
 ) -> None:
-    """Write Kubernetes manifests (Deployment, Service, HorizontalPodAutoscaler) or a KServe
+    """Write Kubernetes manifests (Deployment, Service, HorizontalPodAutoscaler, and with
+    --scale-on queue or pending prometheus-adapter's rule as a ConfigMap) or a KServe
     InferenceService for a serving image; apply them with kubectl apply -f.
 
     Example: triton-builder deploy k8s registry:5000/embed:2 -o triton.yaml
@@ -110,10 +114,16 @@ def deploy_k8s_command(
                      lambda: deployable_image(reference, gpu=gpu, client=client))
     options = run_step("reading the options", lambda: kubernetes.KubernetesOptions(
         name=name, namespace=namespace, replicas=replicas, min_replicas=min_replicas,
-        max_replicas=max_replicas, weights_host_path=weights_host_path))
+        max_replicas=max_replicas, weights_host_path=weights_host_path, scale_on=scale_on,
+        queue_target_ms=queue_target_ms, pending_target=pending_target))
+    if kserve and options.scale_on != "cpu":
+        fail("reading the options", f"--scale-on {options.scale_on} writes a "
+             "HorizontalPodAutoscaler: a KServe InferenceService scales by its own scaleMetric "
+             "(leave --scale-on cpu)", EXIT_USAGE)
     documents = kubernetes.manifests(image, options)
-    chosen = ({"inferenceservice": documents["inferenceservice"]} if kserve else
-              {key: documents[key] for key in ("deployment", "service", "hpa")})
+    kinds = ("inferenceservice",) if kserve else ("deployment", "service", "hpa",
+                                                  "adapter-rules")
+    chosen = {key: documents[key] for key in kinds if key in documents}
     if validate:
         checked = run_step("validating", lambda: kubernetes.validate(chosen))
         console.print(f"validated {len(chosen)} manifest(s) against Kubernetes "

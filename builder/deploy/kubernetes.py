@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from builder.deploy.metrics_queries import pending_requests, queue_ms_per_request
 from builder.deploy.serving import (
     METRICS_PATH,
     READY_PATH,
@@ -50,6 +51,10 @@ SUPPORTED_KUBERNETES = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35", 
 """Kubernetes versions the manifests are validated against (kubernetes-validate's schemas)."""
 KSERVE_API = "serving.kserve.io/v1beta1"
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+SCALE_METRICS = {"queue": "triton_queue_ms_per_request", "pending": "triton_pending_requests"}
+"""The custom metric each ``scale_on`` gives the autoscaler, by prometheus-adapter's rules."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,15 @@ class KubernetesOptions:
     startup_seconds: int = 600
     """How long a pod may take to load its models (and fetch weights that travel beside the
     image) before Kubernetes gives up on it."""
+    scale_on: str = field(default="cpu", metadata={"help": (
+        "What the autoscaler scales on beside CPU: 'cpu' (CPU alone), 'queue' (the "
+        "milliseconds a request waits in Triton's queue) or 'pending' (requests waiting per "
+        "pod), the last two as Pods metrics through prometheus-adapter (its rules are "
+        "written too).")})
+    queue_target_ms: float = field(default=20.0, metadata={"help": (
+        "With scale_on 'queue': the average queue time per request (ms) to hold.")})
+    pending_target: float = field(default=4.0, metadata={"help": (
+        "With scale_on 'pending': the requests waiting per pod to hold.")})
     weights_host_path: str | None = field(default=None, metadata={"help": (
         "For an image whose weights travel beside it: a directory of each node (writable by "
         "the image's user) that caches them, so each digest is fetched once per node; "
@@ -87,6 +101,11 @@ class KubernetesOptions:
             raise DeployError(f"replicas must satisfy 1 <= min_replicas ({self.min_replicas}) "
                               f"<= max_replicas ({self.max_replicas}), replicas >= 1")
         size_bytes(self.shm_size.replace("i", ""))
+        if self.scale_on not in SCALE_METRICS and self.scale_on != "cpu":
+            raise DeployError(f"scale_on must be one of cpu, {', '.join(SCALE_METRICS)}: "
+                              f"{self.scale_on!r}")
+        if self.queue_target_ms <= 0 or self.pending_target <= 0:
+            raise DeployError("queue_target_ms and pending_target must be positive")
         if self.weights_host_path is not None and not self.weights_host_path.startswith("/"):
             raise DeployError(f"weights_host_path must be an absolute path of the nodes: "
                               f"{self.weights_host_path!r}")
@@ -139,7 +158,8 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
                                "name": options.name},
             "minReplicas": options.min_replicas, "maxReplicas": options.max_replicas,
             "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
-                "type": "Utilization", "averageUtilization": options.target_cpu_percent}}}],
+                "type": "Utilization", "averageUtilization": options.target_cpu_percent}}},
+                        *_queue_metric(options)],
         },
     }
     predictor_container = dict(container, name="kserve-container")
@@ -159,8 +179,43 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
             "volumes": volumes, "terminationGracePeriodSeconds": image.stop_seconds,
         }},
     }
-    return {"deployment": deployment, "service": service, "hpa": hpa,
-            "inferenceservice": inference_service}
+    documents = {"deployment": deployment, "service": service, "hpa": hpa,
+                 "inferenceservice": inference_service}
+    if options.scale_on in SCALE_METRICS:
+        documents["adapter-rules"] = adapter_rules(options, labels)
+    return documents
+
+
+def _queue_metric(options: KubernetesOptions) -> list[dict[str, Any]]:
+    """The autoscaler's Pods metric beside CPU (it follows whichever asks for more pods)."""
+    if options.scale_on not in SCALE_METRICS:
+        return []
+    target = (options.queue_target_ms if options.scale_on == "queue"
+              else options.pending_target)
+    return [{"type": "Pods", "pods": {
+        "metric": {"name": SCALE_METRICS[options.scale_on]},
+        "target": {"type": "AverageValue", "averageValue": f"{round(target * 1000)}m"}}}]
+
+
+def adapter_rules(options: KubernetesOptions, labels: dict[str, str]) -> dict[str, Any]:
+    """A ConfigMap with prometheus-adapter's rule for the chosen metric (its ``config.yaml``:
+    give it to the adapter's ``--config``, or merge the rule into the adapter's own). The
+    series carry ``namespace`` and ``pod`` labels as the usual ``kubernetes-pods`` scrape job
+    (the pods' ``prometheus.io`` annotations) relabels them."""
+    pod, by = "{<<.LabelMatchers>>}", "<<.GroupBy>>"
+    series, query = (
+        ("nv_inference_queue_duration_us", queue_ms_per_request(pod, by, "2m"))
+        if options.scale_on == "queue" else
+        ("nv_inference_pending_request_count", pending_requests(pod, by)))
+    rule = {"seriesQuery": f'{series}{{namespace!="",pod!=""}}',
+            "resources": {"overrides": {"namespace": {"resource": "namespace"},
+                                        "pod": {"resource": "pod"}}},
+            "name": {"matches": f"^{series}$", "as": SCALE_METRICS[options.scale_on]},
+            "metricsQuery": query}
+    metadata = _metadata(options, labels)
+    metadata["name"] = f"{options.name}-adapter-rules"
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+            "data": {"config.yaml": yaml.safe_dump({"rules": [rule]}, sort_keys=False)}}
 
 
 def _ports(image: DeployableImage) -> list[tuple[str, int]]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -66,6 +68,69 @@ class LocalRegistry:
         self._process = None
 
     def __enter__(self) -> LocalRegistry:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class LocalPrometheus:
+    """Debian's ``prometheus`` (2.42) scraping ``targets`` (``host:port``, path ``/metrics``)
+    every second, on a free 127.0.0.1 port, its data under ``storage``."""
+
+    def __init__(self, storage: Path, targets: list[str], interval_s: int = 1) -> None:
+        self.storage, self.targets, self.interval_s = Path(storage), targets, interval_s
+        self.port = 0
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> LocalPrometheus:
+        program = ensure_program("prometheus", "prometheus")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        config = self.storage / "prometheus.yml"
+        config.write_text(json.dumps({  # YAML is a superset of JSON
+            "global": {"scrape_interval": f"{self.interval_s}s",
+                       "evaluation_interval": f"{self.interval_s}s"},
+            "scrape_configs": [{"job_name": "triton", "metrics_path": "/metrics",
+                                "static_configs": [{"targets": self.targets}]}]}))
+        self._log = open(self.storage / "prometheus.log", "wb")
+        self._process = subprocess.Popen(
+            [program, f"--config.file={config}", f"--storage.tsdb.path={self.storage / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2):
+                    return self
+            except (urllib.error.URLError, ConnectionError):
+                if self._process.poll() is not None:
+                    break
+                time.sleep(0.2)
+        log = (self.storage / "prometheus.log").read_text(errors="replace")
+        self.stop()
+        raise RuntimeError(f"prometheus did not start on {self.url}:\n{log[-3000:]}")
+
+    def query(self, promql: str) -> list[dict]:
+        """The instant vector ``promql`` evaluates to now (the HTTP API's ``result``)."""
+        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        with urllib.request.urlopen(address, timeout=10) as answer:
+            body = json.load(answer)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(10)
+        self._process = None
+
+    def __enter__(self) -> LocalPrometheus:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -320,3 +320,32 @@ def test_pods_mount_a_weights_cache_and_validate(host_path):
 def test_a_relative_weights_host_path_is_refused():
     with pytest.raises(DeployError, match="weights_host_path must be an absolute path"):
         kubernetes.KubernetesOptions(weights_host_path="cache")
+
+
+# -- scaling on the queue ---------------------------------------------------------------------
+@pytest.mark.parametrize("scale_on, metric, target", [
+    ("queue", "triton_queue_ms_per_request", "20000m"),
+    ("pending", "triton_pending_requests", "4000m")])
+def test_the_autoscaler_scales_on_the_queue_beside_cpu_and_validates(scale_on, metric, target):
+    documents = kubernetes.manifests(CPU, kubernetes.KubernetesOptions(scale_on=scale_on))
+    cpu, pods = documents["hpa"]["spec"]["metrics"]
+    assert cpu["resource"]["name"] == "cpu"
+    assert pods == {"type": "Pods", "pods": {"metric": {"name": metric}, "target": {
+        "type": "AverageValue", "averageValue": target}}}
+    adapter = documents["adapter-rules"]
+    assert adapter["kind"] == "ConfigMap" and adapter["metadata"]["name"] == "triton-adapter-rules"
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["name"]["as"] == metric
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+    assert len(kubernetes.validate(documents)) == 5 * len(kubernetes.SUPPORTED_KUBERNETES)
+
+
+def test_cpu_alone_writes_no_adapter_rules_and_an_unknown_metric_is_refused():
+    documents = kubernetes.manifests(CPU)
+    assert [m["type"] for m in documents["hpa"]["spec"]["metrics"]] == ["Resource"]
+    assert "adapter-rules" not in documents
+    with pytest.raises(DeployError, match="scale_on must be one of cpu, queue, pending"):
+        kubernetes.KubernetesOptions(scale_on="latency")
+    with pytest.raises(DeployError, match="must be positive"):
+        kubernetes.KubernetesOptions(scale_on="queue", queue_target_ms=0)
