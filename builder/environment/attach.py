@@ -32,6 +32,7 @@ from tritonclient.grpc import model_config_pb2
 from builder.environment.errors import EnvironmentBuildError
 from builder.environment.stub_rpath import point_at_environment
 from builder.environment.tarball import EnvironmentTarball
+from builder.repository.config_rules import PLATFORM_BACKENDS
 from builder.repository.model_config import write_config
 
 ENV_PARAMETER = "EXECUTION_ENV_PATH"
@@ -40,7 +41,6 @@ LOCK_FILE = "environment.lock.txt"
 STUB_FILE = "triton_python_backend_stub"
 ENVIRONMENT_DIRECTORY = "environment"
 """An unpacked environment's name in the first python model's directory (the others link it)."""
-_PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
 
 def attach_environment(
@@ -114,7 +114,7 @@ def _python_models(repository: Path, wanted: set[str] | None,
             text_format.Parse(path.read_text(), config)
         except text_format.ParseError as error:
             raise EnvironmentBuildError(f"{path} is not a valid model config: {error}") from error
-        backend = config.backend or _PLATFORM_BACKENDS.get(config.platform, "")
+        backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
         if backend in backends:
             configs[directory.name] = config
     missing = (wanted or set()) - set(configs)

@@ -24,7 +24,6 @@ torch: floats within ``tolerance`` (absolute and relative), integers and boolean
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import logging
 import re
@@ -120,10 +119,8 @@ def export_model(
     for name in formats:
         version_directory.mkdir(parents=True, exist_ok=True)
         try:
-            exporter = EXPORTERS[name]
-            if name == "tensorrt":
-                exporter = functools.partial(exporter, max_batch_size=max_batch_size)
-            exported = exporter(op, version_directory, reference, tolerance)
+            exported = EXPORTERS[name](op, version_directory, reference, tolerance,
+                                       max_batch_size=max_batch_size)
         except FormatFailed as failure:
             attempts.append(ExportAttempt(name, False, str(failure)))
             log.warning("model operator %r: format %s failed: %s", op.name, name, failure)
@@ -195,7 +192,8 @@ def compare(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], names: Se
 
 # -- onnx ------------------------------------------------------------------------------------
 def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: float,
-                filename: str = "model.onnx") -> ExportedModel:
+                filename: str = "model.onnx", *,
+                max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
     import onnx
     import onnxruntime as ort
 
@@ -306,7 +304,7 @@ def onnx_io(model: Any) -> tuple[list[TensorConfig], list[TensorConfig]]:
 
 # -- torchscript -----------------------------------------------------------------------------
 def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
-                       tolerance: float) -> ExportedModel:
+                       tolerance: float, *, max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
     import torch
 
     with warnings.catch_warnings():
@@ -328,7 +326,7 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
 
 # -- python ----------------------------------------------------------------------------------
 def export_python(op: ModelOp, directory: Path, reference: Reference,
-                  tolerance: float) -> ExportedModel:
+                  tolerance: float, *, max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
     from builder.pipeline.serialization import round_trip
 
     payload, module = round_trip(reference.module)
@@ -345,7 +343,7 @@ def export_python(op: ModelOp, directory: Path, reference: Reference,
 
 # -- tensorrt --------------------------------------------------------------------------------
 def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
-                    tolerance: float, max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
+                    tolerance: float, *, max_batch_size: int = MAX_BATCH_SIZE) -> ExportedModel:
     """A TensorRT engine from the ONNX export, batch profile 1..max_batch_size."""
     try:
         import tensorrt as trt
@@ -407,6 +405,9 @@ EXPORTERS: dict[str, Callable[..., ExportedModel]] = {
     "python": export_python,
     "tensorrt": export_tensorrt,
 }
+"""Each called ``(op, directory, reference, tolerance, *, max_batch_size)``: one signature, so
+:func:`export_model` names no format (only a TensorRT engine's batch profile uses the largest
+batch)."""
 
 
 # -- helpers shared by the torch-run formats -------------------------------------------------
