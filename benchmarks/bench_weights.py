@@ -50,13 +50,15 @@ from builder.runtime.supervisor.weights_registry import (  # noqa: E402
 from builder.verify.container import ServingContainer  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
 from builder.verify.weights_source import bridge_gateway  # noqa: E402
+from tests.support.large_models import WIDTH, EmbeddingEncoder  # noqa: E402
 from tests.support.testbed import LocalRegistry  # noqa: E402
 
 SECTION = "## Weights in the image or beside it"
 COMMAND = "python benchmarks/bench_weights.py"
 CHART = ROOT / "benchmarks" / "weights.png"
 REPOSITORY = "triton-builder-bench/weights"
-ROWS, WIDTH, TOKENS = 250_000, 1_024, 8
+ROWS, TOKENS = 250_000, 8
+"""The table's rows (of ``WIDTH``: 1,024 float32): 1.02 GB."""
 REQUESTS = 8
 MODES = ("image", "artifact")
 STARTS = ("weights in the image", "beside: empty cache", "beside: warm cache")
@@ -68,18 +70,9 @@ ACCEPT = ", ".join(("application/vnd.oci.image.index.v1+json",
 def _encoder(seed: int):
     import torch
 
-    class EmbeddingEncoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.table = torch.nn.Embedding(ROWS, WIDTH)
-            self.projection = torch.nn.Linear(WIDTH, 64)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.projection(self.table(ids).mean(dim=1))
-
     torch.manual_seed(seed)
     with torch.no_grad():
-        return ModelOp(EmbeddingEncoder().eval(), torch.from_numpy(_ids(0)), name="encoder",
+        return ModelOp(EmbeddingEncoder(ROWS).eval(), torch.from_numpy(_ids(0)), name="encoder",
                        input_names=["ids"])
 
 

@@ -11,9 +11,9 @@ ROWS, WIDTH = 600_000, 1_024
 class EmbeddingEncoder(torch.nn.Module):
     """The issue's ``big_encoder``: a 600,000 x 1,024 table, mean-pooled, then a projection."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = ROWS) -> None:
         super().__init__()
-        self.table = torch.nn.Embedding(ROWS, WIDTH)
+        self.table = torch.nn.Embedding(rows, WIDTH)
         self.projection = torch.nn.Linear(WIDTH, 64)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -16,16 +16,15 @@ from builder.engine.platforms import Platform
 from builder.host_packages import HostError, ensure_program
 
 
-class LocalRegistry:
-    """Debian's ``docker-registry`` (distribution v2.8) on a free 127.0.0.1 port.
+class LocalService:
+    """A Debian program serving on a free 127.0.0.1 port, its log and data under ``storage``:
+    started until ``ready_path`` answers, stopped with it (``with``)."""
 
-    Pushing to ``127.0.0.1:PORT/name`` needs no TLS set-up: the engine trusts loopback.
-    ``bind`` ``0.0.0.0`` lets containers reach it too (at the engine's bridge gateway).
-    """
+    program = package = ""
+    ready_path = "/"
 
-    def __init__(self, storage: Path, bind: str = "127.0.0.1") -> None:
+    def __init__(self, storage: Path) -> None:
         self.storage = Path(storage)
-        self.bind = bind
         self.port = 0
         self._process: subprocess.Popen | None = None
 
@@ -33,33 +32,31 @@ class LocalRegistry:
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> LocalRegistry:
-        program = ensure_program("docker-registry", "docker-registry")
+    def command(self, program: str) -> list[str]:
+        """The program's command line, its configuration written (:attr:`port` chosen)."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60.0):
+        program = ensure_program(self.program, self.package)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        config = self.storage / "config.yml"
-        config.write_text(
-            "version: 0.1\n"
-            f"storage: {{filesystem: {{rootdirectory: {self.storage / 'data'}}}}}\n"
-            f"http: {{addr: '{self.bind}:{self.port}'}}\n"
-            "log: {level: warn}\n"
-        )
-        self._log = open(self.storage / "registry.log", "wb")
-        self._process = subprocess.Popen([program, "serve", str(config)], stdout=self._log,
+        log_path = self.storage / f"{self.program}.log"
+        self._log = open(log_path, "wb")
+        self._process = subprocess.Popen(self.command(program), stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2):
+                with urllib.request.urlopen(f"http://{self.host}{self.ready_path}", timeout=2):
                     return self
             except (urllib.error.URLError, ConnectionError):
                 if self._process.poll() is not None:
                     break
                 time.sleep(0.2)
-        log = (self.storage / "registry.log").read_text(errors="replace")
+        log = log_path.read_text(errors="replace")
         self.stop()
-        raise RuntimeError(f"docker-registry did not start on {self.host}:\n{log[-3000:]}")
+        raise RuntimeError(f"{self.program} did not start on {self.host}:\n{log[-3000:]}")
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -67,54 +64,62 @@ class LocalRegistry:
             self._process.wait(10)
         self._process = None
 
-    def __enter__(self) -> LocalRegistry:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
-class LocalPrometheus:
+class LocalRegistry(LocalService):
+    """Debian's ``docker-registry`` (distribution v2.8) on a free 127.0.0.1 port.
+
+    Pushing to ``127.0.0.1:PORT/name`` needs no TLS set-up: the engine trusts loopback.
+    ``bind`` ``0.0.0.0`` lets containers reach it too (at the engine's bridge gateway).
+    """
+
+    program = package = "docker-registry"
+    ready_path = "/v2/"
+
+    def __init__(self, storage: Path, bind: str = "127.0.0.1") -> None:
+        super().__init__(storage)
+        self.bind = bind
+
+    def command(self, program: str) -> list[str]:
+        config = self.storage / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            f"storage: {{filesystem: {{rootdirectory: {self.storage / 'data'}}}}}\n"
+            f"http: {{addr: '{self.bind}:{self.port}'}}\n"
+            "log: {level: warn}\n"
+        )
+        return [program, "serve", str(config)]
+
+
+class LocalPrometheus(LocalService):
     """Debian's ``prometheus`` (2.42) scraping ``targets`` (``host:port``, path ``/metrics``)
-    every second, on a free 127.0.0.1 port, its data under ``storage``."""
+    every ``interval_s`` seconds."""
+
+    program = package = "prometheus"
+    ready_path = "/-/ready"
 
     def __init__(self, storage: Path, targets: list[str], interval_s: int = 1) -> None:
-        self.storage, self.targets, self.interval_s = Path(storage), targets, interval_s
-        self.port = 0
-        self._process: subprocess.Popen | None = None
+        super().__init__(storage)
+        self.targets, self.interval_s = targets, interval_s
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}"
 
-    def start(self, timeout: float = 60.0) -> LocalPrometheus:
-        program = ensure_program("prometheus", "prometheus")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+    def command(self, program: str) -> list[str]:
         config = self.storage / "prometheus.yml"
         config.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": f"{self.interval_s}s",
                        "evaluation_interval": f"{self.interval_s}s"},
             "scrape_configs": [{"job_name": "triton", "metrics_path": "/metrics",
                                 "static_configs": [{"targets": self.targets}]}]}))
-        self._log = open(self.storage / "prometheus.log", "wb")
-        self._process = subprocess.Popen(
-            [program, f"--config.file={config}", f"--storage.tsdb.path={self.storage / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2):
-                    return self
-            except (urllib.error.URLError, ConnectionError):
-                if self._process.poll() is not None:
-                    break
-                time.sleep(0.2)
-        log = (self.storage / "prometheus.log").read_text(errors="replace")
-        self.stop()
-        raise RuntimeError(f"prometheus did not start on {self.url}:\n{log[-3000:]}")
+        return [program, f"--config.file={config}", f"--storage.tsdb.path={self.storage / 'data'}",
+                f"--web.listen-address={self.host}"]
 
     def query(self, promql: str) -> list[dict]:
         """The instant vector ``promql`` evaluates to now (the HTTP API's ``result``)."""
@@ -123,18 +128,6 @@ class LocalPrometheus:
             body = json.load(answer)
         assert body["status"] == "success", body
         return body["data"]["result"]
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            self._process.wait(10)
-        self._process = None
-
-    def __enter__(self) -> LocalPrometheus:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def enable_emulation(target: Platform) -> None:

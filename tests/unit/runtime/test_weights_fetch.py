@@ -231,15 +231,22 @@ def test_the_registry_variable_points_the_fetch_elsewhere(own_registry, tmp_path
     assert len(report.fetched) == 1
 
 
-def test_the_supervisor_starts_the_server_only_once_the_weights_are_in_place(
-        own_registry, tmp_path, monkeypatch):
-    lock, files = pushed_lock(own_registry, tmp_path, encoder={"model.onnx": 2048})
-    (file,) = files
+def _locked_container(registry: LocalRegistry, tmp_path: Path, monkeypatch, size: int):
+    """One pushed file, and the environment of a container whose lock names it: the file's
+    entry, its source, the cache (empty)."""
+    lock, files = pushed_lock(registry, tmp_path, encoder={"model.onnx": size})
+    ((file, source),) = files.items()
     lock_file = tmp_path / "weights.lock.json"
     lock_file.write_text(lock.to_json())
     cache = tmp_path / "cache"
     monkeypatch.setenv(LOCK_VARIABLE, str(lock_file))
     monkeypatch.setenv(CACHE_VARIABLE, str(cache))
+    return file, source, cache
+
+
+def test_the_supervisor_starts_the_server_only_once_the_weights_are_in_place(
+        own_registry, tmp_path, monkeypatch):
+    file, _, cache = _locked_container(own_registry, tmp_path, monkeypatch, 2048)
     monkeypatch.setenv("TRITON_BUILDER_METRICS_PORT", "0")
     blob = str(blob_path(file.digest, cache))
     server = [sys.executable, "-c",
@@ -256,15 +263,9 @@ def test_the_supervisor_starts_the_server_only_once_the_weights_are_in_place(
 
 def test_fetch_weights_fills_the_cache_and_exits_as_an_init_container(
         own_registry, tmp_path, monkeypatch):
-    lock, files = pushed_lock(own_registry, tmp_path, encoder={"model.onnx": 4096})
-    (file,) = files
-    lock_file = tmp_path / "weights.lock.json"
-    lock_file.write_text(lock.to_json())
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(LOCK_VARIABLE, str(lock_file))
-    monkeypatch.setenv(CACHE_VARIABLE, str(cache))
+    file, source, cache = _locked_container(own_registry, tmp_path, monkeypatch, 4096)
     assert main(["--fetch-weights"]) == 0
-    assert blob_path(file.digest, cache).read_bytes() == files[file].read_bytes()
+    assert blob_path(file.digest, cache).read_bytes() == source.read_bytes()
     own_registry.stop()
     blob_path(file.digest, cache).write_bytes(b"damaged")
     monkeypatch.setenv(TIMEOUT_VARIABLE, "2")
