@@ -49,6 +49,7 @@ from builder.environment.torch_for_cuda.onnxruntime_gpu import (
 from builder.environment.unpacking import ships_unpacked
 from builder.pipeline.serialization import VERSIONS_FILE
 from builder.progress import Log, stderr_line
+from builder.repository.export import EXPORT_FORMATS
 from builder.repository.writer import BuildResult, BuiltModel
 
 BLS_PREFERRED_MEMORY = (23, 4)
@@ -125,7 +126,7 @@ def prepare_environment(
                                 backends=parts.backends if parts else
                                 environment_backends(release),
                                 unpacked=ships_unpacked(release))
-    if release.slim and models and any(m.gpu and m.format == "onnx" and not m.in_process
+    if release.slim and models and any(m.gpu and _served_on_slim(m)
                                        for m in built.models):
         check_cuda_libraries(target, built.model_root / models[0] / ENVIRONMENT_DIRECTORY)
     return PreparedEnvironment(tarball=tarball, target=target, models=models)
@@ -157,8 +158,14 @@ def environment_backends(release: Release) -> tuple[str, ...]:
 def _onnx_backend_requirements(models: Sequence[BuiltModel], release: Release) -> list[str]:
     """onnxruntime-gpu where the slim GPU base serves ONNX model operators (its version is
     chosen for the CUDA by :mod:`builder.environment.torch_for_cuda.onnxruntime_gpu`)."""
-    served = [m for m in models if m.format == "onnx" and not m.in_process]
+    served = [m for m in models if _served_on_slim(m)]
     return [ONNXRUNTIME_GPU] if release.slim and served else []
+
+
+def _served_on_slim(model: BuiltModel) -> bool:
+    """Served by a backend that runs on the environment where the base is slim (not run in
+    the pipeline model's own process)."""
+    return EXPORT_FORMATS[model.format].served_from_environment_on_slim and not model.in_process
 
 
 def _dlpack_requirements(release: Release, gpu_models: list[str]) -> EnvironmentSpec:
@@ -177,7 +184,7 @@ def _dlpack_requirements(release: Release, gpu_models: list[str]) -> Environment
 
 def _python_model_requirements(models: Sequence[BuiltModel]) -> list[str]:
     """``python``-format model operators load their module with torch: the builder's torch."""
-    if not any(model.format == "python" for model in models):
+    if not any(EXPORT_FORMATS[model.format].needs_torch for model in models):
         return []
     import torch
 

@@ -44,7 +44,6 @@ from builder.repository.batching import MAX_BATCH_SIZE
 from builder.repository.model_config import TensorConfig
 from builder.repository.onnx_external_data import EXTERNAL_DATA_BYTES, gather_external_data
 
-FORMATS = ("onnx", "torchscript", "python", "tensorrt")
 TOLERANCE = 1e-4
 """How far an export's outputs may be from the module's on its examples (absolute and relative,
 as ``numpy.allclose``) where the build does not say (``export_tolerance``)."""
@@ -96,9 +95,9 @@ def check_formats(formats: Sequence[str], owner: str) -> list[str]:
     """Validate a ``format_priority`` list; the error names the operator it is for."""
     if isinstance(formats, str) or not formats:
         raise ExportError(f"{owner}: format_priority must be a non-empty list of formats")
-    unknown = [f for f in formats if f not in FORMATS]
+    unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown:
-        raise ExportError(f"{owner}: unknown formats {unknown}; known: {list(FORMATS)}")
+        raise ExportError(f"{owner}: unknown formats {unknown}; known: {list(EXPORT_FORMATS)}")
     return list(formats)
 
 
@@ -119,8 +118,10 @@ def export_model(
     for name in formats:
         version_directory.mkdir(parents=True, exist_ok=True)
         try:
-            exported = EXPORTERS[name](op, version_directory, reference, tolerance,
-                                       max_batch_size=max_batch_size)
+            record = EXPORT_FORMATS[name]
+            exported = record.export(op, version_directory, reference, tolerance,
+                                     max_batch_size=max_batch_size)
+            exported.platform, exported.backend = record.platform, record.backend
         except FormatFailed as failure:
             attempts.append(ExportAttempt(name, False, str(failure)))
             log.warning("model operator %r: format %s failed: %s", op.name, name, failure)
@@ -221,7 +222,7 @@ def export_onnx(op: ModelOp, directory: Path, reference: Reference, tolerance: f
         _check_dims(outputs, got)
     if not any(op.module_axes(name) for name in op.input_names):
         outputs = _tight(outputs, reference)
-    return ExportedModel("onnx", inputs, outputs, platform="onnxruntime_onnx")
+    return ExportedModel("onnx", inputs, outputs)
 
 
 def _tight(outputs: list[TensorConfig], reference: Reference) -> list[TensorConfig]:
@@ -320,7 +321,6 @@ def export_torchscript(op: ModelOp, directory: Path, reference: Reference,
         "torchscript",
         _tensor_configs(input_names, reference.cases[0][0], op.input_dims),
         _tensor_configs(output_names, outputs, _output_dims(op, reference)),
-        platform="pytorch_libtorch",
     )
 
 
@@ -337,7 +337,6 @@ def export_python(op: ModelOp, directory: Path, reference: Reference,
         "python",
         _tensor_configs(op.input_names, reference.cases[0][0], op.input_dims),
         _tensor_configs(reference.output_names, outputs, _output_dims(op, reference)),
-        backend="python",
     )
 
 
@@ -395,19 +394,53 @@ def export_tensorrt(op: ModelOp, directory: Path, reference: Reference,
         stream.synchronize()
         got = [tensors[n].cpu().numpy() for n in reference.output_names]
         compare(expected, got, reference.output_names, tolerance)
-    return ExportedModel("tensorrt", onnx_model.inputs, onnx_model.outputs,
-                         platform="tensorrt_plan")
+    return ExportedModel("tensorrt", onnx_model.inputs, onnx_model.outputs)
 
 
-EXPORTERS: dict[str, Callable[..., ExportedModel]] = {
-    "onnx": export_onnx,
-    "torchscript": export_torchscript,
-    "python": export_python,
-    "tensorrt": export_tensorrt,
-}
-"""Each called ``(op, directory, reference, tolerance, *, max_batch_size)``: one signature, so
-:func:`export_model` names no format (only a TensorRT engine's batch profile uses the largest
-batch)."""
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format, all that the stages ask of it: a format is added here (its exporter
+    and this record) and, where the python backend runs it, by its runtime file."""
+
+    name: str
+    export: Callable[..., ExportedModel]
+    """``(op, directory, reference, tolerance, *, max_batch_size)``: one signature, so
+    :func:`export_model` names no format (only a TensorRT engine's batch profile uses the
+    largest batch)."""
+    model_file: str
+    """What the exporter writes in the version directory (Triton's default file name)."""
+    platform: str | None = None
+    """The config's ``platform``, where Triton fills the backend in itself."""
+    backend: str | None = None
+    """The config's ``backend``, where no platform names it."""
+    check_model: Callable[[Any, Path], None] | None = None
+    """Checks the config against the model file as the backend will at load:
+    ``(config, path)``."""
+    in_process: bool = False
+    """A CPU model operator of this format may run inside the pipeline model (ONNX Runtime, the
+    onnxruntime backend's numerics), no BLS round trip."""
+    served_from_environment_on_slim: bool = False
+    """On a slim GPU base, the backend that serves it runs on the packed environment (our
+    Python onnxruntime backend: the environment holds onnxruntime-gpu)."""
+    needs_torch: bool = False
+    """The python backend runs the module with torch: the environment holds the builder's."""
+
+
+def _check_onnx(config: Any, path: Path) -> None:
+    from builder.repository.config_rules import check_onnx_model
+
+    check_onnx_model(config, path)
+
+
+EXPORT_FORMATS: dict[str, ExportFormat] = {record.name: record for record in (
+    ExportFormat("onnx", export_onnx, "model.onnx", platform="onnxruntime_onnx",
+                 check_model=_check_onnx, in_process=True,
+                 served_from_environment_on_slim=True),
+    ExportFormat("torchscript", export_torchscript, "model.pt", platform="pytorch_libtorch"),
+    ExportFormat("python", export_python, "model.py", backend="python", needs_torch=True),
+    ExportFormat("tensorrt", export_tensorrt, "model.plan", platform="tensorrt_plan"),
+)}
+"""Every export format by name, in the order ``format_priority`` lists them in its help."""
 
 
 # -- helpers shared by the torch-run formats -------------------------------------------------

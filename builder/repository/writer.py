@@ -34,8 +34,8 @@ from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
 from builder.repository.batching import MAX_BATCH_SIZE, default_batching
-from builder.repository.config_rules import check_config, check_onnx_model
-from builder.repository.export import ExportAttempt, check_formats, export_model
+from builder.repository.config_rules import check_config
+from builder.repository.export import EXPORT_FORMATS, ExportAttempt, check_formats, export_model
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -68,7 +68,6 @@ request (``request_size``), serves a streaming pipeline (``stream_serving``, who
 ``stream_outbox`` sends) and runs its examples before it is ready (``warm_up``)."""
 IN_PROCESS_PARAMETER = "in_process_models"
 """Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
-ONNX_FILE = "model.onnx"
 DEFAULT_OP_CONFIG: dict[str, Any] = {
     "instance_count": 1,
     "max_batch_size": MAX_BATCH_SIZE,
@@ -278,10 +277,11 @@ def _write(staging: Path, pipe: Pipeline, plan: _Plan, tolerance: float) -> list
     for model in plan.models.values():
         targets[model.op.name], written = _write_model(staging, model, tolerance)
         built.append(written)
-    own = {
-        name: f"{name}/1/{ONNX_FILE}" for name, model in plan.models.items()
-        if targets[name].format == "onnx" and not model.spec.gpu
-    } if plan.in_process else {}
+    own = {}  # the model operators the pipeline model runs itself: model -> file
+    for name, model in plan.models.items() if plan.in_process else ():
+        record = EXPORT_FORMATS[targets[name].format]
+        if record.in_process and not model.spec.gpu:
+            own[name] = f"{name}/1/{record.model_file}"
     for each in built:
         each.in_process = each.name in own
     _write_pipeline_model(staging / plan.pipeline.name, pipe, plan.signature, targets, own,
@@ -307,8 +307,9 @@ def _write_model(staging: Path, model: _ModelPlan,
     model_config = build_config(replace(spec, inputs=inputs, outputs=outputs,
                                         backend=exported.backend, platform=exported.platform,
                                         warmup=warmup))
-    if exported.format == "onnx":
-        check_onnx_model(model_config, version_dir / ONNX_FILE)
+    record = EXPORT_FORMATS[exported.format]
+    if record.check_model is not None:
+        record.check_model(model_config, version_dir / record.model_file)
     write_config(model_config, staging / op.name)
     target = BlsTarget(
         op.name, exported.format,

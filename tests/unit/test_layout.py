@@ -324,3 +324,24 @@ def test_no_module_is_a_room_too_big_to_live_in():
     assert {name: size for name, size in sizes.items() if size > 600} == {}
     assert {name: size for name, size in sizes.items()
             if name.startswith("runtime/supervisor/") and size > 300} == {}
+
+
+def test_an_export_format_is_one_record_and_no_stage_names_one():
+    """A format is added in ``repository/export.py`` (its exporter and its ``ExportFormat``)
+    and, where the python backend runs it, its runtime file: no module compares a model's
+    format with a name, and Triton's platform table is defined once (issue 68, item 3)."""
+    import re
+
+    from builder.repository.export import EXPORT_FORMATS
+
+    compared = re.compile(r"""format\s*(==|!=)\s*["']|format\s+(not\s+)?in\s+[(\[{]["']""")
+    offenders = [f"{path.relative_to(ROOT)}:{number}" for path in sorted(ROOT.rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if compared.search(line)]
+    assert not offenders, offenders
+    tables = [path.relative_to(ROOT) for path in ROOT.rglob("*.py")
+              if re.search(r"^_?PLATFORM_BACKENDS\b.*=", path.read_text(), re.MULTILINE)]
+    assert tables == [Path("repository/config_rules.py")], tables
+    for name, record in EXPORT_FORMATS.items():
+        assert record.name == name and callable(record.export)
+        assert (record.platform is None) != (record.backend is None), name
