@@ -7,14 +7,22 @@ imports; like it, imports nothing from ``builder`` and loads on Python 3.8.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the latency histograms, in seconds: 0.1 ms (a cheap Python step) to 10 s
 (a long generation), about 2.5x apart, as Prometheus' client libraries space theirs."""
+HISTOGRAMS_VARIABLE = "TRITON_BUILDER_HISTOGRAMS"
+"""``off`` (or ``0``, ``false``, ``no``) at ``docker run``: the counters only, no latency
+histogram (each observation is a message from the stub to the server)."""
+
+
+def histograms_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(HISTOGRAMS_VARIABLE, "on").lower() not in ("off", "0", "false", "no")
 
 
 class OperatorTimes:
@@ -96,7 +104,7 @@ class OperatorMetrics:
     LATENCY = "triton_builder_operator_latency_seconds"
 
     def __init__(self, api: Any, labels: dict[str, str], operators: Sequence[str],
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, histograms: bool = True) -> None:
         family = api.pb.MetricFamily
         counters = [family(name=name, kind=family.COUNTER, description=description)
                     for name, description in (
@@ -106,7 +114,8 @@ class OperatorMetrics:
                         (self.FAILURES, "Calls an operator failed (not bad input)"))]
         histogram = (family(name=self.LATENCY, kind=family.HISTOGRAM,
                             description="Seconds of each call of an operator of a served "
-                                        "pipeline") if hasattr(family, "HISTOGRAM") else None)
+                                        "pipeline")
+                     if histograms and hasattr(family, "HISTOGRAM") else None)
         self._families: tuple[Any, ...] = (*counters, *([histogram] if histogram else []))
         self._counters = [tuple(counter.Metric(labels={**labels, "operator": operator})
                                 for counter in counters) for operator in operators]
@@ -128,7 +137,8 @@ class OperatorMetrics:
         if not api.features.custom_metrics:
             return None
         try:
-            return cls(api, {"model": model, "version": version}, operators)
+            return cls(api, {"model": model, "version": version}, operators,
+                       histograms=histograms_wanted())
         except Exception as error:  # noqa: BLE001 - e.g. the server runs without metrics
             api.log_warning(f"no per-operator metrics: {error}")
             return None

@@ -356,6 +356,26 @@ def test_each_call_of_an_operator_is_observed_in_its_latency_histogram(served, g
     assert pb.MetricFamily.observations == []  # each call observed once
 
 
+@pytest.mark.parametrize("generation", ["r24.10"], indirect=True)
+def test_histograms_are_off_where_the_container_says_so(served):
+    from builder.runtime.operator_metrics import HISTOGRAMS_VARIABLE, histograms_wanted
+
+    assert histograms_wanted({}) and histograms_wanted({HISTOGRAMS_VARIABLE: "on"})
+    assert not any(histograms_wanted({HISTOGRAMS_VARIABLE: value})
+                   for value in ("off", "0", "False", "no"))
+    pipeline, model = served
+    labels = [node.label for node in pipeline.plan.nodes]
+    model.metrics.close()
+    pb.MetricFamily.increments.clear()
+    pb.MetricFamily.observations.clear()
+    model.metrics = OperatorMetrics(model.api, {"model": "pipeline", "version": "1"}, labels,
+                                    interval=3600, histograms=False)
+    model.execute([_request([1.0, 2.0, 3.0, 4.0])])
+    model.metrics.send()
+    assert not model.metrics.histograms and pb.MetricFamily.observations == []
+    assert _rows_sent(pipeline, labels) == dict.fromkeys(labels, 1)
+
+
 @pytest.mark.parametrize("generation", WITH_METRICS, indirect=True)
 def test_operator_metrics_are_sent_without_requests_to_carry_them(served):
     """A thread sends them: the last requests before a quiet spell are not held back."""
