@@ -182,7 +182,7 @@ def manifests(image: DeployableImage, options: KubernetesOptions = KubernetesOpt
     documents = {"deployment": deployment, "service": service, "hpa": hpa,
                  "inferenceservice": inference_service}
     if options.scale_on in SCALE_METRICS:
-        documents["adapter-rules"] = adapter_rules(options, labels)
+        documents["adapter-rules"] = adapter_rules(image, options, labels)
     return documents
 
 
@@ -197,12 +197,16 @@ def _queue_metric(options: KubernetesOptions) -> list[dict[str, Any]]:
         "target": {"type": "AverageValue", "averageValue": f"{round(target * 1000)}m"}}}]
 
 
-def adapter_rules(options: KubernetesOptions, labels: dict[str, str]) -> dict[str, Any]:
+def adapter_rules(image: DeployableImage, options: KubernetesOptions,
+                  labels: dict[str, str]) -> dict[str, Any]:
     """A ConfigMap with prometheus-adapter's rule for the chosen metric (its ``config.yaml``:
-    give it to the adapter's ``--config``, or merge the rule into the adapter's own). The
-    series carry ``namespace`` and ``pod`` labels as the usual ``kubernetes-pods`` scrape job
-    (the pods' ``prometheus.io`` annotations) relabels them."""
-    pod, by = "{<<.LabelMatchers>>}", "<<.GroupBy>>"
+    give it to the adapter's ``--config``, or merge the rule into the adapter's own), read at
+    the image's pipeline model: what a request waits before the pipeline runs it (a slow model
+    operator keeps the pipeline model's instances waiting, so its queue grows too). The series
+    carry ``namespace`` and ``pod`` labels as the usual ``kubernetes-pods`` scrape job (the
+    pods' ``prometheus.io`` annotations) relabels them."""
+    pod = f'{{<<.LabelMatchers>>,model="{image.pipeline_model}"}}'
+    by = "<<.GroupBy>>"
     series, query = (
         ("nv_inference_queue_duration_us", queue_ms_per_request(pod, by, "2m"))
         if options.scale_on == "queue" else

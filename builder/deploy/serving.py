@@ -10,6 +10,7 @@ renderings.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import docker.errors
 from docker.models.images import Image
 
 from builder.errors import TritonBuilderError
-from builder.image.labels import PREFIX
+from builder.image.labels import PREFIX, SIGNATURE
 from builder.image.serving_dockerfile import (
     DEFAULT_USER,
     GRPC_PORT,
@@ -71,6 +72,9 @@ class DeployableImage:
     weights_beside: bool = False
     """Its weights travel beside it (its ``VOLUME`` is the node's weights cache): deployments
     give it a cache volume, so each digest is fetched once per node."""
+    pipeline_model: str = "pipeline"
+    """The Triton model the pipeline is served as (its signature label names it): what a
+    client calls, and whose queue says how loaded a replica is."""
 
     def __post_init__(self) -> None:
         if self.user.split(":", 1)[0] in ("", "0", "root"):
@@ -146,7 +150,17 @@ def deployable_image(reference: str, *, gpu: bool | None = None,
     if gpu is None:
         gpu = labels is not None and labels.get(PREFIX + "cuda", "cpu") != "cpu"
     return DeployableImage(reference=reference, gpu=gpu, start_period_s=start_period_s,
-                           user=user, drain_s=drain_s, weights_beside=weights_beside)
+                           user=user, drain_s=drain_s, weights_beside=weights_beside,
+                           pipeline_model=_pipeline_model(labels or {}))
+
+
+def _pipeline_model(labels: dict[str, str]) -> str:
+    """The first pipeline model the image's signature label names, else the default name."""
+    try:
+        pipelines = json.loads(labels[SIGNATURE]).get("pipelines") or {}
+    except (KeyError, ValueError, AttributeError):
+        pipelines = {}
+    return next(iter(pipelines), DeployableImage.pipeline_model)
 
 
 def carries_weights_cache(image: Image) -> bool:

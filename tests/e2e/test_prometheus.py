@@ -7,8 +7,8 @@ Prometheus scraped must be what the test sent — every call of each operator in
 histogram, the rows, the refusals — and the README's queries (:mod:`builder.deploy.metrics_queries`)
 must answer with it: ``slow_step``'s p99 within its bucket (50 to 100 ms), rows per second
 for both operators, refusals for ``checked`` alone, the queue time and pending requests of the
-pipeline model; the autoscaler's queue query (prometheus-adapter's rule, its templates filled
-as the adapter fills them) evaluates too.
+pipeline model; the autoscaler's rules (prometheus-adapter's, as ``deploy k8s --scale-on``
+writes them for this image, their templates filled as the adapter fills them) evaluate too.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from builder import InputError, build_docker_image, pipe
 from builder.client.errors import RemoteInputError
 from builder.client.pipeline import Client
-from builder.deploy import metrics_queries
+from builder.deploy import kubernetes, metrics_queries
+from builder.deploy.serving import deployable_image
 from builder.verify.container import ServingContainer
 from builder.verify.equality import check_same
 from tests.support.testbed import LocalPrometheus
@@ -113,8 +115,17 @@ def test_prometheus_reads_each_operators_latency_rows_and_refusals_from_the_imag
             assert math.isfinite(queue["pipeline"]) and queue["pipeline"] >= 0, queue
             pending = _by_operator(prometheus, metrics_queries.PENDING_REQUESTS)
             assert pending["pipeline"] == 0, pending
-            adapter = metrics_queries.queue_ms_per_request('{model="pipeline"}', "model", "2m")
-            assert [s["metric"] for s in prometheus.query(adapter)] == [{"model": "pipeline"}]
+            for scale_on in kubernetes.SCALE_METRICS:  # the adapter's rules, filled as it does
+                documents = kubernetes.manifests(
+                    deployable_image(REFERENCE, client=docker_client),
+                    kubernetes.KubernetesOptions(scale_on=scale_on))
+                (rule,) = yaml.safe_load(
+                    documents["adapter-rules"]["data"]["config.yaml"])["rules"]
+                query = (rule["metricsQuery"].replace("<<.LabelMatchers>>", 'job="triton"')
+                         .replace("<<.GroupBy>>", "job"))
+                (sample,) = prometheus.query(query)
+                assert sample["metric"] == {"job": "triton"}, (scale_on, sample)
+                assert math.isfinite(float(sample["value"][1])), (scale_on, sample)
     finally:
         try:
             docker_client.images.remove(REFERENCE, force=True)

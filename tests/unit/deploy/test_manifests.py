@@ -337,8 +337,22 @@ def test_the_autoscaler_scales_on_the_queue_beside_cpu_and_validates(scale_on, m
     (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     assert rule["name"]["as"] == metric
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
-    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+    assert '{<<.LabelMatchers>>,model="pipeline"}' in rule["metricsQuery"]
+    assert "<<.GroupBy>>" in rule["metricsQuery"]
     assert len(kubernetes.validate(documents)) == 5 * len(kubernetes.SUPPORTED_KUBERNETES)
+
+
+def test_the_queue_is_read_at_the_pipeline_model_the_images_signature_names():
+    from builder.deploy.serving import _pipeline_model
+    from builder.image.labels import SIGNATURE
+
+    named = _pipeline_model({SIGNATURE: '{"pipelines": {"embed": {}}, "models": {}}'})
+    assert named == "embed"
+    assert _pipeline_model({}) == _pipeline_model({SIGNATURE: "not json"}) == "pipeline"
+    image = DeployableImage("registry.example:5000/embed:2", gpu=False, pipeline_model=named)
+    documents = kubernetes.manifests(image, kubernetes.KubernetesOptions(scale_on="pending"))
+    (rule,) = yaml.safe_load(documents["adapter-rules"]["data"]["config.yaml"])["rules"]
+    assert 'model="embed"' in rule["metricsQuery"], rule
 
 
 def test_cpu_alone_writes_no_adapter_rules_and_an_unknown_metric_is_refused():
