@@ -208,8 +208,8 @@ def _authorization(challenge: str, ref: ImageReference, timeout: float,
     except weights_registry.ChallengeUnanswered as why:  # the container's: told as ours
         raise RegistryError({
             "credentials": f"{ref.registry} wants a login: run `docker login {ref.registry}`",
-            "scheme": f"{ref.registry} asks for an authentication this client does not speak: "
-                      f"{challenge!r}",
+            "scheme": f"{ref.registry} asks for an unknown authentication: {challenge!r}",
+            "realm": f"{ref.registry} sent a bearer challenge without a realm",
             "refused": f"{ref.registry} refused a token for {ref.registry_path} ({why.code}); "
                        f"run `docker login {ref.registry}`",
             "no token": f"{ref.registry}'s token service sent no token",

@@ -102,6 +102,8 @@ def _authorization(source: Source, challenge: str, timeout: float) -> str:
                            f"{AUTH_VARIABLE}=user:password",
             "scheme": f"{registry} asks for an authentication this supervisor does not speak: "
                       f"{challenge!r}",
+            "realm": f"{registry} asks for an authentication this supervisor does not speak: "
+                     f"{challenge!r}",
             "refused": f"{registry}'s token service refused to let this container pull "
                        f"{source.name} ({why.code}): set {AUTH_VARIABLE}",
             "no token": f"{registry}'s token service sent no token",
@@ -110,7 +112,8 @@ def _authorization(source: Source, challenge: str, timeout: float) -> str:
 
 class ChallengeUnanswered(Exception):
     """Why a registry's challenge got no ``Authorization``: ``reason`` is ``"credentials"``
-    (it wants some, none given), ``"scheme"`` (neither basic nor a bearer with a realm),
+    (it wants some, none given), ``"scheme"`` (neither basic nor bearer), ``"realm"`` (a bearer
+    challenge without a token service),
     ``"refused"`` (the token service answered ``code``) or ``"no token"``. Each caller says
     what its user should do about it."""
 
@@ -129,8 +132,10 @@ def answer_challenge(challenge: str, basic: str | None, scope: str, timeout: flo
         if basic is None:
             raise ChallengeUnanswered("credentials")
         return f"Basic {basic}"
-    if scheme != "bearer" or not fields.get("realm"):
+    if scheme != "bearer":
         raise ChallengeUnanswered("scheme")
+    if not fields.get("realm"):
+        raise ChallengeUnanswered("realm")
     fields.setdefault("scope", scope)
     try:
         token = request_token(fields, basic, timeout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,10 +42,11 @@ class _Registry(BaseHTTPRequestHandler):
         if MANIFEST_TYPES not in self.headers.get("Accept", ""):
             return self._answer(406)
         wanted = {"bearer": f"Bearer {TOKEN}", "basic": f"Basic {_basic(USER, PASSWORD)}"}
-        if self.headers.get("Authorization") != wanted[self.challenge]:
+        if self.headers.get("Authorization") != wanted.get(self.challenge, "never sent"):
             port = self.server.server_address[1]
-            challenge = (f'Bearer realm="http://127.0.0.1:{port}/token",service="test"'
-                         if self.challenge == "bearer" else 'Basic realm="test"')
+            challenge = {"bearer": f'Bearer realm="http://127.0.0.1:{port}/token",service="test"',
+                         "basic": 'Basic realm="test"', "no realm": 'Bearer service="test"',
+                         "digest": 'Digest realm="test"'}[self.challenge]
             return self._answer(401, {"WWW-Authenticate": challenge})
         self._answer(200, {"Docker-Content-Digest": DIGEST} if self.send_digest else {})
 
@@ -138,3 +140,13 @@ def test_a_registry_that_is_not_loopback_is_asked_over_https_only(registry):
     with pytest.raises(RegistryError, match=r"cannot reach the registry .*https://") as error:
         manifest_digest(f"{host}/team/app:1", insecure=False, timeout=5)
     assert "http://" not in str(error.value)
+
+
+@pytest.mark.parametrize("challenge, message", [
+    ("no realm", "sent a bearer challenge without a realm"),
+    ("digest", "asks for an unknown authentication: 'Digest realm=\"test\"'")])
+def test_a_challenge_it_cannot_answer_is_named(registry, challenge, message):
+    handler, host = registry
+    handler.challenge = challenge
+    with pytest.raises(RegistryError, match=re.escape(f"{host} {message}")):
+        manifest_digest(f"{host}/team/app:1")
