@@ -125,7 +125,6 @@ def weights_cache_check(client) -> Check:
                  + f" (in {root / 'blobs' / 'sha256'})")
 
 
-
 def leftovers_check(client, *, remove: bool = False) -> Check:
     """Containers of builds whose process is gone (killed outright: nothing cleaned up), with
     the untagged images they ran; ``remove`` removes them. A container of a build still

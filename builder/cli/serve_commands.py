@@ -35,7 +35,7 @@ def serve(
 
     from builder.deploy.serving import carries_weights_cache
     from builder.engine import ensure_engine
-    from builder.runtime.supervisor.weights_lock import CACHE_DIR, CACHE_VOLUME
+    from builder.verify.weights_source import node_cache_volumes
 
     client = ensure_engine()
     try:
@@ -44,7 +44,7 @@ def serve(
         beside = False
     container = run_step("starting the server", lambda: ServingContainer(
         client, reference, host_ports=(http_port, grpc_port, metrics_port),
-        volumes={CACHE_VOLUME: {"bind": CACHE_DIR, "mode": "rw"}} if beside else None))
+        volumes=node_cache_volumes() if beside else None))
     try:
         endpoint = container.start(timeout)
     except Exception as error:  # noqa: BLE001 - its log first, then the one error line

@@ -73,8 +73,6 @@ def new_times(count: int) -> list[OperatorTimes]:
     return [OperatorTimes() for _ in range(count)]
 
 
-
-
 class OperatorMetrics:
     """How long each operator of the served pipeline ran, and on how many rows: Triton metrics.
 
@@ -151,7 +149,8 @@ class OperatorMetrics:
         """Add times counted elsewhere (a streaming loop's) to those to send, and empty them."""
         with self.lock:
             for total, spent in zip(self.times, times):
-                total.add(spent.take())
+                total.add(spent)
+                spent.clear()
 
     def send(self) -> None:
         """Add what was measured since the last send to the server's metrics."""

@@ -79,7 +79,13 @@ class WeightsSource:
 
     @property
     def volumes(self) -> dict[str, dict[str, str]]:
-        return {CACHE_VOLUME: {"bind": CACHE_DIR, "mode": "rw"}}
+        return node_cache_volumes()
+
+
+def node_cache_volumes() -> dict[str, dict[str, str]]:
+    """The Docker SDK's ``volumes`` that mount this node's weights cache: what verification,
+    ``serve`` and every container of an image whose weights travel beside it share."""
+    return {CACHE_VOLUME: {"bind": CACHE_DIR, "mode": "rw"}}
 
 
 def bridge_gateway(client: docker.DockerClient) -> str:

@@ -73,7 +73,6 @@ def put_weights_in_place(environ: Mapping[str, str]) -> int | None:
     return None
 
 
-
 USAGE = ("usage: supervisor.py [--lock-admin-apis] [--] tritonserver [FLAG...]\n"
          "       supervisor.py --drain\n"
          "       supervisor.py --fetch-weights")
