@@ -131,6 +131,11 @@ own shared-memory protocol — and NVIDIA's nvidia-pytriton 0.7.0 ships r24.10 s
 3.12 and 3.13, which r24.10's pin (2.10.0) cannot build."""
 
 
+HEADER_FORWARDING_FROM = "2.33.0"
+"""The first Triton (23.04) that forwards chosen HTTP and gRPC headers into a request's
+parameters (``--http-header-forward-pattern``, ``--grpc-header-forward-pattern``: server PR
+5575): how a client's ``traceparent`` reaches the pipeline model of a traced image. Before it
+a client sends ``traceparent`` as a request parameter."""
 RESTRICTED_APIS_FROM = "2.40.0"
 """The first Triton (23.11) that restricts APIs over both protocols: HTTP's
 ``--http-restricted-api`` came in 2.40, gRPC's ``--grpc-restricted-protocol`` in 2.33 (23.04).
@@ -224,6 +229,12 @@ class Release:
         if python_version in self.wheel_stub_pythons:
             return StubSource.WHEEL
         return StubSource.COMPILE if self.compile_pybind11(python_version) else None
+
+    @property
+    def forwards_headers(self) -> bool:
+        """Whether this Triton forwards headers into request parameters
+        (:data:`HEADER_FORWARDING_FROM`)."""
+        return version_key(self.triton_version) >= version_key(HEADER_FORWARDING_FROM)
 
     @property
     def restricts_apis(self) -> bool:

@@ -128,6 +128,7 @@ DRAIN_SECONDS = typer.Option(library_default("drain_s"), min=0, max=MAX_DRAIN_S,
                              help=library_help("drain_s"))
 NO_CACHE = typer.Option(library_default("no_cache"), "--no-cache", help=library_help("no_cache"))
 WEIGHTS = typer.Option(library_default("weights"), help=library_help("weights"))
+TRACING = typer.Option(library_default("tracing"), help=library_help("tracing"))
 BRIDGE = typer.Option(library_default("bridge"), help=library_help("bridge"))
 INTERPRETER_IMAGE = typer.Option(library_default("interpreter_image"),
                                  help=library_help("interpreter_image"))

@@ -27,6 +27,7 @@ from builder.client.event_stream import (
     request_body,
 )
 from builder.client.response_stream import READS_COALESCED, stream_failure
+from builder.client.trace_context import trace_headers
 from builder.client.transport import (
     GRPC_MESSAGE_ARGS,
     GRPC_RECONNECT_ARGS,
@@ -114,7 +115,7 @@ class AsyncGrpcTransport(_LazyClient):
             result = await self._get_client().infer(
                 self._endpoint.model, grpc_inputs(tensors), self._endpoint.version,
                 outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
-                client_timeout=self._timeout)
+                client_timeout=self._timeout, headers=trace_headers())
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(self, tensors: Mapping[str, np.ndarray],
@@ -191,7 +192,8 @@ class AsyncHttpTransport(_LazyClient):
         requested = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
         with translated_errors(f"inference on {self._endpoint.url}"):
             result = await self._get_client().infer(
-                self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
+                self._endpoint.model, inputs, self._endpoint.version, outputs=requested,
+                headers=trace_headers())
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(self, tensors: Mapping[str, np.ndarray],

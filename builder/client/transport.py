@@ -29,6 +29,7 @@ from builder.client.event_stream import (
     request_body,
 )
 from builder.client.response_stream import grpc_stream
+from builder.client.trace_context import trace_headers
 
 # gRPC channels back off up to 120 s between reconnection attempts by default, and every call
 # made meanwhile fails at once with UNAVAILABLE: a server that came back would stay unreachable
@@ -128,7 +129,7 @@ class GrpcTransport:
             result = self._client.infer(
                 self._endpoint.model, grpc_inputs(tensors), self._endpoint.version,
                 outputs=[self._grpc.InferRequestedOutput(name) for name in outputs],
-                client_timeout=self._timeout)
+                client_timeout=self._timeout, headers=trace_headers())
         return {name: result.as_numpy(name) for name in outputs}
 
     def stream(self, tensors: Mapping[str, np.ndarray],
@@ -198,7 +199,8 @@ class HttpTransport:
         requested = [self._http.InferRequestedOutput(name, binary_data=True) for name in outputs]
         with translated_errors(f"inference on {self._endpoint.url}"):
             result = self._client().infer(
-                self._endpoint.model, inputs, self._endpoint.version, outputs=requested)
+                self._endpoint.model, inputs, self._endpoint.version, outputs=requested,
+                headers=trace_headers())
         return {name: result.as_numpy(name) for name in outputs}
 
     def stream(self, tensors: Mapping[str, np.ndarray],

@@ -51,9 +51,13 @@ from builder.pipeline.serialization import VERSIONS_FILE
 from builder.progress import Log, stderr_line
 from builder.repository.export import EXPORT_FORMATS
 from builder.repository.writer import BuildResult, BuiltModel
+from builder.runtime.tracing import SDK_REQUIREMENTS
 
 BLS_PREFERRED_MEMORY = (23, 4)
 """The first release whose BLS requests can ask for outputs in host memory (``PreferredMemory``)."""
+
+
+TRACING_SOURCE = "the image's tracing (--tracing)"
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,13 @@ def prepare_environment(
     operators: Iterable[object] = (),
     options: EnvironmentOptions = EnvironmentOptions(),
     bridge: BridgeOptions = BridgeOptions(),
+    tracing: bool = False,
     on_log: Log | None = None,
 ) -> PreparedEnvironment:
     """Make and attach the environment of ``built`` for ``plan`` (its release and Python).
 
-    ``operators`` are the pipeline's own (their ``@requires`` pins join the environment).
+    ``operators`` are the pipeline's own (their ``@requires`` pins join the environment);
+    ``tracing`` adds the OpenTelemetry SDK and exporters (an image built ``--tracing``).
     """
     release = plan.release
     parts = (prepare_bridge(client, plan, triton_sources=bridge.triton_sources, on_log=on_log)
@@ -109,7 +115,8 @@ def prepare_environment(
         raise TargetError(
             f"{target.where} runs {target.machine} programs, but this environment is for "
             f"{release.platform} ({release.platform.machine}): pass that platform's image")
-    spec = environment_spec(built, release, target.python_version, operators, options)
+    spec = environment_spec(built, release, target.python_version, operators, options,
+                            tracing)
     if parts is not None and parts.requirements:
         spec = merge_specs(spec, requirements_spec(
             missing_requirements(spec, parts.requirements),
@@ -133,9 +140,11 @@ def prepare_environment(
 
 
 def environment_spec(built: BuildResult, release: Release, python_version: str,
-                     operators: Iterable[object], options: EnvironmentOptions) -> EnvironmentSpec:
+                     operators: Iterable[object], options: EnvironmentOptions,
+                     tracing: bool = False) -> EnvironmentSpec:
     """Everything the repository's python models import, each line with where it came from."""
     return merge_specs(
+        requirements_spec(SDK_REQUIREMENTS if tracing else (), TRACING_SOURCE),
         load_spec(options.env_specs, options.requirements, operators),
         requirements_spec(_pickle_requirements(built.model_root / built.pipeline_model),
                           PICKLE_SOURCE),

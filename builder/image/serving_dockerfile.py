@@ -31,6 +31,7 @@ from builder.image.sbom import SBOM_PATH
 from builder.image.startup import START_PERIOD_S
 from builder.image.weights_beside import CACHE_CONTEXT
 from builder.runtime.supervisor import DRAIN_S, locked_command
+from builder.runtime.tracing import TRACE_HEADERS
 
 PARENT_TEMPLATE = "serving.Dockerfile.j2"
 DEFAULT_MODEL_REPOSITORY = "/models"
@@ -51,6 +52,9 @@ RUNTIME_SCRIPTS_CONTEXT = "runtime"
 """The context directory copied to ``/`` that holds :data:`RUNTIME_SCRIPTS` at
 :data:`RUNTIME_DIR` under it."""
 
+TRACE_HEADER_PATTERN = f"^({'|'.join(TRACE_HEADERS)})$"
+"""The headers a traced image's Triton forwards into request parameters: W3C Trace Context's,
+which the pipeline model reads as its spans' parent (:mod:`builder.runtime.tracing`)."""
 PYTHON_BACKEND_SHM = {"shm-default-byte-size": 4 * 1024 * 1024,
                       "shm-growth-byte-size": 1024 * 1024}
 """The python backend's shared memory per stub, set in every image's command.
@@ -97,6 +101,9 @@ class ServingOptions:
     """How the python models run when not on the release's own stub (the bridge), for the
     header: the stub and environment themselves are files of the model repository."""
     drain_s: float = DRAIN_S
+    tracing: bool = False
+    """Whether the image traces requests: Triton forwards the clients' W3C trace headers into
+    request parameters (:data:`TRACE_HEADER_PATTERN`), where the release can."""
     """How long a stopping container serves on after its readiness failed
     (:mod:`builder.runtime.drain`): the image's ``TRITON_BUILDER_DRAIN_S``, which ``docker run
     -e`` may change."""
@@ -147,8 +154,9 @@ class ServingOptions:
     def server_command(self, release: Release) -> list[str]:
         """``tritonserver`` with explicit model control and every model loaded at start (what
         lets the supervisor reload one model) where ``release`` can lock the repository API
-        (:attr:`Release.restricts_apis`) and ``server_args`` choose no other mode, and
-        :data:`PYTHON_BACKEND_SHM` (each unless ``server_args`` sets it). Explicit model
+        (:attr:`Release.restricts_apis`) and ``server_args`` choose no other mode,
+        :data:`PYTHON_BACKEND_SHM`, and for a traced image the trace headers forwarded (each
+        unless ``server_args`` sets it). Explicit model
         control asked for on a release that cannot lock it is refused: any client could load
         code."""
         chosen = next((arg for arg in self.server_args
@@ -166,8 +174,13 @@ class ServingOptions:
                for key, value in PYTHON_BACKEND_SHM.items()
                if not any(arg.startswith(f"--backend-config=python,{key}=")
                           for arg in self.server_args)]
+        forward = [f"--{protocol}-header-forward-pattern={TRACE_HEADER_PATTERN}"
+                   for protocol in ("http", "grpc")
+                   if self.tracing and release.forwards_headers and not any(
+                       arg.startswith(f"--{protocol}-header-forward-pattern")
+                       for arg in self.server_args)]
         return ["tritonserver", f"--model-repository={self.model_repository}", *control, *shm,
-                *self.server_args]
+                *forward, *self.server_args]
 
     def command(self, release: Release) -> list[str]:
         """The container's command: the supervisor, which runs the server as its child, and

@@ -170,6 +170,10 @@ class ImageOptions:
         "Where the models' weights travel: 'image' (a layer per model, in the image) or "
         "'artifact' (beside it: an OCI artifact per model pushed to the image's repository, "
         "fetched by each container into its node's cache at start).")})
+    tracing: bool = field(default=False, metadata={"help": (
+        "Trace requests with OpenTelemetry: the SDK and its OTLP exporters in the "
+        "environment, and the clients' traceparent forwarded to the pipeline model; spans "
+        "go where OTEL_EXPORTER_OTLP_ENDPOINT says at docker run (none when unset).")})
     no_cache: bool = field(default=False, metadata={"help": (
         "Build every layer of the image again (docker build --no-cache): reuse "
         "nothing the engine holds from an earlier build, so that it cannot stand in for "
@@ -212,7 +216,8 @@ def build_serving_image(
     """
     environment_python = options.environment_python
     serving = ServingOptions(user=options.user, server_args=options.server_args,
-                             python_models=python_models, drain_s=options.drain_s)
+                             python_models=python_models, drain_s=options.drain_s,
+                             tracing=options.tracing)
     environments = [Path(options.environment)] if options.environment else []
     plan = plan_context(repository_dir, environments=environments,
                         model_repository=serving.model_repository)

@@ -91,7 +91,8 @@ def build_platform(pipe: Pipeline, plan: BuildPlan, target: Platform, options: B
     with timed_step(f"python environment{where}", on_log):
         prepared = prepare_environment(
             client, built, python, operators=[node.op for node in pipe.nodes],
-            options=options.environment, bridge=options.bridge, on_log=on_log)
+            options=options.environment, bridge=options.bridge, tracing=options.image.tracing,
+            on_log=on_log)
     image = replace(options.image, environment_python=python.python_version,
                     platforms=tuple(t.name for t in plan.targets) if plan.multi else (),
                     user=_user(options.image.user, release, python.own_stub, on_log))

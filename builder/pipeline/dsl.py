@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder.errors import OperatorError, PipelineError, SignatureError
 from builder.pipeline.dag import Node, Plan, check_column, compile_plan
-from builder.pipeline.executor import CallResult
+from builder.pipeline.executor import CallResult, NodeTrace
 from builder.pipeline.model_discovery import find_model_ops
 from builder.pipeline.operators import ModelOp, fields_by_column
 from builder.pipeline.signature import (
@@ -167,10 +167,11 @@ class Pipeline:
         return results
 
     def run(self, calls: Sequence[tuple[Any, ...]],
-            times: Sequence[OperatorTimes] | None = None) -> list[CallResult]:
+            times: Sequence[OperatorTimes] | None = None,
+            trace: NodeTrace | None = None) -> list[CallResult]:
         """Run calls and return each one's outputs or error (what the served model does);
-        ``times``: see :func:`~builder.pipeline.executor.execute`."""
-        return run_plan(self.plan, self.streaming, calls, times)
+        ``times`` and ``trace``: see :func:`~builder.pipeline.executor.execute`."""
+        return run_plan(self.plan, self.streaming, calls, times, trace=trace)
 
     def run_stream(self, calls: Sequence[tuple[Any, ...]],
                    times: Sequence[OperatorTimes] | None = None,

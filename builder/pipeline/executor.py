@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from builder.errors import InputError, OperatorError, PipelineError
 from builder.pipeline.dag import ROOT, Node, Plan
@@ -27,6 +27,20 @@ from builder.pipeline.rejection import rejected, rejection
 
 if TYPE_CHECKING:
     from builder.runtime.operator_metrics import OperatorTimes
+
+
+class NodeTrace(Protocol):
+    """What a trace of a served batch is told about each node it runs
+    (:class:`builder.runtime.tracing.BatchTrace`); the executor imports nothing to tell it."""
+
+    def node(self, index: int, started_ns: int, ended_ns: int, calls: list[int],
+             failures: dict[int, tuple[str, str]]) -> None:
+        """Node ``index`` ran on rows of ``calls`` (one entry per row); ``failures``: each call
+        it failed → ``("rejected" | "failed", message)``."""
+
+    def rows(self, calls: list[int]) -> Any:
+        """A context manager around one ``call_batch`` of rows of ``calls`` (one per row): the
+        model calls made inside are those rows'."""
 
 
 class Row:
@@ -63,7 +77,8 @@ class CallResult:
 
 def execute(plan: Plan, calls: Sequence[Sequence[Any]],
             times: Sequence[OperatorTimes] | None = None,
-            arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
+            arguments: dict[int, list[tuple]] | None = None,
+            trace: NodeTrace | None = None) -> list[CallResult]:
     """Run ``calls`` (one tuple of input values each) through ``plan``; one result per call.
 
     Outputs from the root stream are single values; from other streams, lists of rows.
@@ -71,12 +86,12 @@ def execute(plan: Plan, calls: Sequence[Sequence[Any]],
     plan) accumulates how long each node ran, each call's seconds, on how many rows, and how
     many calls it refused as bad input or failed: the served pipeline reports them as metrics.
     ``arguments`` collects each node's argument rows by node index (the build's
-    row-independence check replays them).
+    row-independence check replays them). ``trace`` is told what each node ran and failed.
     """
     if any(node.kind == "stream" for node in plan.nodes):
         raise PipelineError("a streaming plan runs through builder.pipeline.streaming.run_plan")
     streams, failed = start_rows(plan, calls)
-    run_nodes(plan, plan.order, streams, failed, times, arguments)
+    run_nodes(plan, plan.order, streams, failed, times, arguments, trace)
     by_call: dict[int, dict[int, list[Row]]] = {}  # stream -> call -> its rows, in order
     for column in plan.outputs:
         stream = plan.column_stream[column]
@@ -111,9 +126,11 @@ def start_rows(plan: Plan, calls: Sequence[Sequence[Any]], first: int = 0,
 
 def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
               failed: dict[int, OperatorError], times: Sequence[OperatorTimes] | None = None,
-              arguments: dict[int, list[tuple]] | None = None) -> None:
+              arguments: dict[int, list[tuple]] | None = None,
+              trace: NodeTrace | None = None) -> None:
     """Run the nodes ``indices`` (in that order) over ``streams``, adding the streams they
-    make; a call that fails is recorded in ``failed`` and dropped from later nodes."""
+    make; a call that fails is recorded in ``failed`` and dropped from later nodes; ``trace``
+    is told when each node ran, on which calls' rows, and which calls it failed."""
     for index in indices:
         node = plan.nodes[index]
         rows = streams.get(plan.node_stream[index], [])
@@ -122,11 +139,12 @@ def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
         if arguments is not None:
             arguments.setdefault(index, []).extend(argument_rows(
                 rows, node.filter_columns if node.kind == "filter" else node.inputs))
+        started_ns, before = (0 if trace is None else time.time_ns()), len(failed)
         if times is None:
-            produced = _run_node(node, rows, failed)
+            produced = _run_node(node, rows, failed, trace)
         else:
-            started, before = time.perf_counter(), len(failed)
-            produced = _run_node(node, rows, failed)
+            started = time.perf_counter()
+            produced = _run_node(node, rows, failed, trace)
             spent = times[index]
             spent.record(time.perf_counter() - started, len(rows))
             for error in list(failed.values())[before:]:  # this node's: failed only grows
@@ -134,14 +152,20 @@ def run_nodes(plan: Plan, indices: Sequence[int], streams: dict[int, list[Row]],
                     spent.rejected += 1
                 else:
                     spent.failed += 1
+        if trace is not None:
+            trace.node(index, started_ns, time.time_ns(), [r.call for r in rows], {
+                call: ("rejected" if isinstance(error, InputError) else "failed", str(error))
+                for call, error in list(failed.items())[before:]})
         if node.kind != "map":
             streams[plan.node_output_stream[index]] = produced
 
 
-def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError]) -> list[Row]:
+def _run_node(node: Node, rows: list[Row], failed: dict[int, OperatorError],
+              trace: NodeTrace | None = None) -> list[Row]:
     """Apply one node to its rows; return the rows of its new stream (flat_map, filter)."""
     columns = node.filter_columns if node.kind == "filter" else node.inputs
-    values, errors = _call(node, argument_rows(rows, columns))
+    values, errors = _call(node, argument_rows(rows, columns),
+                           None if trace is None else (trace, [r.call for r in rows]))
     if node.kind == "map" and len(node.outputs) == 1 and not errors:  # the common case
         (column,) = node.outputs
         for row, value in zip(rows, values, strict=True):
@@ -177,12 +201,17 @@ def argument_rows(rows: Sequence[Row], columns: Sequence[str]) -> list[tuple]:
     return [tuple([r.get(c) for c in columns]) for r in rows]
 
 
-def _call(node: Node, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, BaseException]]:
+def _call(node: Node, argument_rows: list[tuple],
+          traced: tuple[NodeTrace, list[int]] | None = None,
+          ) -> tuple[list[Any], dict[int, BaseException]]:
     """Call the operator on every row, batched when it offers ``call_batch``: each row's
-    value, and the errors of the rows that failed, by position."""
+    value, and the errors of the rows that failed, by position. ``traced``: the trace and
+    each row's call, told which rows each ``call_batch`` is of."""
     if not argument_rows:
         return [], {}
     batch = getattr(node.op, "call_batch", None)
+    if callable(batch) and traced is not None:
+        batch = _traced_batch(batch, *traced)
     if callable(batch):
         try:
             results = list(batch(argument_rows))
@@ -201,6 +230,18 @@ def _call(node: Node, argument_rows: list[tuple]) -> tuple[list[Any], dict[int, 
             return results, {}
         return _call_each(lambda *args: batch([args])[0], argument_rows)
     return _call_each(node.op, argument_rows)
+
+
+def _traced_batch(batch: Any, trace: NodeTrace, calls: list[int]) -> Any:
+    """``batch`` telling ``trace`` whose rows each of its calls holds: all of them, or, where
+    a failed batch is run again row by row, the one row's call."""
+    def traced(rows: list[tuple]) -> Any:
+        whose = calls if len(rows) == len(calls) else [calls[positions.pop(0)]]
+        with trace.rows(whose):
+            return batch(rows)
+
+    positions = list(range(len(calls)))
+    return traced
 
 
 def _call_each(function: Any,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from builder.errors import OperatorError, PipelineError
 from builder.pipeline.executor import (
     CallResult,
+    NodeTrace,
     Row,
     argument_rows,
     execute,
@@ -394,12 +395,14 @@ class StreamRun:
 
 def run_plan(plan: Any, part: StreamPart | None, calls: Sequence[Sequence[Any]],
              times: Sequence[OperatorTimes] | None = None,
-             arguments: dict[int, list[tuple]] | None = None) -> list[CallResult]:
+             arguments: dict[int, list[tuple]] | None = None,
+             trace: NodeTrace | None = None) -> list[CallResult]:
     """Any plan's calls answered whole: :func:`~builder.pipeline.executor.execute`, or for a
     streaming plan (``part``, the pipeline's :func:`stream_part`) its items collected, each
-    output the list of the call's items."""
+    output the list of the call's items. ``trace`` is told each node's run (a streaming
+    plan's are not traced)."""
     if part is None:
-        return execute(plan, calls, times, arguments)
+        return execute(plan, calls, times, arguments, trace)
     items: dict[int, dict[str, list[Any]]] = {i: {c: [] for c in plan.outputs}
                                                for i in range(len(calls))}
     results: list[CallResult] = [CallResult()] * len(calls)

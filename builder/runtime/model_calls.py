@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,10 @@ class ModelCalls:
     def __init__(self, api: Any, sessions: dict[str, Any] | None = None) -> None:
         self.api = api
         self.sessions = {} if sessions is None else sessions
+
+    def route(self, target: Any) -> str:
+        """How a call of ``target`` goes: ``"in_process"`` or ``"bls"`` (a trace's attribute)."""
+        return "in_process" if target.model_name in self.sessions else "bls"
 
     def __call__(self, target: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         session = self.sessions.get(target.model_name)
@@ -143,22 +147,57 @@ def cpu_session_options(ort: Any, instances: int, wide: bool = False) -> Any:
     return options
 
 
-class BatchingRunner:
-    """Runs model operators, one model call for the rows whose non-batch shapes agree."""
+if TYPE_CHECKING:  # Python 3.8 cannot subscript collections.abc.Callable at run time
+    Observer = Callable[[Any, int, int, Sequence[int], int, str | None], None]
 
-    def __init__(self, call: Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]) -> None:
-        self.call = call
+
+class BatchingRunner:
+    """Runs model operators, one model call for the rows whose non-batch shapes agree.
+
+    ``observe`` (a trace's, :mod:`triton_builder_tracing`) is told of each model call: its
+    target, when it started and ended (``time.time_ns``), the positions of the rows it
+    answered (among those the runner was given), its batch size, and its error (``None``
+    where it answered)."""
+
+    def __init__(self, call: Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]],
+                 observe: Observer | None = None) -> None:
+        self.observe = observe
+        self.call: Callable[..., list[np.ndarray]] = (
+            call if observe is None else self._observed(call, observe))
+
+    @staticmethod
+    def _observed(call: Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]],
+                  observe: Observer) -> Callable[..., list[np.ndarray]]:
+        def observed(target: Any, inputs: dict[str, np.ndarray],
+                     positions: Sequence[int] = (0,)) -> list[np.ndarray]:
+            first = next(iter(inputs.values()), None)
+            size = 0 if first is None else len(first)
+            started = time.time_ns()
+            try:
+                outputs = call(target, inputs)
+            except Exception as error:
+                observe(target, started, time.time_ns(), positions, size, str(error))
+                raise
+            observe(target, started, time.time_ns(), positions, size, None)
+            return outputs
+        return observed
+
+    def _call(self, target: Any, inputs: dict[str, np.ndarray],
+              positions: Sequence[int]) -> list[np.ndarray]:
+        return (self.call(target, inputs) if self.observe is None
+                else self.call(target, inputs, positions))
 
     def infer(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
         target = op.served
         if target.max_batch_size == 0:  # a model that must see one row at a time
-            return [tuple(self.call(target, dict(zip(target.input_names, row)))) for row in rows]
+            return [tuple(self._call(target, dict(zip(target.input_names, row)), (index,)))
+                    for index, row in enumerate(rows)]
         if getattr(op, "pad_values", None) and len(rows) > 1:
             return self._padded(op, rows)
         if len(rows) == 1:  # a lone request: no grouping, no merging, no splitting
             (row,) = rows
             _check_row_size(row[0].shape[0], target.max_batch_size, op.name)
-            return [tuple(self.call(target, dict(zip(target.input_names, row))))]
+            return [tuple(self._call(target, dict(zip(target.input_names, row)), (0,)))]
         results: list[Any] = [None] * len(rows)
         groups: dict[tuple, list[int]] = {}
         for index, row in enumerate(rows):
@@ -172,11 +211,10 @@ class BatchingRunner:
                     np.concatenate([rows[i][k] for i in chunk])
                     for k, name in enumerate(target.input_names)
                 }
-                outputs = self.call(target, merged)
+                outputs = self._call(target, merged, chunk)
                 for index, row_outputs in zip(chunk, _split_rows(outputs, rows, chunk)):
                     results[index] = row_outputs
         return results
-
 
     def _padded(self, op: Any, rows: Sequence[tuple[np.ndarray, ...]]) -> list[tuple]:
         """Rows whose fixed axes agree in one call, padded to the longest along the varying
@@ -194,7 +232,7 @@ class BatchingRunner:
             for positions in op.pad_chunks(grouped, target.max_batch_size):
                 chunk = [members[p] for p in positions]
                 merged, lengths = op.pad([rows[i] for i in chunk])
-                answered = self.call(target, dict(zip(target.input_names, merged)))
+                answered = self._call(target, dict(zip(target.input_names, merged)), chunk)
                 cut = op.cut(answered, [rows[i][0].shape[0] for i in chunk], lengths)
                 for index, row_outputs in zip(chunk, cut):
                     results[index] = row_outputs

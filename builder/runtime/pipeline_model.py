@@ -27,6 +27,7 @@ import pickle
 import platform
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -40,7 +41,8 @@ try:
 except ImportError:  # imported outside Triton: unit tests pass a stand-in to TritonPythonModel
     pb_utils = None
 if TYPE_CHECKING:  # the copies beside model.py are these modules
-    from . import drain, model_calls, operator_metrics, request_size, stream_serving, warm_up
+    from . import drain, model_calls, operator_metrics, request_size  # noqa: I001
+    from . import stream_serving, tracing, warm_up
 else:
     try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
         from . import triton_builder_drain as drain
@@ -48,9 +50,11 @@ else:
         from . import triton_builder_operator_metrics as operator_metrics
         from . import triton_builder_request_size as request_size
         from . import triton_builder_stream_serving as stream_serving
+        from . import triton_builder_tracing as tracing
         from . import triton_builder_warm_up as warm_up
     except ImportError:  # in the builder's package: builder.runtime.drain & co
-        from . import drain, model_calls, operator_metrics, request_size, stream_serving, warm_up
+        from . import drain, model_calls, operator_metrics, request_size  # noqa: I001
+        from . import stream_serving, tracing, warm_up
 
 BlsError = model_calls.BlsError
 
@@ -313,13 +317,14 @@ def decode_request(api: TritonApi, request: Any, inputs: dict[str, Any],
 
 def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
           times: Sequence[operator_metrics.OperatorTimes] | None = None,
-          limit: int | None = None) -> list[Any]:
+          limit: int | None = None, trace: tracing.BatchTrace | None = None) -> list[Any]:
     """Run a dynamic batch of requests through the pipeline; one response per request.
 
     ``times`` accumulates each operator's time, rows, refusals and failures (see
-    :class:`OperatorMetrics`); a request over ``limit`` bytes is refused. A call that failed
-    because an operator rejected its input (``InputError``) is the client's mistake
-    (``INVALID_ARGUMENT``); any other failure the server's (``INTERNAL``)."""
+    :class:`OperatorMetrics`); a request over ``limit`` bytes is refused; ``trace`` records
+    which calls are each request's, and what each operator and model call did with them. A
+    call that failed because an operator rejected its input (``InputError``) is the client's
+    mistake (``INVALID_ARGUMENT``); any other failure the server's (``INTERNAL``)."""
     signature = pipeline.signature()
     responses: list[Any] = [None] * len(requests)
     calls: list[tuple] = []
@@ -333,7 +338,11 @@ def serve(pipeline: Any, api: TritonApi, requests: Sequence[Any],
         spans.append((index, len(calls), len(values)))
         calls.extend(values)
     try:
-        results = pipeline.run(calls, times)
+        if trace is None:
+            results = pipeline.run(calls, times)
+        else:
+            trace.requests = spans
+            results = pipeline.run(calls, times, trace=trace)
     except Exception as error:  # noqa: BLE001 - a bug, not one call's failure: tell everyone
         message = f"pipeline failed: {type(error).__name__}: {error}"
         return [r if r is not None else api.error_response(message) for r in responses]
@@ -394,6 +403,9 @@ class TritonPythonModel:
         self.sessions = model_calls.open_sessions(directory.parent.parent, parameter, instances,
                                                   self.api, examples)
         calls = model_calls.ModelCalls(self.api, self.sessions)
+        self.tracing = tracing.PipelineTracing.create(
+            self.api, args["model_name"], dict(os.environ),
+            labels=[node.label for node in self.pipeline.plan.nodes], route=calls.route)
         warming = model_calls.BatchingRunner(warm_up.InProcessCalls(calls, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
@@ -402,7 +414,8 @@ class TritonPythonModel:
         self.warming = warm_up.wanted(dict(os.environ))
         self.warm_up = (warm_up.warm_up(self.pipeline, getattr(self.pipeline, "examples", ()))
                         if self.warming else warm_up.WarmUpReport())
-        self.runner = model_calls.BatchingRunner(calls)
+        self.runner = model_calls.BatchingRunner(
+            calls, observe=None if self.tracing is None else self.tracing.model_call)
         self.warm_ups = len(config.get("model_warmup", []))  # every execute before ready
         self.model_name = args["model_name"]
         if not self.warm_ups:
@@ -461,10 +474,25 @@ class TritonPythonModel:
             self.api.log_info(f"pipeline model {self.model_name!r}: {self.warm_up.describe()}")
 
     def _serve(self, requests: list) -> list:
-        if self.metrics is None:
-            return serve(self.pipeline, self.api, requests, limit=self.limit)
-        with self.metrics.lock:
-            return serve(self.pipeline, self.api, requests, self.metrics.times, self.limit)
+        """Serve a batch, counted in the metrics and traced where they are on: each
+        request's spans are made once it is answered (:mod:`tracing`)."""
+        trace = (None if self.tracing is None else
+                 self.tracing.begin([self.api.parameters(request) for request in requests]))
+        try:
+            if self.metrics is None:
+                responses = serve(self.pipeline, self.api, requests, limit=self.limit,
+                                  trace=trace)
+            else:
+                with self.metrics.lock:
+                    responses = serve(self.pipeline, self.api, requests, self.metrics.times,
+                                      self.limit, trace)
+        finally:
+            if self.tracing is not None:
+                self.tracing.local.batch = None
+        if trace is not None and self.tracing is not None:
+            self.tracing.finish(trace, [self.api.error_message(r) for r in responses],
+                                time.time_ns())
+        return responses
 
     def _stream(self, requests: list) -> None:
         """Decode the batch here, then stream it on a thread of its own and return: the
@@ -564,6 +592,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         for worker in list(self.streaming_threads):  # the streams in flight end first
             worker.join()
+        if self.tracing is not None:
+            self.tracing.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.in_flight is not None:

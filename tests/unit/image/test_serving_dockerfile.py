@@ -308,3 +308,21 @@ def test_a_users_own_shared_memory_flag_replaces_ours():
     assert config["shm-default-byte-size"] == 64 * MIB
     assert command.count("--backend-config=python,shm-default-byte-size=67108864") == 1
     assert "shm-growth-byte-size" in config
+
+
+def test_a_traced_image_forwards_the_trace_headers_where_its_triton_can():
+    """Triton 2.33 (23.04) and later forward chosen headers into request parameters: a traced
+    image's forwards W3C Trace Context's over HTTP and gRPC; 22.12's cannot (its clients send
+    ``traceparent`` as a request parameter); an untraced image forwards nothing."""
+    pattern = "^(traceparent|tracestate)$"
+    command = ServingOptions(tracing=True).command(resolve(None))
+    assert [arg for arg in command if "header-forward" in arg] == [
+        f"--http-header-forward-pattern={pattern}", f"--grpc-header-forward-pattern={pattern}"]
+    assert not any("header-forward" in arg for arg in ServingOptions().command(resolve(None)))
+    old = resolve("11.8", triton_version="22.12")
+    assert not old.forwards_headers
+    assert not any("header-forward" in arg for arg in
+                   ServingOptions(tracing=True).command(old))
+    own = ServingOptions(tracing=True, server_args=("--grpc-header-forward-pattern=.*",))
+    assert [arg for arg in own.command(resolve(None)) if "header-forward" in arg] == [
+        f"--http-header-forward-pattern={pattern}", "--grpc-header-forward-pattern=.*"]
