@@ -22,10 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_serving import WORKLOADS, measure_paired, measure_pipeline  # noqa: E402
+from benchmarks.bench_serving import (  # noqa: E402
+    measure_paired,
+    measure_pipeline,
+    side_by_side_setup,
+)
 from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_docker_image  # noqa: E402
-from builder.engine import ensure_engine  # noqa: E402
 from builder.runtime.operator_metrics import HISTOGRAMS_VARIABLE, OperatorMetrics  # noqa: E402
 from builder.verify.container import ServingContainer  # noqa: E402
 
@@ -37,14 +40,7 @@ TOP = 32
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=7)
-    parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--no-write", action="store_true")
-    arguments = parser.parse_args()
-    client = ensure_engine()
-    workload = WORKLOADS["text"](arguments.requests)
-    workload.expected = [workload.pipeline(item) for item in workload.items]
+    arguments, client, workload = side_by_side_setup(__doc__, pairs=7)
     build_docker_image(workload.pipeline, IMAGE, client=client, on_log=lambda line: None)
     models = ["pipeline", workload.model]
     rounds: list[tuple[float, ...]] = []

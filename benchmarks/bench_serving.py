@@ -641,6 +641,22 @@ class Results:
 PAIRS = 7
 
 
+def side_by_side_setup(doc: str, pairs: int) -> tuple[argparse.Namespace, Any, Workload]:
+    """What a side-by-side benchmark of the text-embedding image starts with: its command line
+    (``--pairs``, ``--requests``, ``--no-write``), the engine, the workload with every answer
+    expected from the in-process pipeline."""
+    from builder.engine import ensure_engine
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=pairs)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--no-write", action="store_true")
+    arguments = parser.parse_args()
+    workload = WORKLOADS["text"](arguments.requests)
+    workload.expected = [workload.pipeline(item) for item in workload.items]
+    return arguments, ensure_engine(), workload
+
+
 def measure_paired(*measures: Callable[[], float], pairs: int = PAIRS) -> list[tuple[float, ...]]:
     """Measurements by turns, ``pairs`` rounds: the served pipeline and what a goal compares
     it with (eager or PyTriton req/s at the top concurrency; the hand-written model's and its

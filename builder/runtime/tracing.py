@@ -118,9 +118,22 @@ class PipelineTracing:
                      f"({protocol(environ)}), sampled as OTEL_TRACES_SAMPLER says")
         return cls(provider.get_tracer("triton-builder"), provider, model_name, labels, route)
 
-    def begin(self, parameters: Sequence[Mapping[str, Any]]) -> BatchTrace:
-        """A batch of requests with these request parameters, recorded on this thread."""
-        batch = BatchTrace(parameters, self.labels)
+    def begin(self, parameters: Sequence[Mapping[str, Any]]) -> BatchTrace | None:
+        """A batch of requests with these request parameters, recorded on this thread: each
+        request's span starts now, under its client's; ``None`` where the sampler records none
+        of them (nothing is recorded then: a 1% sample costs the others almost nothing)."""
+        started = time.time_ns()
+        roots = []
+        for request in parameters:
+            parent = self.propagator.extract({key: str(request[key])
+                                              for key in TRACE_HEADERS if key in request})
+            root = self.tracer.start_span(
+                f"pipeline {self.model_name}", context=parent, kind=self.kinds.SERVER,
+                start_time=started, attributes={ATTRIBUTE + "batch_requests": len(parameters)})
+            roots.append(root if root.is_recording() else None)
+        if not any(roots):
+            return None
+        batch = BatchTrace(roots, self.labels, started)
         self.local.batch = batch
         return batch
 
@@ -134,22 +147,17 @@ class PipelineTracing:
                                           batch.calls_at(positions), batch_size, error))
 
     def finish(self, batch: BatchTrace, errors: Sequence[str | None], ended_ns: int) -> None:
-        """Every request's spans: ``errors`` holds each request's error message (``None``
-        where it was answered)."""
+        """Every recorded request's spans: ``errors`` holds each request's error message
+        (``None`` where it was answered)."""
         self.local.batch = None
         owner = batch.owners()
-        for request, parameters in enumerate(batch.parameters):
-            parent = self.propagator.extract({key: str(parameters[key])
-                                              for key in TRACE_HEADERS if key in parameters})
-            root = self.tracer.start_span(
-                f"pipeline {self.model_name}", context=parent, kind=self.kinds.SERVER,
-                start_time=batch.started_ns,
-                attributes={ATTRIBUTE + "calls": batch.calls_of(request),
-                            ATTRIBUTE + "batch_requests": len(batch.parameters)})
-            if root.is_recording():
-                self._children(root, batch, request, owner)
-                if errors[request] is not None:
-                    root.set_status(self.status(self.codes.ERROR, errors[request]))
+        for request, root in enumerate(batch.roots):
+            if root is None:
+                continue
+            root.set_attribute(ATTRIBUTE + "calls", batch.calls_of(request))
+            self._children(root, batch, request, owner)
+            if errors[request] is not None:
+                root.set_status(self.status(self.codes.ERROR, errors[request]))
             root.end(end_time=ended_ns)
 
     def _children(self, root: Any, batch: BatchTrace, request: int,
@@ -235,9 +243,10 @@ class ModelCallRun(_Run):
 class BatchTrace:
     """What one served batch did, recorded as it ran (the executor's ``NodeTrace``)."""
 
-    def __init__(self, parameters: Sequence[Mapping[str, Any]], labels: Sequence[str] = (),
+    def __init__(self, roots: Sequence[Any], labels: Sequence[str] = (),
                  started_ns: int | None = None) -> None:
-        self.parameters = list(parameters)
+        self.roots = list(roots)
+        """Each request's span (``None`` where it is not sampled)."""
         self.started_ns = time.time_ns() if started_ns is None else started_ns
         self.labels = list(labels)
         self.requests: list[tuple[int, int, int]] = []

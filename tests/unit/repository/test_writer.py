@@ -64,7 +64,8 @@ def test_the_repository_has_a_pipeline_model_and_one_model_per_model_operator(re
         "pipeline/1/triton_builder_model_calls.py", "pipeline/1/triton_builder_operator_metrics.py",
         "pipeline/1/triton_builder_request_size.py",
         "pipeline/1/triton_builder_stream_outbox.py", "pipeline/1/triton_builder_stream_serving.py",
-        "pipeline/1/triton_builder_warm_up.py", "pipeline/config.pbtxt", "pipeline/warmup",
+        "pipeline/1/triton_builder_tracing.py", "pipeline/1/triton_builder_warm_up.py",
+        "pipeline/config.pbtxt", "pipeline/warmup",
         "pipeline/warmup/example_0_input0", "pipeline/warmup/example_0_input1",
     ]
     runtime = REPO_ROOT / "builder" / "runtime"

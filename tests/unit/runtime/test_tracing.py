@@ -147,7 +147,10 @@ def test_a_request_without_traceparent_starts_its_own_trace(model, receiver):
 
 def test_a_client_span_that_is_not_sampled_sends_nothing(model, receiver):
     served = model()
-    served.execute([_request([[1, 1, 1, 1]], _parent(), flags="00")])  # parent-based default
+    unsampled = _parent()
+    assert served.tracing.begin([{"traceparent": f"00-{unsampled[0]}-{unsampled[1]}-00"}]) \
+        is None, "a batch none of whose requests is sampled is not recorded at all"
+    served.execute([_request([[1, 1, 1, 1]], unsampled, flags="00")])  # parent-based default
     served.execute([_request([[1, 1, 1, 1]], sampled := _parent())])
     served.finalize()
     spans = receiver.wait_for(5)
