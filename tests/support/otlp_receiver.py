@@ -1,8 +1,9 @@
-"""An OTLP/HTTP trace receiver for the tests: what a collector is to a served image.
+"""OTLP trace receivers for the tests: what a collector is to a served image.
 
-It decodes ``POST /v1/traces`` bodies with the OpenTelemetry protobufs
-(``ExportTraceServiceRequest``, of ``opentelemetry-proto``) and keeps every span, so a test
-can rebuild each trace's tree. No collector binary is packaged here (REFERENCE.md); this is
+:class:`OtlpReceiver` decodes ``POST /v1/traces`` bodies with the OpenTelemetry protobufs
+(``ExportTraceServiceRequest``, of ``opentelemetry-proto``), :class:`OtlpGrpcReceiver` serves
+the same request as OTLP's gRPC ``TraceService``; both keep every span, so a test can rebuild
+each trace's tree. No collector binary is packaged here (REFERENCE.md); this is
 the protocol's receiving end, not a stand-in for the exporter under test.
 """
 
@@ -89,6 +90,36 @@ class OtlpReceiver:
             time.sleep(0.05)
         assert len(self.spans) >= count, f"{len(self.spans)} spans received, not {count}"
         return list(self.spans)
+
+
+class OtlpGrpcReceiver(OtlpReceiver):
+    """OTLP over gRPC: ``TraceService/Export`` on a free port of ``host``."""
+
+    def __enter__(self) -> OtlpGrpcReceiver:
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        receiver = self
+        lock = threading.Lock()
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: ExportTraceServiceRequest,  # noqa: N802 - gRPC's name
+                       context: Any) -> ExportTraceServiceResponse:
+                with lock:
+                    receiver.requests += 1
+                    receiver.spans.extend(_spans(request))
+                return ExportTraceServiceResponse()
+
+        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.grpc_server)
+        self.port = self.grpc_server.add_insecure_port(f"{self.host}:0")
+        self.grpc_server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.grpc_server.stop(grace=None)
 
 
 def _value(value: Any) -> Any:

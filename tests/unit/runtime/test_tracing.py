@@ -22,7 +22,7 @@ from builder import build_pipeline_model, pipe
 from builder.repository.model_config import read_config
 from builder.runtime import pipeline_model, tracing
 from tests.support import pb_utils_standin as pb
-from tests.support.otlp_receiver import OtlpReceiver, trees
+from tests.support.otlp_receiver import OtlpGrpcReceiver, OtlpReceiver, trees
 from tests.support.tiny_models import affine_op
 
 
@@ -183,6 +183,22 @@ def test_the_protocol_comes_from_the_sdks_variables():
     grpc = tracing.span_exporter({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert type(grpc).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
     grpc.shutdown()
+
+
+def test_spans_go_over_otlp_grpc_where_the_protocol_says(model, monkeypatch):
+    """``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``: the SDK's gRPC exporter, to a gRPC collector."""
+    with OtlpGrpcReceiver(host="127.0.0.1") as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{collector.port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        served = model()
+        trace = _parent()
+        (response,) = served.execute([_request([[1, 1, 1, 1]], trace)])
+        assert not response.has_error()
+        served.finalize()
+        spans = collector.wait_for(5)
+    assert {span.trace_id for span in spans} == {trace[0]}
+    (root,) = [span for span in spans if span.parent_id == trace[1]]
+    assert root.name == "pipeline pipeline"
 
 
 def test_a_model_call_of_a_failed_batch_run_again_row_by_row_is_each_rows_own(
