@@ -148,8 +148,18 @@ class ServerLaunch:
                 f"{mode or 'none'}, and only 'explicit' lets one model be reloaded")
         return cls(command=command, environment=environment, policy=policy, drain_s=drain_s,
                    finish_s=finish_s, key=key, heal=heal, reload=reload,
-                   http_port=int(server_option(command, "--http-port") or 8000),
-                   metrics_port=int(environ.get("TRITON_BUILDER_METRICS_PORT", METRICS_PORT)))
+                   http_port=port_number("--http-port", server_option(command, "--http-port")
+                                         or "8000"),
+                   metrics_port=port_number("TRITON_BUILDER_METRICS_PORT", environ.get(
+                       "TRITON_BUILDER_METRICS_PORT", str(METRICS_PORT))))
+
+
+def port_number(name: str, value: str) -> int:
+    """``value`` as a TCP port (0: none, for the metrics port); ``ValueError`` naming ``name``
+    for anything else."""
+    if not value.isdigit() or int(value) > 65535:
+        raise ValueError(f"{name} must be a port number (0 to 65535), not {value!r}")
+    return int(value)
 
 
 class ServerRun:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -111,3 +112,17 @@ def test_the_supervisors_state_is_read_under_its_lock(tmp_path):
     assert supervisor.readiness() == (503, "draining: this replica is stopping\n")
     supervisor.step(0.0)  # draining: no scan, no heal
     assert supervisor.restart_pending() is False and supervisor.server_pid() == 2**22 + 7
+
+
+def test_a_port_that_is_no_number_is_refused_naming_where_it_came_from(capsys):
+    """The supervisor's settings are checked before the server starts: a bad port says which
+    flag or variable holds it (exit 2), where it was an int() traceback."""
+    supervisor_main = importlib.import_module("builder.runtime.supervisor.main")
+
+    assert supervisor_main.main(["tritonserver", "--http-port=eighty"]) == 2
+    assert "--http-port must be a port number (0 to 65535), not 'eighty'" in (
+        capsys.readouterr().err)
+    with pytest.raises(ValueError, match="TRITON_BUILDER_METRICS_PORT must be a port number"):
+        supervisor_main.ServerLaunch.prepare(["tritonserver"], [],
+                                             {"TRITON_BUILDER_METRICS_PORT": "70000"})
+    assert supervisor_main.port_number("--http-port", "8000") == 8000
