@@ -214,8 +214,8 @@ def _report(rows: dict, args: argparse.Namespace, speed: list[float]) -> str:
         "decoder): the streams in flight share fewer, larger calls. It costs where the compute "
         "dominates, on a CPU: the joined loop runs its calls one after another (rows at "
         "different steps padded to the longest within a quarter of it, "
-        "`builder/pipeline/padding.py`), and a stream that arrives waits for the running step "
-        "before its first, where loops side by side start at once, each on a core of its own "
+        "`builder/runtime/model_batching.py`), and a stream that arrives waits for the running "
+        "step before its first, where loops side by side start at once, each on a core of its own "
         "and without padding. For such a decoder on a CPU leave `admits_rows` off; on a GPU one "
         "call for every running sequence is what batching is for (not measured here: no "
         "GPU).", ""]

@@ -7,7 +7,7 @@ lengths (4 to about 60 tokens). Measured in one run, in turns, medians of ``--ru
 
 * **served, padded within the batch** — ``pad_values`` for ``input_ids`` and
   ``attention_mask``: the rows of a dynamic batch share model calls by length, each padded to
-  the longest row of its call (:mod:`builder.pipeline.padding`);
+  the longest row of its call (:mod:`builder.runtime.model_batching`);
 * **served, one model call per length** — the same without ``pad_values``;
 * **served, padded to a fixed 128 tokens** — what users write without either: the tokenizer
   pads every text to 128, so every row has one shape;

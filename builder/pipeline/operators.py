@@ -51,13 +51,6 @@ from builder.pipeline.batch_axis import (
 )
 from builder.pipeline.module_outputs import choose_outputs, pick, selecting_module
 from builder.pipeline.op_config import validate_op_config
-from builder.pipeline.padding import (
-    batch_key,
-    check_pad_values,
-    cut_rows,
-    length_chunks,
-    pad_rows,
-)
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -109,7 +102,7 @@ class ModelOp:
     :mod:`builder.pipeline.module_outputs`); ``output_names`` names a tuple's tensors, or
     chooses fields, which are otherwise all the operator's outputs, by name. ``pad_values``
     (``{"input_ids": 0, "attention_mask": 0}``) lets rows whose varying axes differ share one
-    served model call, padded to the batch's longest (:mod:`builder.pipeline.padding`).
+    served model call, padded to the batch's longest (:mod:`builder.runtime.model_batching`).
     ``op_config`` sets the model's Triton configuration: ``instance_count``, ``device``
     (``"cpu"`` keeps the model on the CPU of a GPU image), ``device_ids`` (GPUs to pin it to),
     ``dynamic_batching`` (``preferred_batch_size``, ``max_queue_delay_microseconds``),
@@ -192,7 +185,7 @@ class ModelOp:
             self.name, pad_values or {}, self.input_names,
             {name: self.module_axes(name) for name in self.input_names})
         """Per input whose axes vary, what the served batch pads it with: rows of different
-        lengths then share one model call (:mod:`builder.pipeline.padding`)."""
+        lengths then share one model call (:mod:`builder.runtime.model_batching`)."""
         self.input_dtypes = tuple(
             str(e.detach().cpu().numpy().dtype) for e in self.example_inputs
         )
@@ -237,28 +230,13 @@ class ModelOp:
         """The module's varying axes of input or output ``tensor``, batch axis excluded."""
         return module_axes(self.dynamic_axes, tensor, self.adds_batch_axis)
 
-    # -- padding (the served batch's, :mod:`builder.pipeline.padding`) ------------------------
-    def pad_key(self, row: Sequence[np.ndarray]) -> tuple:
-        """What rows padded into one model call share: dtypes, and the fixed sizes."""
-        return batch_key(row, self._padded_axes()[0])
-
-    def pad_chunks(self, rows: Sequence[Sequence[np.ndarray]], limit: int) -> list[list[int]]:
-        """Which rows share a padded call: those of similar lengths, at most ``limit``."""
-        return length_chunks(rows, self._padded_axes()[0], limit)
-
-    def pad(self, rows: Sequence[Sequence[np.ndarray]]) -> tuple[list[np.ndarray], list]:
-        """The rows' module inputs as one batch, padded to its longest row."""
-        return pad_rows(rows, self._padded_axes()[0],
-                        [self.pad_values.get(name, 0) for name in self.input_names])
-
-    def cut(self, outputs: Sequence[np.ndarray], sizes: Sequence[int],
-            lengths: list) -> list[tuple[np.ndarray, ...]]:
-        """A padded batch's outputs, per row, cut back to each row's own lengths."""
-        return cut_rows(outputs, sizes, lengths, self._padded_axes()[1])
-
-    def _padded_axes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    # -- padding (the served batch's: :mod:`builder.runtime.model_batching`) ----------------------
+    def padding(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[Any]]:
+        """What the served batch pads with: each input's and output's varying axes (batch
+        axis excluded), and each input's pad value."""
         return ([self.module_axes(n) for n in self.input_names],
-                [self.module_axes(n) for n in self.tensor_names_out])
+                [self.module_axes(n) for n in self.tensor_names_out],
+                [self.pad_values.get(name, 0) for name in self.input_names])
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -367,6 +345,28 @@ class ModelFields:
             picked = tuple(values[p] for p in self.positions)
             chosen.append(picked[0] if len(picked) == 1 else picked)
         return chosen
+
+
+def check_pad_values(owner: str, pad_values: Mapping[str, Any], input_names: Sequence[str],
+                     varying: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """Pad values for every input whose axes vary, and for no other name; numbers only."""
+    values = dict(pad_values)
+    unknown = sorted(set(values) - set(input_names))
+    if unknown:
+        raise PipelineError(f"model operator {owner!r}: pad_values names {unknown}, which are "
+                            f"not inputs ({', '.join(input_names)})")
+    wanted = [name for name in input_names if varying.get(name)]
+    missing = [name for name in wanted if name not in values]
+    if values and (missing or not wanted):
+        raise PipelineError(
+            f"model operator {owner!r}: pad_values pad the inputs whose axes vary "
+            f"(dynamic_axes): give one for each of {wanted or 'none: no input axis varies'}"
+            + (f"; missing {missing}" if missing and wanted else ""))
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PipelineError(f"model operator {owner!r}: pad_values[{name!r}] must be a "
+                                f"number, got {value!r}")
+    return values
 
 
 def fields_by_column(op: Any, columns: Sequence[str]) -> Any:

@@ -28,6 +28,7 @@ from builder.pipeline.module_outputs import pick
 from builder.pipeline.operators import ModelFields, ModelOp, batch_stream
 from builder.pipeline.streaming import collect, run_plan
 from builder.pipeline.vectorized import Vectorized
+from builder.runtime.model_batching import cut_rows, pad_rows
 
 ROWS = 4
 """Distinct rows in the batch each operator is checked on."""
@@ -129,8 +130,9 @@ def check_model(op: ModelOp, arguments: Sequence[tuple] = (),
 def _check_padding(op: ModelOp, row: tuple[np.ndarray, ...], forward: Any, run: Any,
                    tolerance: float) -> None:
     """Rows shorter than ``row`` along the varying axes, padded with it into one batch, must
-    each answer as alone (:mod:`builder.pipeline.padding`)."""
-    inputs, _ = op._padded_axes()
+    each answer as alone, padded as the served batch pads them
+    (:mod:`builder.runtime.model_batching`)."""
+    inputs, outputs, values = op.padding()
     shorter: list[tuple[np.ndarray, ...]] = []
     for cut in range(1, ROWS):
         short = tuple(array[tuple(slice(0, max(1, size - cut)) if a in varying else slice(None)
@@ -141,8 +143,8 @@ def _check_padding(op: ModelOp, row: tuple[np.ndarray, ...], forward: Any, run: 
     if not shorter:
         return
     batch = [row, *shorter]
-    merged, lengths = op.pad(batch)
-    padded = op.cut(forward(merged), [1] * len(batch), lengths)
+    merged, lengths = pad_rows(batch, inputs, values)
+    padded = cut_rows(forward(merged), [1] * len(batch), lengths, outputs)
     names = op.tensor_names_out
     for position, (answer, alone) in enumerate(zip(padded, (run([r]) for r in batch))):
         for name, got, want in zip(names, answer, alone):

@@ -59,14 +59,15 @@ if TYPE_CHECKING:
     from builder.base.releases import Release
 
 PIPELINE_RUNTIME = Path(__file__).parents[1] / "runtime" / "pipeline_model.py"
-RUNTIME_COMPANIONS = ("drain.py", "model_calls.py", "operator_metrics.py", "request_size.py",
-                      "stream_serving.py", "stream_outbox.py", "tracing.py", "warm_up.py")
+RUNTIME_COMPANIONS = ("drain.py", "model_batching.py", "model_calls.py", "operator_metrics.py",
+                      "request_size.py", "stream_serving.py", "stream_outbox.py", "tracing.py",
+                      "warm_up.py")
 """The modules of :mod:`builder.runtime` the pipeline's ``model.py`` imports, copied beside it as
-``triton_builder_<name>``: how it takes part in a replica's orderly stop (``drain``), calls its
-model operators (``model_calls``), reports each operator (``operator_metrics``), bounds a
-request (``request_size``), serves a streaming pipeline (``stream_serving``, whose items
-``stream_outbox`` sends), traces its requests (``tracing``) and runs its examples before it is
-ready (``warm_up``)."""
+``triton_builder_<name>``: how it takes part in a replica's orderly stop (``drain``), batches
+rows into model calls (``model_batching``) and calls its model operators (``model_calls``),
+reports each operator (``operator_metrics``), bounds a request (``request_size``), serves a
+streaming pipeline (``stream_serving``, whose items ``stream_outbox`` sends), traces its
+requests (``tracing``) and runs its examples before it is ready (``warm_up``)."""
 IN_PROCESS_PARAMETER = "in_process_models"
 """Read by :mod:`builder.runtime.pipeline_model` (which imports nothing from ``builder``)."""
 DEFAULT_OP_CONFIG: dict[str, Any] = {

@@ -6,12 +6,11 @@ by value) and ``pipe.versions.json`` (the Python and library versions it was pic
 ``execute`` receives a dynamic batch of requests, each holding a batch of calls (one per element
 of the batch dimension). It decodes every call's typed input tensors into Python values, runs all
 calls through the DAG together — Python operators in process, model operators in one model call
-for the rows of all calls where their shapes agree — and answers each request with
-typed output tensors, or with an error response when one of its calls failed; the other requests
-still get their results. A model call is a BLS request, or, for the ONNX models the config's
-``in_process_models`` parameter names (CPU targets), an ONNX Runtime session in this process.
-How long each operator ran, and on how many rows, goes to the server's metrics endpoint
-(:class:`OperatorMetrics`).
+for the rows of all calls where their shapes agree (:mod:`model_batching`) — and answers each
+request with typed output tensors, or with an error response when one of its calls failed; the
+other requests still get theirs. A model call is a BLS request, or, for the ONNX models the
+config's ``in_process_models`` parameter names (CPU targets), an ONNX Runtime session in this
+process. Each operator's time and rows go to the metrics endpoint (:class:`OperatorMetrics`).
 
 Everything this module needs from ``triton_python_backend_utils`` goes through
 :class:`TritonApi`, so the logic here runs, and is tested, without Triton. It imports nothing
@@ -41,11 +40,12 @@ try:
 except ImportError:  # imported outside Triton: unit tests pass a stand-in to TritonPythonModel
     pb_utils = None
 if TYPE_CHECKING:  # the copies beside model.py are these modules
-    from . import drain, model_calls, operator_metrics, request_size  # noqa: I001
-    from . import stream_serving, tracing, warm_up
+    from . import drain, model_batching, model_calls, operator_metrics  # noqa: I001
+    from . import request_size, stream_serving, tracing, warm_up
 else:
     try:  # in Triton: beside model.py, which the stub imports as the module "<version>.model"
         from . import triton_builder_drain as drain
+        from . import triton_builder_model_batching as model_batching
         from . import triton_builder_model_calls as model_calls
         from . import triton_builder_operator_metrics as operator_metrics
         from . import triton_builder_request_size as request_size
@@ -53,8 +53,8 @@ else:
         from . import triton_builder_tracing as tracing
         from . import triton_builder_warm_up as warm_up
     except ImportError:  # in the builder's package: builder.runtime.drain & co
-        from . import drain, model_calls, operator_metrics, request_size  # noqa: I001
-        from . import stream_serving, tracing, warm_up
+        from . import drain, model_batching, model_calls, operator_metrics  # noqa: I001
+        from . import request_size, stream_serving, tracing, warm_up
 
 BlsError = model_calls.BlsError
 
@@ -406,7 +406,7 @@ class TritonPythonModel:
         self.tracing = tracing.PipelineTracing.create(
             self.api, args["model_name"], dict(os.environ),
             labels=[node.label for node in self.pipeline.plan.nodes], route=calls.route)
-        warming = model_calls.BatchingRunner(warm_up.InProcessCalls(calls, self.sessions))
+        warming = model_batching.BatchingRunner(warm_up.InProcessCalls(calls, self.sessions))
         for op in self.pipeline.model_ops():
             if op.served is None:
                 raise PipelineLoadError(f"model operator {op.name!r} has no served model")
@@ -414,7 +414,7 @@ class TritonPythonModel:
         self.warming = warm_up.wanted(dict(os.environ))
         self.warm_up = (warm_up.warm_up(self.pipeline, getattr(self.pipeline, "examples", ()))
                         if self.warming else warm_up.WarmUpReport())
-        self.runner = model_calls.BatchingRunner(
+        self.runner = model_batching.BatchingRunner(
             calls, observe=None if self.tracing is None else self.tracing.model_call)
         self.warm_ups = len(config.get("model_warmup", []))  # every execute before ready
         self.model_name = args["model_name"]

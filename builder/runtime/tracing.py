@@ -139,7 +139,7 @@ class PipelineTracing:
 
     def model_call(self, target: Any, started_ns: int, ended_ns: int,
                    positions: Sequence[int], batch_size: int, error: str | None) -> None:
-        """One model call (:class:`model_calls.BatchingRunner`'s observer)."""
+        """One model call (:class:`model_batching.BatchingRunner`'s observer)."""
         batch = getattr(self.local, "batch", None)
         if batch is not None:
             route = "" if self.route is None else self.route(target)

@@ -345,3 +345,23 @@ def test_an_export_format_is_one_record_and_no_stage_names_one():
     for name, record in EXPORT_FORMATS.items():
         assert record.name == name and callable(record.export)
         assert (record.platform is None) != (record.backend is None), name
+
+
+def test_served_batching_is_one_runtime_module_and_a_model_operator_gives_parameters():
+    """Grouping rows by shape, chunking them to ``max_batch_size``, padding rows of different
+    lengths into one call and cutting the answers back: all in ``runtime/model_batching.py``,
+    which the build's own padding check uses too; ``ModelOp`` says only what to pad with
+    (issue 68, item 4)."""
+    from builder.pipeline.operators import ModelOp
+
+    wanted = {"BatchingRunner", "pad_rows", "cut_rows", "length_chunks", "batch_key",
+              "_chunks", "_split_rows"}
+    defined: dict[str, list[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in wanted:
+                defined.setdefault(node.name, []).append(path.relative_to(ROOT).as_posix())
+    assert defined == {name: ["runtime/model_batching.py"] for name in wanted}, defined
+    batching_methods = [name for name in vars(ModelOp)
+                        if name.startswith(("pad", "cut", "_pad")) and name != "padding"]
+    assert batching_methods == [], batching_methods

@@ -13,7 +13,7 @@ import torch
 from builder import ModelOp
 from builder.errors import PipelineError, RowDependenceError
 from builder.pipeline.row_independence import check_model
-from builder.runtime.model_calls import BatchingRunner
+from builder.runtime.model_batching import BatchingRunner
 
 transformers = pytest.importorskip("transformers")
 

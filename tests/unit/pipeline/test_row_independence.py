@@ -16,7 +16,7 @@ from builder import ModelOp, build_pipeline_model, pipe, vectorized
 from builder.errors import ExportError, RowDependenceError
 from builder.pipeline.row_independence import check_model, check_row_independence, perturb
 from builder.repository.model_config import read_config
-from builder.runtime.model_calls import BatchingRunner
+from builder.runtime.model_batching import BatchingRunner
 from tests.support.tiny_models import Centered
 
 ROW = np.arange(1, 5, dtype=np.float32)

@@ -21,7 +21,14 @@ from google.protobuf import json_format
 
 from builder import InputError, build_pipeline_model, pipe, rejects
 from builder.repository.model_config import read_config
-from builder.runtime import model_calls, pipeline_model, request_size, torch_model, warm_up
+from builder.runtime import (
+    model_batching,
+    model_calls,
+    pipeline_model,
+    request_size,
+    torch_model,
+    warm_up,
+)
 from builder.runtime.operator_metrics import OperatorMetrics
 from builder.runtime.pipeline_model import PipelineLoadError
 from tests.support import pb_utils_standin as pb
@@ -272,10 +279,10 @@ def test_a_row_larger_than_the_models_max_batch_size_is_refused_alone_or_among_o
     _, model = served
     (op,) = model.pipeline.model_ops()  # served: max_batch_size 3
     calls = []
-    runner = model_calls.BatchingRunner(lambda target, inputs: calls.append(inputs))
+    runner = model_batching.BatchingRunner(lambda target, inputs: calls.append(inputs))
     big, small = np.zeros((4, 4), np.float32), np.zeros((1, 4), np.float32)
     for rows in ([(big,)], [(small,), (big,)]):
-        with pytest.raises(model_calls.BlsError, match=r"batch size 4, more than the "
+        with pytest.raises(model_batching.BatchError, match=r"batch size 4, more than the "
                                                            r"model's max_batch_size 3"):
             runner.infer(op, rows)
     assert calls == []
