@@ -3,12 +3,15 @@
 Each example pipeline of ``pipelines/``, and one of the issue's (transformers' own ViT image
 processor in front of a raw ``ViTModel``), is built once (CPU base, as ``nox -s demo`` builds);
 its image is then started ``--runs`` times each way, side by side in one run: as built (the
-warm-up) and as a replica started before the warm-up existed (every model's ``config.pbtxt``
-mounted over the image's without its ``model_warmup``, and ``-e TRITON_BUILDER_WARM_UP=0``:
-no examples run in ``initialize``). Each start is timed from ``docker start`` to
-``/v2/health/ready``; then 21 requests, one at a time, with distinct inputs, every answer
-compared with the in-process pipeline. The figures: the first request's latency over the median
-of the next 20 (the acceptance: at most 2x), and what the warm-up costs at start, per example.
+warm-up, readiness held by the ready gate until the examples went through the front end),
+without the gate (``-e TRITON_BUILDER_READY_GATE=/none``: as images were before it), and as a
+replica started before any warm-up existed (every model's ``config.pbtxt`` mounted over the
+image's without its ``model_warmup``, ``-e TRITON_BUILDER_WARM_UP=0``, no gate). Each start
+is timed from ``docker start`` to ``/v2/health/ready``; then 21 requests, one at a time, with
+distinct inputs, every answer compared with the in-process pipeline. The figures: the first
+request's latency over the median of the next 20 (the acceptance: at most 2x), a request after
+0.2 s of idle on the warm server against the same median (what the pause alone costs), and what
+the warm-up and the gate cost at start, per example.
 
     python benchmarks/bench_warm_start.py [--runs 3] [--no-write]
 """
@@ -32,6 +35,7 @@ from builder.engine import ensure_engine  # noqa: E402
 from builder.engine.image_files import read_image_files  # noqa: E402
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY  # noqa: E402
 from builder.repository.model_config import CONFIG_FILE, dumps_config, loads_config  # noqa: E402
+from builder.runtime.supervisor.ready_gate import READY_GATE_VARIABLE  # noqa: E402
 from builder.runtime.warm_up import MAX_EXAMPLES, SWITCH  # noqa: E402
 from builder.verify.container import ServingContainer  # noqa: E402
 from builder.verify.equality import check_same  # noqa: E402
@@ -42,19 +46,23 @@ COMMAND = "python benchmarks/bench_warm_start.py"
 CHART = ROOT / "benchmarks" / "warm_start.png"
 IMAGE = "triton-builder-bench/warm-start"
 REQUESTS = 21
-WAYS = ("warm-up", "no warm-up")
-RESIDUE = (
-    "Where the rest of the first request goes: Triton's own gRPC front end, which no model "
-    "can warm (its first inference is the server's, before any model code). Measured on the"
-    ' host `tritonserver` with a raw `tritonclient` on the text-embedding repository, its '
-    "samples run: the server's first gRPC inference 2.9 to 3.8 ms, a second client's first "
-    '1.6 to 1.9 ms, the rest 1.2 ms; without the samples, the first 20 to 22 ms. On these '
-    "pipelines' 2 ms answers that residue is the 2.2x to 2.6x above (the ViT image "
-    "processor's own cold start, 44 ms, is gone); on the issue's full-size models (medians "
-    'of 55 to 172 ms) it would be a few per cent, not measured here. Start to ready is read'
-    " by polling `/v2/health/ready`: the warm-up's cost at start is within its resolution."
+IDLE_S = 0.2
+"""The pause before one more request once the 21 are answered: about what the first request
+follows (``ServingContainer`` polls readiness every 0.2 s), on a server by then warm."""
+WAYS = ("ready gate", "no gate", "no warm-up")
+HOW = (
+    "Ready gate: the supervisor holds `/v2/health/ready` closed until the pipeline's examples "
+    "have gone through Triton's own HTTP front end, twice "
+    "(`builder/runtime/supervisor/ready_gate.py`): the front end's first inference and the "
+    "first calls over BLS are paid before ready. No gate: the same image with "
+    f"`-e {READY_GATE_VARIABLE}=/none` (as images were before the gate: the models' warm-up "
+    "and the pipeline's examples in `initialize` only). No warm-up: neither, and every model's "
+    f"config without its `model_warmup` mounted over the image's, `-e {SWITCH}=0`. Start to "
+    "ready is read by polling `/v2/health/ready`. After idle: once the 21 are answered, "
+    f"{IDLE_S:g} s without a request (about what the first request follows: readiness is polled "
+    "every 0.2 s), then one more, on a server by then warm by any account: what a request "
+    "pays for the pause alone."
 )
-"""Measured apart (the host server, a raw client), stated with the figures."""
 
 
 def vit_with_its_image_processor() -> tuple:
@@ -99,10 +107,11 @@ def main() -> None:
         for name, (pipeline, inputs) in sorted(pipelines.items()):
             reference = f"{IMAGE}-{name.replace('_', '-')}:1"
             build_docker_image(pipeline, reference, client=client)
-            ways = {"warm-up": {}, "no warm-up": dict(
-                environment={SWITCH: "0"},
-                volumes=_without_warm_up(client, reference, pipeline, Path(workdir) / name))}
-            calls = [inputs[i % len(inputs)] for i in range(REQUESTS)]
+            no_gate = {READY_GATE_VARIABLE: "/none"}
+            ways = {"ready gate": {}, "no gate": dict(environment=no_gate),
+                    "no warm-up": dict(environment={**no_gate, SWITCH: "0"}, volumes=(
+                        _without_warm_up(client, reference, pipeline, Path(workdir) / name)))}
+            calls = [inputs[i % len(inputs)] for i in range(REQUESTS + 1)]
             expected = [pipeline(call) for call in calls]
             for _ in range(arguments.runs):
                 for way in WAYS:  # side by side: one start of each in turn
@@ -139,16 +148,19 @@ def _start_and_ask(client, reference: str, options: dict, calls: list,
         latencies = []
         with Client(f"grpc://{endpoint.grpc_url}/pipeline") as served:
             served.codec  # noqa: B018 - connected, the model's config read: the client is warm
-            for call, answer in zip(calls, expected, strict=True):
+            for index, (call, answer) in enumerate(zip(calls, expected, strict=True)):
+                if index == REQUESTS:
+                    time.sleep(IDLE_S)
                 begun = time.perf_counter()
                 got = served(call)
                 latencies.append(time.perf_counter() - begun)
                 check_same(got, answer, where=f"{reference} {call!r:.40}")
     finally:
         serving.remove()
-    rest = statistics.median(latencies[1:])
+    rest = statistics.median(latencies[1:REQUESTS])
     return {"ready_s": ready_s, "first_ms": latencies[0] * 1000, "rest_ms": rest * 1000,
-            "ratio": latencies[0] / rest}
+            "ratio": latencies[0] / rest, "idle_ms": latencies[REQUESTS] * 1000,
+            "idle_ratio": latencies[REQUESTS] / rest}
 
 
 def _median(rows: dict, key: tuple, field: str) -> float:
@@ -165,10 +177,10 @@ def _section(rows: dict, runs: int) -> str:
              "the client connected first (its channel open, the model's config read: what "
              "its first call would otherwise add is the client's, not the server's); "
              "first / rest: the first request's latency over the median of the next "
-             f"{REQUESTS - 1}. No warm-up: every model's config without its `model_warmup` mounted "
-             f"over the image's, and `-e {SWITCH}=0`.", "",
+             f"{REQUESTS - 1}. {HOW}", "",
              "| pipeline | examples | way | start to ready (s) | first (ms) | rest (ms) | "
-             "first / rest |", "|---|---|---|---|---|---|---|"]
+             f"first / rest | after {IDLE_S:g} s idle (ms) | idle / rest |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         for way in WAYS:
             key = (name, way)
@@ -176,15 +188,20 @@ def _section(rows: dict, runs: int) -> str:
                          f"{_median(rows, key, 'ready_s'):.2f} | "
                          f"{_median(rows, key, 'first_ms'):.1f} | "
                          f"{_median(rows, key, 'rest_ms'):.1f} | "
-                         f"{_median(rows, key, 'ratio'):.2f}x |")
-    lines += ["", "What the warm-up costs at start, per example (the difference of the medians "
-              "of start to ready, over the examples it ran):", ""]
+                         f"{_median(rows, key, 'ratio'):.2f}x | "
+                         f"{_median(rows, key, 'idle_ms'):.1f} | "
+                         f"{_median(rows, key, 'idle_ratio'):.2f}x |")
+    lines += ["", "What each costs at start (the difference of the medians of start to ready): "
+              "the warm-up (no gate against no warm-up) and the gate (against no gate), per "
+              "example:", ""]
     for name in names:
-        cost = (_median(rows, (name, "warm-up"), "ready_s")
-                - _median(rows, (name, "no warm-up"), "ready_s"))
-        lines.append(f"- {name}: {cost * 1000:.0f} ms in all, "
-                     f"{cost * 1000 / rows[name, 'examples']:.0f} ms per example")
-    lines += ["", RESIDUE, "", f"![first request after ready]({CHART.relative_to(ROOT)})", ""]
+        examples = rows[name, "examples"]
+        warm, gate = (_median(rows, (name, way), "ready_s") - _median(rows, (name, base), "ready_s")
+                      for way, base in (("no gate", "no warm-up"), ("ready gate", "no gate")))
+        lines.append(f"- {name}: warm-up {warm * 1000:.0f} ms ({warm * 1000 / examples:.0f} ms "
+                     f"per example), gate {gate * 1000:.0f} ms ({gate * 1000 / examples:.0f} ms "
+                     "per example)")
+    lines += ["", f"![first request after ready]({CHART.relative_to(ROOT)})", ""]
     return "\n".join(lines)
 
 
@@ -199,7 +216,7 @@ def _chart(rows: dict) -> None:
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for k, way in enumerate(WAYS):
-        ax.bar(x + (k - 0.5) * 0.38, [_median(rows, (n, way), "ratio") for n in names], 0.38,
+        ax.bar(x + (k - 1) * 0.27, [_median(rows, (n, way), "ratio") for n in names], 0.27,
                label=way)
     ax.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="2x (the acceptance)")
     ax.set_xticks(x, names)

@@ -42,7 +42,7 @@ RUNTIME_DIR = "/opt/triton-builder"
 HEALTH_SCRIPT = f"{RUNTIME_DIR}/health.py"
 SUPERVISOR_SCRIPT = f"{RUNTIME_DIR}/supervisor.py"
 RUNTIME_SOURCES = Path(__file__).parents[1] / "runtime"
-RUNTIME_SCRIPTS = ("drain.py", "health.py")
+RUNTIME_SCRIPTS = ("drain.py", "health.py", "warm_up.py")
 """The modules of :mod:`builder.runtime` the container itself runs (standard library only),
 beside the supervisor's package (:data:`SUPERVISOR_PACKAGE`)."""
 SUPERVISOR_PACKAGE = "supervisor"

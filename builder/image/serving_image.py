@@ -64,6 +64,7 @@ from builder.image.labels import (
     serving_labels,
 )
 from builder.image.os_packages import image_os_packages
+from builder.image.ready_gate_model import READY_GATE_DIR, ready_gate_files
 from builder.image.sbom import (
     SBOM_PATH,
     BaseImage,
@@ -95,6 +96,7 @@ from builder.image.weights_beside import (
 )
 from builder.progress import Log, step_log
 from builder.runtime.supervisor import DRAIN_S
+from builder.runtime.supervisor.ready_gate import why_not_gated
 from builder.runtime.supervisor.weights_lock import CACHE_DIR, WeightFile, WeightsLock
 
 PAYLOAD_REPOSITORY = "triton-builder-cache/payload"
@@ -262,12 +264,14 @@ def build_serving_image(
         os_packages=image_os_packages(client, base.id),
         environments=shipped_environments(plan, environments), stub=shipped_stub(plan),
         runtime=python_runtime)
+    gate = (ready_gate_files(repository_dir)
+            if why_not_gated(serving.server_command(release)) is None else {})
     digest = content_hash(
         payload_hash, render_serving_dockerfile(release, options=serving, stage="serving",
                                                 payload_image="payload",
                                                 start_period=start_period),
         plan.digest("code"), *runtime_scripts().values(), sbom, hashed(image_labels),
-        lock.to_json() if lock is not None else "")
+        lock.to_json() if lock is not None else "", hashed(gate))
     image_labels.update({CONTENT_HASH_LABEL: digest, PAYLOAD_HASH: payload_hash,
                          CREATED: created_timestamp()})
 
@@ -299,6 +303,10 @@ def build_serving_image(
         sbom_file.write_text(sbom)
         if lock is not None:
             write_lock(context / "code", lock)
+        for name, text in gate.items():
+            path = context / "code" / READY_GATE_DIR.lstrip("/") / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
         (context / "Dockerfile").write_text(serving_dockerfile)
         built = build_image(client, context, [], platform=platform, on_log=log,
                             made=leftovers.images, nocache=options.no_cache)

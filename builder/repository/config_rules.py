@@ -36,6 +36,8 @@ PLATFORM_BACKENDS = {
     "tensorflow_graphdef": "tensorflow",
 }
 """The platforms whose backend Triton fills in itself (``AutoCompleteBackendFields``)."""
+ENSEMBLE_PLATFORM = "ensemble"
+"""The platform Triton's core serves itself, without a backend (``ensemble_scheduling``)."""
 
 
 class ConfigRuleError(BuildError):
@@ -157,7 +159,7 @@ def check_onnx_model(config: mc.ModelConfig, path: Path) -> None:
 def _check_platform(config: mc.ModelConfig) -> None:
     if not config.platform and not config.backend:
         _refuse(config.name, "must specify 'platform' or 'backend'")
-    if not config.backend and config.platform not in PLATFORM_BACKENDS:
+    if not config.backend and config.platform not in (*PLATFORM_BACKENDS, ENSEMBLE_PLATFORM):
         _refuse(config.name, f"unexpected platform type {config.platform!r} without a "
                              f"backend; known: {sorted(PLATFORM_BACKENDS)}")
     filled = PLATFORM_BACKENDS.get(config.platform)

@@ -431,10 +431,9 @@ class TritonPythonModel:
         request_size.check_shared_memory(self.limit, self.api)
 
     def execute(self, requests: list) -> list | None:
-        """Serve a dynamic batch; while the replica closes, refuse it (UNAVAILABLE) instead.
-        The requests are counted first and checked second (:class:`drain.InFlight`). A
-        streaming pipeline (a decoupled model) answers through its senders (:meth:`_stream`).
-        Before ready, Triton's warm-up samples (:meth:`_warm_up_sample`)."""
+        """Serve a dynamic batch (while the replica closes, refuse it: UNAVAILABLE), counted
+        first and checked second (:class:`drain.InFlight`); a streaming pipeline answers
+        through its senders (:meth:`_stream`); before ready, Triton's warm-up samples."""
         if self.warm_ups:
             return self._warm_up_sample(requests)
         if self.pipeline.streaming is not None:
@@ -474,14 +473,15 @@ class TritonPythonModel:
             self.api.log_info(f"pipeline model {self.model_name!r}: {self.warm_up.describe()}")
 
     def _serve(self, requests: list) -> list:
-        """Serve a batch, counted in the metrics and traced where they are on: each
-        request's spans are made once it is answered (:mod:`tracing`)."""
-        trace = (None if self.tracing is None else
-                 self.tracing.begin([self.api.parameters(request) for request in requests]))
+        """Serve a batch, counted in the metrics and traced where they are on (each request's
+        spans made once it is answered: :mod:`tracing`); the warm-up's requests, neither."""
+        parameters = [self.api.parameters(request) for request in requests]
+        if warm_up.marked(parameters):
+            return serve(self.pipeline, self.api, requests, limit=self.limit)
+        trace = None if self.tracing is None else self.tracing.begin(parameters)
         try:
             if self.metrics is None:
-                responses = serve(self.pipeline, self.api, requests, limit=self.limit,
-                                  trace=trace)
+                responses = serve(self.pipeline, self.api, requests, limit=self.limit, trace=trace)
             else:
                 with self.metrics.lock:
                     responses = serve(self.pipeline, self.api, requests, self.metrics.times,

@@ -23,6 +23,11 @@ warm-up sample so stopped is answered empty, which Triton accepts) and the opera
 are reported as left cold. A call that fails otherwise fails the load, naming the operator (the
 verification ran the same code on the same examples).
 
+Where the image's server runs with explicit model control, its supervisor then sends the same
+samples through Triton's HTTP front end before readiness opens
+(:mod:`builder.runtime.supervisor.ready_gate`): the front end's first inference, and every call
+over BLS, paid before ready too; those requests carry :data:`REQUEST_PARAMETER`.
+
 ``docker run -e TRITON_BUILDER_WARM_UP=0`` starts a replica without running the examples
 (:data:`SWITCH`): Triton still sends its samples, answered at once, empty.
 """
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +49,22 @@ SWITCH = "TRITON_BUILDER_WARM_UP"
 """The environment variable that turns the warm-up off where it is ``0``."""
 
 
-def wanted(environ: dict[str, str]) -> bool:
+REQUEST_PARAMETER = "builder_warm_up"
+"""The request parameter of the warm-up requests the image's supervisor sends through the
+front end before it opens readiness (:mod:`builder.runtime.supervisor.ready_gate`). Not
+``triton_…``: Triton refuses request parameters of that prefix (reserved)."""
+
+
+def wanted(environ: Mapping[str, str]) -> bool:
     """Whether this replica warms up (unless :data:`SWITCH` says ``0``)."""
     return environ.get(SWITCH, "1").strip() != "0"
+
+
+def marked(parameters: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a batch is the warm-up's alone (every request marked with
+    :data:`REQUEST_PARAMETER`): served as any batch, but left out of the metrics and traces,
+    which count what clients sent."""
+    return bool(parameters) and all(REQUEST_PARAMETER in each for each in parameters)
 
 
 class WarmUpError(RuntimeError):

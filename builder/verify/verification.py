@@ -31,7 +31,7 @@ from builder.engine.ownership import BuildOwner
 from builder.errors import TritonBuilderError
 from builder.image.serving_dockerfile import DEFAULT_MODEL_REPOSITORY
 from builder.progress import Log
-from builder.runtime.supervisor import ADMIN_KEY_HEADER, ADMIN_KEY_VARIABLE
+from builder.runtime.supervisor import ADMIN_KEY_HEADER, ADMIN_KEY_VARIABLE, GATE_MODEL
 from builder.runtime.supervisor.weights_lock import WeightFile
 from builder.verify.container import (
     DEFAULT_SHM_SIZE,
@@ -235,13 +235,15 @@ def _check_models_ready(endpoint: ContainerEndpoint, admin_key: str) -> list[str
 
     The index belongs to the repository API, which images lock: the container runs with an
     operator's key of the verification's own (``TRITON_BUILDER_ADMIN_KEY``), as an operator's
-    tooling would, and the index lists each model that failed with Triton's reason."""
+    tooling would, and the index lists each model that failed with Triton's reason. The image's
+    ready gate (:mod:`builder.runtime.supervisor.ready_gate`) is not one of its models."""
     request = urllib.request.Request(f"http://{endpoint.http_url}/v2/repository/index",
                                      data=b"{}", method="POST",
                                      headers={"Content-Type": "application/json",
                                               ADMIN_KEY_HEADER: admin_key})
     with urllib.request.urlopen(request, timeout=10) as response:
         index = json.load(response)
+    index = [m for m in index if m.get("name") != GATE_MODEL]  # unloaded once ready opened
     if not index:
         raise VerificationError("Triton is ready but serves no model")
     broken = [f"{m.get('name')}: {m.get('state')} {m.get('reason', '')}".strip()

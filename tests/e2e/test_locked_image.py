@@ -36,6 +36,7 @@ from builder.client.pipeline import Client
 from builder.runtime.supervisor import (
     ADMIN_KEY_HEADER,
     ADMIN_KEY_VARIABLE,
+    GATE_MODEL,
     GRPC_ADMIN_KEY_HEADER,
 )
 from builder.verify.container import ServingContainer
@@ -194,7 +195,7 @@ def test_the_operators_key_opens_the_locked_apis(docker_client, text_embedding_i
             headers = {GRPC_ADMIN_KEY_HEADER: OPERATOR_KEY}
             index = client.get_model_repository_index(as_json=True, headers=headers)
             assert {m["name"]: m["state"] for m in index["models"]} == {
-                "pipeline": "READY", "text_encoder": "READY"}
+                "pipeline": "READY", "text_encoder": "READY", GATE_MODEL: "UNAVAILABLE"}
             client.update_log_settings({"log_verbose_level": 0}, headers=headers)
             with pytest.raises(InferenceServerException, match="This protocol is restricted"):
                 client.get_model_repository_index(headers={GRPC_ADMIN_KEY_HEADER: "wrong" * 4})

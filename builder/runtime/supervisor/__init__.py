@@ -61,6 +61,12 @@ PID 1 duties: forwards SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the serve
 SIGQUIT stop it at once, without a drain), reaps every orphan, and exits with the server's
 status (128 + the signal if a signal ended it), or 0 after a drain.
 
+Ready means warm (:mod:`.ready_gate`): where the image carries a ready gate (its server under
+explicit model control), the server starts with the gate's repository beside the image's and
+``--exit-on-error=false``, and is not ready until the supervisor has sent the pipeline's
+examples through Triton's HTTP front end and opened the gate; a model that failed to load, or
+an example that failed, stops the server and the supervisor exits 1, naming it.
+
 Metrics: Prometheus text at ``http://<container>:8003/metrics`` (:data:`METRICS_PORT`),
 ``triton_builder_stub_restarts_total{model=…}`` (stubs healed),
 ``triton_builder_stub_deaths_total{model=…}`` (stubs seen dead) and
@@ -73,7 +79,8 @@ Settings (environment variables): ``TRITON_BUILDER_HEAL`` (``off`` only supervis
 unless the image was built with another), ``TRITON_BUILDER_DRAIN_FINISH_S`` (20),
 ``TRITON_BUILDER_ADMIN_KEY`` (the operator's key
 for the locked APIs; unset: one made at start), ``TRITON_BUILDER_METRICS_PORT`` (8003; 0 turns the
-endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check).
+endpoint off), ``TRITON_BUILDER_HEALED_STUBS`` (the file shared with the health check),
+``TRITON_BUILDER_READY_GATE`` (the ready gate's repository; a path without one: no gate).
 Copied into the image as ``/opt/triton-builder/supervisor/`` beside ``health.py`` and
 ``drain.py``, with its ``__main__`` as ``/opt/triton-builder/supervisor.py``, and run with the
 image's own ``python3`` (standard library only, Python 3.8 and later)::
@@ -85,7 +92,8 @@ The modules, one concern each: ``watch`` (which stub serves which model, which d
 ``policy`` (when to reload, when to give up), ``admin_api`` (the repository API, readiness, the
 key that locks the administrative APIs), ``healer`` (:class:`Supervisor`, the one owner of the
 healing's state), ``metrics`` (the endpoint on port 8003), ``stop_drain`` (a stop that drains),
-``reaper`` (PID 1: signals, orphans, exit status), ``main`` (the process).
+``reaper`` (PID 1: signals, orphans, exit status), ``ready_gate`` (readiness held until the
+pipeline's examples went through the front end), ``main`` (the process).
 """
 
 from .admin_api import (
@@ -106,16 +114,18 @@ from .healer import GAVE_UP, HEAL_STOP_GRACE_S, SCAN_INTERVAL_S, STOP_GRACE_S, S
 from .main import SUPERVISOR_OPTIONS, main
 from .metrics import METRICS_PORT, serve_metrics
 from .policy import ModelRecord, RestartPolicy
+from .ready_gate import GATE_MODEL, READY_GATE_DIR, READY_GATE_VARIABLE, GateError, ReadyGate
 from .reaper import CRASH_SIGNALS, FORWARDED_SIGNALS, crash_signal, exit_code
 from .stop_drain import DRAIN_S, FINISH_S, Drain, drain_periods, request_drain
 from .watch import Death, StubWatch, describe_exit, remove_regions, stub_model
 
 __all__ = [
     "ADMIN_APIS", "ADMIN_KEY", "ADMIN_KEY_HEADER", "ADMIN_KEY_VARIABLE", "CRASH_SIGNALS",
-    "DRAIN_S", "FINISH_S", "FORWARDED_SIGNALS", "GAVE_UP", "GRPC_ADMIN_KEY_HEADER",
-    "HEAL_STOP_GRACE_S", "METRICS_PORT", "READY_PATH", "RELOAD_PARAMETER", "SCAN_INTERVAL_S",
-    "STOP_GRACE_S", "SUPERVISOR_OPTIONS", "Death", "Drain", "LoadTimeout", "ModelRecord",
-    "RestartPolicy", "StubWatch", "Supervisor", "admin_key", "crash_signal", "describe_exit",
-    "drain_periods", "exit_code", "load_model", "locked_command", "main", "remove_regions",
-    "request_drain", "serve_metrics", "server_option", "stub_model",
+    "DRAIN_S", "FINISH_S", "FORWARDED_SIGNALS", "GATE_MODEL", "GAVE_UP", "GRPC_ADMIN_KEY_HEADER",
+    "HEAL_STOP_GRACE_S", "METRICS_PORT", "READY_GATE_DIR", "READY_GATE_VARIABLE", "READY_PATH",
+    "RELOAD_PARAMETER", "SCAN_INTERVAL_S", "STOP_GRACE_S", "SUPERVISOR_OPTIONS", "Death", "Drain",
+    "GateError", "LoadTimeout", "ModelRecord", "ReadyGate", "RestartPolicy", "StubWatch",
+    "Supervisor", "admin_key", "crash_signal", "describe_exit", "drain_periods", "exit_code",
+    "load_model", "locked_command", "main", "remove_regions", "request_drain", "serve_metrics",
+    "server_option", "stub_model",
 ]

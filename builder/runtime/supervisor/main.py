@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .admin_api import (
     ADMIN_APIS,
@@ -23,6 +24,7 @@ from .healer import GAVE_UP, Supervisor
 from .log import log
 from .metrics import METRICS_PORT, serve_metrics
 from .policy import RestartPolicy
+from .ready_gate import GateError, ReadyGate, gate_directory, gated_command, why_not_gated
 from .reaper import (
     FORWARDED_SIGNALS,
     STOPPING_SIGNALS,
@@ -123,6 +125,7 @@ class ServerLaunch:
     reload: bool
     http_port: int
     metrics_port: int
+    gate: ReadyGate | None = None
 
     @classmethod
     def prepare(cls, command: list[str], own: list[str],
@@ -136,6 +139,17 @@ class ServerLaunch:
             command = locked_command(command, key)
             log(f"administrative APIs ({', '.join(ADMIN_APIS)}) locked over HTTP and gRPC "
                 f"behind the header {ADMIN_KEY_HEADER!r}, with {whose}")
+        http_port = port_number("--http-port", server_option(command, "--http-port") or "8000")
+        gate = None
+        directory = gate_directory(environ)
+        if directory is not None:
+            why = why_not_gated(command)
+            if why is None:
+                command = gated_command(command, directory)
+                gate = ReadyGate.prepare(directory, command, http_port, key, environ,
+                                         policy.load_timeout_s)
+            else:
+                log(f"readiness is not held for the warm-up requests: {why}")
         environment = {name: value for name, value in environ.items()
                        if name != ADMIN_KEY_VARIABLE}
         environment[drain.STATE_DIR_VARIABLE] = str(drain.STATE_DIR)
@@ -147,11 +161,9 @@ class ServerLaunch:
             log(f"healing by restarting the server: it runs with --model-control-mode="
                 f"{mode or 'none'}, and only 'explicit' lets one model be reloaded")
         return cls(command=command, environment=environment, policy=policy, drain_s=drain_s,
-                   finish_s=finish_s, key=key, heal=heal, reload=reload,
-                   http_port=port_number("--http-port", server_option(command, "--http-port")
-                                         or "8000"),
+                   finish_s=finish_s, key=key, heal=heal, reload=reload, http_port=http_port,
                    metrics_port=port_number("TRITON_BUILDER_METRICS_PORT", environ.get(
-                       "TRITON_BUILDER_METRICS_PORT", str(METRICS_PORT))))
+                       "TRITON_BUILDER_METRICS_PORT", str(METRICS_PORT))), gate=gate)
 
 
 def port_number(name: str, value: str) -> int:
@@ -169,6 +181,7 @@ class ServerRun:
     def __init__(self, launch: ServerLaunch) -> None:
         self.launch = launch
         self.stopping = threading.Event()
+        self.gate_failed = False
         drain.reset()
         self.server = self._start()
         self.supervisor = Supervisor(self.server.pid, launch.http_port, launch.policy,
@@ -184,7 +197,39 @@ class ServerRun:
         return self._exit_status(exit_code(status))
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.launch.command, env=self.launch.environment)
+        """The server, and where its readiness is gated, the thread that opens it."""
+        server = self.server = subprocess.Popen(self.launch.command, env=self.launch.environment)
+        if self.launch.gate is not None:
+            threading.Thread(target=self._open_gate, args=(server,), daemon=True).start()
+        return server
+
+    def _open_gate(self, server: subprocess.Popen) -> None:
+        """Open the readiness of ``server`` (:mod:`ready_gate`); a failure is a failed start:
+        the server stopped, the container's status 1, as Triton's own exit on a failed load."""
+        assert self.launch.gate is not None
+        try:
+            sent = self.launch.gate.open(lambda: self._serving(server))
+        except (GateError, OSError) as error:
+            if not self._serving(server):
+                return
+            log(f"cannot start: {error}")
+            self.gate_failed = True
+            self.stopping.set()
+            forward_signal(server.pid, signal.SIGTERM)
+            return
+        if sent is not None:
+            log(f"ready: {sent}")
+
+    def _serving(self, server: subprocess.Popen) -> bool:
+        """``server`` is still the one supervised, runs (no zombie: it is reaped by the main
+        thread alone) and is not being stopped."""
+        if self.server is not server or self.stopping.is_set():
+            return False
+        try:
+            stat = Path(f"/proc/{server.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
     def _listen(self) -> None:
         """Signals, the metrics and readiness endpoint, the healer's thread."""
@@ -239,6 +284,9 @@ class ServerRun:
             log(f"started {self.launch.command[0]} again (pid {self.server.pid})")
 
     def _exit_status(self, code: int) -> int:
+        if self.gate_failed:
+            log(f"server stopped (status {code}) after a failed start; exiting 1")
+            return 1
         if self.supervisor.given_up() is not None:
             log(f"server stopped (status {code}) after giving up; exiting {GAVE_UP}")
             return GAVE_UP
