@@ -46,7 +46,10 @@ def test_the_image_is_ready_only_once_its_examples_went_through_the_front_end(
             time.sleep(0.05)
         assert stats["inference_count"] == samples * (1 + ROUNDS), \
             "before any request: Triton's samples, then the gate's, ROUNDS times"
-        logs = docker_client.containers.get(endpoint.container_id).logs().decode()
+        container = docker_client.containers.get(endpoint.container_id)
+        while "ready: " not in (logs := container.logs().decode()) \
+                and time.monotonic() < deadline:  # said after the gate's unload, past ready
+            time.sleep(0.05)
         assert re.search(rf"ready: {samples * ROUNDS} warm-up requests through the HTTP front "
                          r"end", logs), logs
         assert logs.index(f"successfully unloaded '{GATE_MODEL}'") < logs.index("ready: ")
