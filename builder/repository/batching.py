@@ -24,6 +24,24 @@ MAX_BATCH_SIZE = 64
 """The largest batch a model takes where nothing says otherwise: the pipeline model's, every
 model operator's (``op_config["max_batch_size"]``), the tuner's starting point."""
 
+MODEL_BATCH_BYTES = 16 * 1024 * 1024
+"""The most bytes a full batch of a model operator may hold (its inputs and outputs) where
+nothing sets its ``max_batch_size``: a quarter of the 64 MiB ``/dev/shm`` of a plain ``docker
+run``. A batch served over BLS lies in the calling stub's shared memory region and in the
+model's; one over the room left there fails inside the python backend ("Failed to increase the
+shared memory pool size"), at start while the model warms up at that size (a ViT-base's hidden
+states, 1.2 MB a row, at 64 rows) and under load otherwise."""
+
+
+def fitted_max_batch_size(row_bytes: int, largest: int = MAX_BATCH_SIZE) -> int:
+    """The largest batch, ``largest`` halved until a batch of rows of ``row_bytes`` fits in
+    :data:`MODEL_BATCH_BYTES` (1 at least)."""
+    size = largest
+    while size > 1 and size * row_bytes > MODEL_BATCH_BYTES:
+        size //= 2
+    return size
+
+
 DEFAULT_BATCHING: dict[str, dict[str, dict[str, Any]]] = {
     "cpu": {
         "pipeline": {"max_queue_delay_microseconds": 0},

@@ -107,13 +107,15 @@ def export_model(
     formats: Sequence[str],
     tolerance: float = TOLERANCE,
     max_batch_size: int = MAX_BATCH_SIZE,
+    reference: Reference | None = None,
 ) -> ExportedModel:
-    """Export ``op``'s module into ``version_directory`` in the first format that works.
+    """Export ``op``'s module into ``version_directory`` in the first format that works
+    (``reference``: :func:`reference_outputs` of ``op``, if already run).
 
     Raises :class:`ExportError` naming the operator and every format's reason when none does.
     """
     formats = check_formats(formats, f"model operator {op.name!r}")
-    reference = reference_outputs(op)
+    reference = reference or reference_outputs(op)
     attempts: list[ExportAttempt] = []
     for name in formats:
         version_directory.mkdir(parents=True, exist_ok=True)
@@ -168,6 +170,13 @@ def reference_outputs(op: ModelOp) -> Reference:
             f"model operator {op.name!r}: {len(names)} output names for {count} outputs"
         )
     return Reference(cases, names, module)
+
+
+def row_bytes(reference: Reference) -> int:
+    """The bytes of one row of the module's inputs and outputs, from its examples."""
+    inputs, outputs = reference.cases[0]
+    rows = max(1, inputs[0].shape[0]) if inputs and inputs[0].ndim else 1
+    return -(-sum(array.nbytes for array in (*inputs, *outputs)) // rows)
 
 
 def compare(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], names: Sequence[str],

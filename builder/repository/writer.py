@@ -33,9 +33,16 @@ from builder.pipeline.serialization import PIPELINE_FILE, VERSIONS_FILE, check_s
 from builder.pipeline.serialization import versions_record as _versions_record
 from builder.pipeline.signature import PipelineSignature
 from builder.pipeline.signature_document import signature_parameter
-from builder.repository.batching import MAX_BATCH_SIZE, default_batching
+from builder.repository.batching import MAX_BATCH_SIZE, default_batching, fitted_max_batch_size
 from builder.repository.config_rules import check_config
-from builder.repository.export import EXPORT_FORMATS, ExportAttempt, check_formats, export_model
+from builder.repository.export import (
+    EXPORT_FORMATS,
+    ExportAttempt,
+    check_formats,
+    export_model,
+    reference_outputs,
+    row_bytes,
+)
 from builder.repository.model_config import (
     ModelConfigSpec,
     TensorConfig,
@@ -161,6 +168,10 @@ class _ModelPlan:
     op: ModelOp
     formats: list[str]
     spec: ModelConfigSpec
+    batch_chosen: bool = True
+    """Whether its ``max_batch_size`` (or a preferred batch size) was set, by ``op_config``,
+    ``op_defaults`` or ``model_settings``; if not, the export fits it to the module's rows
+    (:func:`~builder.repository.batching.fitted_max_batch_size`)."""
 
 
 @dataclass(frozen=True)
@@ -239,8 +250,15 @@ def _model_plans(model_ops: Sequence[ModelOp], defaults: dict[str, Any],
             instance_count=_instances(config["instance_count"], policy),
             gpu=gpu, device_ids=device_ids,
             dynamic_batching=config.get("dynamic_batching", default_batching(target, "model")),
-            queue_policy=policy))
+            queue_policy=policy), _batch_chosen(config, op, options, overrides.get(op.name, {})))
     return plans
+
+
+def _batch_chosen(config: Mapping[str, Any], op: ModelOp, options: RepositoryOptions,
+                  override: Mapping[str, Any]) -> bool:
+    chosen = (options.op_defaults or {}, op.op_config, override)
+    return (any("max_batch_size" in source for source in chosen)
+            or bool((config.get("dynamic_batching") or {}).get("preferred_batch_size")))
 
 
 def _check_serializable(pipe: Pipeline, model_ops: Sequence[ModelOp]) -> None:
@@ -300,8 +318,15 @@ def _write_model(staging: Path, model: _ModelPlan,
     """One model operator exported, its warm-up samples and config written beside it: how the
     pipeline model calls it, and what was built."""
     op, spec, version_dir = model.op, model.spec, staging / model.op.name / "1"
+    reference = reference_outputs(op)
+    if not model.batch_chosen:
+        fitted = fitted_max_batch_size(row_bytes(reference), spec.max_batch_size)
+        if fitted != spec.max_batch_size:
+            log.info("model operator %r: max_batch_size %d (rows of %d bytes)", op.name, fitted,
+                     row_bytes(reference))
+        spec = replace(spec, max_batch_size=fitted)
     exported = export_model(op, version_dir, model.formats, tolerance,
-                            max(1, spec.max_batch_size))
+                            max(1, spec.max_batch_size), reference=reference)
     inputs, outputs = _with_batch_dims(exported, spec.max_batch_size)
     warmup = operator_samples(op.name, inputs, op.example_arrays(), spec.max_batch_size,
                               spec.dynamic_batching)

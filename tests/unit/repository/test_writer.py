@@ -361,3 +361,37 @@ def test_cpu_targets_run_onnx_model_operators_in_the_pipeline_model(tmp_path):
         assert (tmp_path / case / "affine" / "1" / "model.onnx").is_file()
     assert found == {"host": {"affine": "affine/1/model.onnx"},
                      "cpu": {"affine": "affine/1/model.onnx"}, "gpu": None, "off": None}
+
+
+class _Widen(torch.nn.Module):
+    """A row of 64 KiB in, 1 MiB out (a ViT-base's hidden states are 0.6 MB a row)."""
+
+    def forward(self, x):
+        return x.repeat(1, 16)
+
+
+def _wide_pipeline(**op_config):
+    op = ModelOp(_Widen(), example_inputs=torch.zeros(16384), name="widen", op_config=op_config)
+    return (pipe.input("x").map("x", "y", op).output("y")
+            .with_example(np.zeros(16384, np.float32)))
+
+
+def test_a_model_with_large_rows_gets_a_batch_that_fits_a_plain_docker_runs_shared_memory(
+        tmp_path):
+    """64 rows of 1.06 MiB (in and out) is 68 MiB: more than all of Docker's 64 MiB /dev/shm,
+    where the model's warm-up at its max_batch_size failed the start."""
+    build_pipeline_model(_wide_pipeline(), tmp_path / "models")
+    config = read_config(tmp_path / "models" / "widen")
+    assert config.max_batch_size == 8  # 16 MiB / 1.06 MiB a row, halved from 64
+    assert max(sample.batch_size for sample in config.model_warmup) == 8
+    pipeline = json.loads(read_config(tmp_path / "models" / "pipeline")
+                          .parameters["in_process_models"].string_value)
+    assert "widen" in pipeline  # the in-process session is planned with the same batch
+
+
+def test_a_max_batch_size_that_was_asked_for_is_kept_whatever_the_rows(tmp_path):
+    build_pipeline_model(_wide_pipeline(max_batch_size=32), tmp_path / "asked")
+    assert read_config(tmp_path / "asked" / "widen").max_batch_size == 32
+    build_pipeline_model(_wide_pipeline(dynamic_batching={"preferred_batch_size": [16]}),
+                         tmp_path / "preferred")
+    assert read_config(tmp_path / "preferred" / "widen").max_batch_size == 64
