@@ -1,8 +1,10 @@
 """Ready means warm: the first request after ``/v2/health/ready`` against the next 20 (issue 66).
 
-Each example pipeline of ``pipelines/``, and one of the issue's (transformers' own ViT image
-processor in front of a raw ``ViTModel``), is built once (CPU base, as ``nox -s demo`` builds);
-its image is then started ``--runs`` times each way, side by side in one run: as built (the
+Each example pipeline of ``pipelines/`` and the issue's own kinds (``cold_pipelines``:
+transformers' ViT image processor before a small ``ViTModel``; ViT-base hidden states; a
+ResNet-18 classifier; a BERT-base sentence embedding; a CLIP image-text score) is built once
+(CPU base, as ``nox -s demo`` builds); its image is then started ``--runs`` times each way,
+side by side in one run: as built (the
 warm-up, readiness held by the ready gate until the examples went through the front end),
 without the gate (``-e TRITON_BUILDER_READY_GATE=/none``: as images were before it), and as a
 replica started before any warm-up existed (every model's ``config.pbtxt`` mounted over the
@@ -28,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cold_pipelines import PIPELINES as COLD_PIPELINES  # noqa: E402
 from benchmarks.report import machine, publish  # noqa: E402
 from builder import build_docker_image  # noqa: E402
 from builder.client.pipeline import Client  # noqa: E402
@@ -65,36 +68,6 @@ HOW = (
 )
 
 
-def vit_with_its_image_processor() -> tuple:
-    """One of the issue's cold pipelines, as users of transformers write it: Pillow decodes the
-    bytes, transformers' own ``ViTImageProcessor`` makes the pixels (its lazy imports are the
-    first request's), a raw ``ViTModel`` (small, seeded) gives ``pooler_output`` by name."""
-    import io
-
-    import torch
-    import transformers
-    from PIL import Image
-
-    from builder import ModelOp, pipe
-    from pipelines.image_classification import example_image
-
-    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
-    torch.manual_seed(0)
-    vit = transformers.ViTModel(transformers.ViTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
-        image_size=32, patch_size=8))
-
-    def pixels(data: bytes):
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-        return processor(images=image, return_tensors="np")["pixel_values"][0]
-
-    encoder = ModelOp(vit, example_inputs=pixels(example_image(0)), name="vit")
-    pipeline = (pipe.input("image").map("image", "pixels", pixels)
-                .map("pixels", "pooler_output", encoder).output("pooler_output")
-                .with_example(example_image(0)))
-    return pipeline, [example_image(seed) for seed in range(1, REQUESTS + 1)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -103,7 +76,8 @@ def main() -> None:
     client = ensure_engine()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-warm-start-") as workdir:
-        pipelines = {**EXAMPLES, "vit_image_processor": vit_with_its_image_processor()}
+        pipelines = {**EXAMPLES, **{name: build(REQUESTS + 1)
+                                    for name, build in COLD_PIPELINES.items()}}
         for name, (pipeline, inputs) in sorted(pipelines.items()):
             reference = f"{IMAGE}-{name.replace('_', '-')}:1"
             build_docker_image(pipeline, reference, client=client)
@@ -112,7 +86,7 @@ def main() -> None:
                     "no warm-up": dict(environment={**no_gate, SWITCH: "0"}, volumes=(
                         _without_warm_up(client, reference, pipeline, Path(workdir) / name)))}
             calls = [inputs[i % len(inputs)] for i in range(REQUESTS + 1)]
-            expected = [pipeline(call) for call in calls]
+            expected = [pipeline(*_arguments(call)) for call in calls]
             for _ in range(arguments.runs):
                 for way in WAYS:  # side by side: one start of each in turn
                     rows.setdefault((name, way), []).append(
@@ -152,7 +126,7 @@ def _start_and_ask(client, reference: str, options: dict, calls: list,
                 if index == REQUESTS:
                     time.sleep(IDLE_S)
                 begun = time.perf_counter()
-                got = served(call)
+                got = served(*_arguments(call))
                 latencies.append(time.perf_counter() - begun)
                 check_same(got, answer, where=f"{reference} {call!r:.40}")
     finally:
@@ -161,6 +135,11 @@ def _start_and_ask(client, reference: str, options: dict, calls: list,
     return {"ready_s": ready_s, "first_ms": latencies[0] * 1000, "rest_ms": rest * 1000,
             "ratio": latencies[0] / rest, "idle_ms": latencies[REQUESTS] * 1000,
             "idle_ratio": latencies[REQUESTS] / rest}
+
+
+def _arguments(call) -> tuple:
+    """A call's input values: a tuple for a pipeline of several inputs, else the one value."""
+    return call if isinstance(call, tuple) else (call,)
 
 
 def _median(rows: dict, key: tuple, field: str) -> float:
