@@ -2,10 +2,11 @@
 
 Each example pipeline of ``pipelines/`` and the issue's own kinds (``cold_pipelines``:
 transformers' ViT image processor before a small ``ViTModel``; ViT-base hidden states; a
-ResNet-18 classifier; a BERT-base sentence embedding; a CLIP image-text score) is built once
+ResNet-18 classifier; a BERT-base sentence embedding; a CLIP image-text score;
+sentence-transformers' ``encode`` and TrOCR's ``generate()`` in plain functions) is built once
 (CPU base, as ``nox -s demo`` builds); its image is then started ``--runs`` times each way,
-side by side in one run: as built (the
-warm-up, readiness held by the ready gate until the examples went through the front end),
+side by side in one run: as built (the warm-up, readiness held by the ready gate until the
+examples went through the front end),
 without the gate (``-e TRITON_BUILDER_READY_GATE=/none``: as images were before it), and as a
 replica started before any warm-up existed (every model's ``config.pbtxt`` mounted over the
 image's without its ``model_warmup``, ``-e TRITON_BUILDER_WARM_UP=0``, no gate). Each start
@@ -72,12 +73,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--only", nargs="+", metavar="PIPELINE",
+                        help="these pipelines alone, printed and not written")
     arguments = parser.parse_args()
+    write = not (arguments.no_write or arguments.only)
     client = ensure_engine()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-warm-start-") as workdir:
         pipelines = {**EXAMPLES, **{name: build(REQUESTS + 1)
-                                    for name, build in COLD_PIPELINES.items()}}
+                                    for name, build in COLD_PIPELINES.items()
+                                    if not arguments.only or name in arguments.only}}
+        pipelines = {name: made for name, made in pipelines.items()
+                     if not arguments.only or name in arguments.only}
         for name, (pipeline, inputs) in sorted(pipelines.items()):
             reference = f"{IMAGE}-{name.replace('_', '-')}:1"
             build_docker_image(pipeline, reference, client=client)
@@ -92,8 +99,8 @@ def main() -> None:
                     rows.setdefault((name, way), []).append(
                         _start_and_ask(client, reference, ways[way], calls, expected))
             rows[name, "examples"] = min(len(pipeline.examples), MAX_EXAMPLES)
-    publish(SECTION, _section(rows, arguments.runs), write=not arguments.no_write)
-    if not arguments.no_write:
+    publish(SECTION, _section(rows, arguments.runs), write=write)
+    if write:
         _chart(rows)
 
 

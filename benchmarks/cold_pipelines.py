@@ -1,4 +1,5 @@
-"""The pipelines issue 66 found cold, written as users of transformers and Pillow write them.
+"""The pipelines issue 66 found cold, written as users of transformers, sentence-transformers
+and Pillow write them.
 
 No model hub is reachable here, so each model is its architecture at full size (the layout of
 the checkpoint the issue used, seeded random weights): what a request computes, and so the
@@ -9,6 +10,7 @@ pipeline and distinct inputs for its requests.
 from __future__ import annotations
 
 import io
+import tempfile
 
 import numpy as np
 
@@ -187,11 +189,83 @@ def clip_image_text_score(count: int) -> tuple:
     return pipeline, calls
 
 
+_SAVED = tempfile.TemporaryDirectory(prefix="cold-pipelines-")
+"""Where the checkpoints a user would have on disk are saved (removed with the process)."""
+
+
+def sentence_transformers_encode(count: int) -> tuple:
+    """sentence-transformers as its users call it: ``SentenceTransformer(local_dir)`` loaded
+    once, its ``encode`` inside a plain function. The checkpoint is all-MiniLM-L6-v2's layout
+    (BERT, 6 layers of 384, mean pooling, normalized), saved and loaded as a local directory."""
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    checkpoint = f"{_SAVED.name}/minilm"
+    torch.manual_seed(0)
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+        intermediate_size=1536), add_pooling_layer=False).save_pretrained(checkpoint)
+    bert_tokenizer().save_pretrained(checkpoint)
+    encoder = models.Transformer(checkpoint, max_seq_length=128)
+    pooling = models.Pooling(encoder.get_embedding_dimension(), "mean")
+    SentenceTransformer(modules=[encoder, pooling, models.Normalize()]).save(f"{checkpoint}-st")
+    model = SentenceTransformer(f"{checkpoint}-st", device="cpu")
+
+    def embed(text: str):
+        return model.encode(text)
+
+    pipeline = (pipe.input("text").map("text", "embedding", embed).output("embedding")
+                .with_example("the quick brown fox"))
+    rng = np.random.default_rng(2)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 24)))) for _ in range(count)]
+    return pipeline, texts
+
+
+TROCR_NEW_TOKENS = 12
+
+
+def trocr_generate(count: int) -> tuple:
+    """A TrOCR-style ``VisionEncoderDecoderModel.generate()`` inside a plain function (greedy),
+    on transformers' image processor over Pillow-decoded bytes: trocr-small's layout (a
+    DeiT-small encoder at 384 x 384, a 6-layer decoder of 256)."""
+    import torch
+    import transformers
+
+    processor = transformers.ViTImageProcessor(size={"height": 384, "width": 384})
+    torch.manual_seed(0)
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.ViTConfig(image_size=384, patch_size=16, hidden_size=384,
+                               num_hidden_layers=12, num_attention_heads=6,
+                               intermediate_size=1536),
+        transformers.TrOCRConfig(vocab_size=1024, d_model=256, decoder_layers=6,
+                                 decoder_attention_heads=8, decoder_ffn_dim=1024,
+                                 cross_attention_hidden_size=384, decoder_start_token_id=0,
+                                 pad_token_id=1, eos_token_id=2, bos_token_id=0,
+                                 init_std=1.0))
+    model = transformers.VisionEncoderDecoderModel(config=config).eval()
+    model.generation_config.decoder_start_token_id = 0
+    model.generation_config.pad_token_id = 1
+
+    def read(data: bytes):
+        pixels = processor(images=_decoded(data), return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            tokens = model.generate(pixels, max_new_tokens=TROCR_NEW_TOKENS, do_sample=False,
+                                    num_beams=1)
+        return tokens[0].numpy()
+
+    pipeline = (pipe.input("image").map("image", "tokens", read).output("tokens")
+                .with_example(example_image(0)))
+    return pipeline, [example_image(seed) for seed in range(1, count + 1)]
+
+
 PIPELINES = {
     "vit_image_processor": vit_with_its_image_processor,
     "vit_base_hidden_states": vit_base_hidden_states,
     "resnet18_classifier": resnet18_classifier,
     "bert_base_sentence": bert_base_sentence_embedding,
     "clip_image_text": clip_image_text_score,
+    "sentence_transformers": sentence_transformers_encode,
+    "trocr_generate": trocr_generate,
 }
 """Name → the function that builds it, given how many distinct inputs are wanted."""
