@@ -29,20 +29,25 @@ def _decoded(data: bytes):
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
+def _pixels(processor):
+    """The pipeline's preprocessing: Pillow-decoded bytes through an image processor, one row."""
+    def pixels(data: bytes):
+        return processor(images=_decoded(data), return_tensors="np")["pixel_values"][0]
+
+    return pixels
+
+
 def vit_with_its_image_processor(count: int) -> tuple:
     """transformers' own ``ViTImageProcessor`` (its lazy imports are the first request's) in
     front of a raw ``ViTModel`` (small) giving ``pooler_output`` by name."""
     import torch
     import transformers
 
-    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    pixels = _pixels(transformers.ViTImageProcessor(size={"height": 32, "width": 32}))
     torch.manual_seed(0)
     vit = transformers.ViTModel(transformers.ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
         image_size=32, patch_size=8))
-
-    def pixels(data: bytes):
-        return processor(images=_decoded(data), return_tensors="np")["pixel_values"][0]
 
     encoder = ModelOp(vit, example_inputs=pixels(example_image(0)), name="vit")
     pipeline = (pipe.input("image").map("image", "pixels", pixels)
@@ -56,12 +61,9 @@ def vit_base_hidden_states(count: int) -> tuple:
     import torch
     import transformers
 
-    processor = transformers.ViTImageProcessor(size={"height": 224, "width": 224})
+    pixels = _pixels(transformers.ViTImageProcessor(size={"height": 224, "width": 224}))
     torch.manual_seed(0)
     vit = transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False)
-
-    def pixels(data: bytes):
-        return processor(images=_decoded(data), return_tensors="np")["pixel_values"][0]
 
     encoder = ModelOp(vit, example_inputs=pixels(example_image(0)), name="vit_base")
     pipeline = (pipe.input("image").map("image", "pixels", pixels)
@@ -85,14 +87,12 @@ def resnet18_classifier(count: int) -> tuple:
     import torch
     import transformers
 
-    processor = transformers.ConvNextImageProcessor(size={"shortest_edge": 224}, crop_pct=0.875)
+    pixels = _pixels(transformers.ConvNextImageProcessor(size={"shortest_edge": 224},
+                                                         crop_pct=0.875))
     torch.manual_seed(0)
     resnet = transformers.ResNetForImageClassification(transformers.ResNetConfig(
         embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
         layer_type="basic", num_labels=1000))
-
-    def pixels(data: bytes):
-        return processor(images=_decoded(data), return_tensors="np")["pixel_values"][0]
 
     classifier = ModelOp(resnet, example_inputs=pixels(example_image(0)), name="resnet18")
     pipeline = (pipe.input("image").map("image", "pixels", pixels)
@@ -160,15 +160,12 @@ def clip_image_text_score(count: int) -> tuple:
     import torch
     import transformers
 
-    processor = transformers.CLIPImageProcessor()
+    pixels = _pixels(transformers.CLIPImageProcessor())
     tokenizer = bert_tokenizer()
     torch.manual_seed(0)
     vision = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig())
     text_tower = transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(
         eos_token_id=tokenizer.sep_token_id))
-
-    def pixels(data: bytes):
-        return processor(images=_decoded(data), return_tensors="np")["pixel_values"][0]
 
     def tokenize(text):
         encoded = tokenizer(text, padding="max_length", max_length=SENTENCE_TOKENS,
