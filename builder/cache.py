@@ -3,6 +3,7 @@ wheels, unpacked servers, environments, images."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -17,9 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from builder.errors import TritonBuilderError
+from builder.interrupts import deferred_interrupts
 
 STAGING_PATTERNS = ("*.partial-*", ".download-*")
 """The directories the cache's writers fill, then rename (:func:`staging_directory`)."""
+SCRATCH_PREFIX = "triton-builder-build-"
+"""A build's working directory in the system's temporary directory (:func:`build_scratch`)."""
 STALE_AFTER_S = 10.0
 """A staging younger than this is never taken for stale: its maker may not hold its lock yet."""
 
@@ -105,19 +109,35 @@ def staging_directory(prefix: str, parent: Path) -> Iterator[Path]:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        with deferred_interrupts():
+            shutil.rmtree(path, ignore_errors=True)
         os.close(descriptor)
 
 
-def stale_stagings(root: Path | None = None, depth: int = 3) -> list[Path]:
-    """The stagings (:data:`STAGING_PATTERNS`) no living process holds, in the top ``depth``
-    levels of ``root`` (default: the whole cache), where the cache's writers make them."""
+def build_scratch() -> contextlib.AbstractContextManager[Path]:
+    """A build's working directory (its model repository, payload, environment: hundreds of
+    MB), a staging in the system's temporary directory: a build killed outright leaves it, and
+    the next build removes it, as the doctor does (:func:`stale_scratches`). An interrupt that
+    lands while it is removed waits for the removal to end, where
+    :class:`tempfile.TemporaryDirectory` would stop half-way and never come back to it."""
+    return staging_directory(SCRATCH_PREFIX, Path(tempfile.gettempdir()))
+
+
+def stale_scratches() -> list[Path]:
+    """The working directories of builds killed outright (:func:`build_scratch`)."""
+    return stale_stagings(Path(tempfile.gettempdir()), depth=1, patterns=(f"{SCRATCH_PREFIX}*",))
+
+
+def stale_stagings(root: Path | None = None, depth: int = 3,
+                   patterns: tuple[str, ...] = STAGING_PATTERNS) -> list[Path]:
+    """The stagings (``patterns``) no living process holds, in the top ``depth`` levels of
+    ``root`` (default: the whole cache), where the cache's writers make them."""
     root = root or cache_dir()
     found = []
     for directory, subdirectories, _ in os.walk(root):
         for name in sorted(subdirectories):
             path = Path(directory, name)
-            if any(path.match(pattern) for pattern in STAGING_PATTERNS):
+            if any(path.match(pattern) for pattern in patterns):
                 subdirectories.remove(name)
                 if _unheld(path, remove=False):
                     found.append(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from builder.base.releases import (
     slim_cuda_versions,
     version_key,
 )
-from builder.cache import cache_dir, remove_stale_staging, stale_stagings
+from builder.cache import cache_dir, remove_stale_staging, stale_scratches, stale_stagings
 from builder.engine.ownership import BUILD_LABEL
 
 MIN_FREE_GB = 10
@@ -150,18 +151,25 @@ def leftovers_check(client, *, remove: bool = False) -> Check:
 
 
 def cache_stagings_check(*, remove: bool = False) -> Check:
-    """Half-written cache entries of builds killed outright (:mod:`builder.cache`'s stagings):
-    the next build of the same entry removes its own, but one never built again stays on the
-    disk; ``remove`` removes them all. A staging a running build holds is never one."""
-    stale = stale_stagings()
-    if not stale:
-        return Check("cache", "ok", f"no half-written entry of a killed build in {cache_dir()}")
-    size = sum(file.stat().st_size for path in stale for file in path.rglob("*")
-               if file.is_file() and not file.is_symlink())
-    listed = f"{len(stale)} half-written entr{'y' if len(stale) == 1 else 'ies'} of killed " \
-             f"builds ({size / 2**20:.0f} MiB): " + ", ".join(str(path) for path in stale)
+    """What builds killed outright left on the disk: half-written cache entries
+    (:mod:`builder.cache`'s stagings; the next build of the same entry removes its own, but one
+    never built again stays) and builds' working directories (the next build removes them);
+    ``remove`` removes them all. A staging a running build holds is never one."""
+    entries, scratches = stale_stagings(), stale_scratches()
+    if not entries and not scratches:
+        return Check("cache", "ok", f"no half-written entry of a killed build in {cache_dir()}, "
+                     f"no working directory of one in {tempfile.gettempdir()}")
+    parts = []
+    for stale, one, many in ((entries, "half-written entry", "half-written entries"),
+                             (scratches, "working directory", "working directories")):
+        if stale:
+            size = sum(file.stat().st_size for path in stale for file in path.rglob("*")
+                       if file.is_file() and not file.is_symlink())
+            parts.append(f"{len(stale)} {one if len(stale) == 1 else many} of killed builds "
+                         f"({size / 2**20:.0f} MiB): " + ", ".join(str(path) for path in stale))
+    listed = "; ".join(parts)
     if remove:
-        for path in stale:
+        for path in entries + scratches:
             remove_stale_staging(path)
         return Check("cache", "ok", f"removed {listed}")
     return Check("cache", "warn", f"{listed}. triton-builder doctor --remove-leftovers removes "

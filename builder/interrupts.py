@@ -14,13 +14,10 @@ Signal handlers belong to the main thread: elsewhere no interrupt arrives, and b
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -117,16 +114,3 @@ def deferred_interrupts() -> Iterator[None]:
             signal.signal(number, handler)
         if held:
             previous[held[0]](held[0], None)
-
-
-@contextmanager
-def scratch_directory(prefix: str) -> Iterator[Path]:
-    """A temporary directory removed whole on the way out: an interrupt that lands while a
-    repository of thousands of files is being removed waits for the removal to end, where
-    :class:`tempfile.TemporaryDirectory` would stop half-way and never come back to it."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        with deferred_interrupts():
-            shutil.rmtree(path, ignore_errors=True)

@@ -11,9 +11,10 @@ from typing import Any
 import docker
 
 from builder.base import BaseOptions, ensure_base_image, resolve
+from builder.cache import build_scratch
 from builder.engine import Leftovers, docker_client, require_platforms, tag_references
 from builder.image import ImageOptions
-from builder.interrupts import deferred_interrupts, interrupts_stop_once, scratch_directory
+from builder.interrupts import deferred_interrupts, interrupts_stop_once
 from builder.job.build_options import BuildOptions, StageOptions, build_options
 from builder.job.build_plan import plan_build
 from builder.job.platform_build import ImageBuild, build_platform, build_verified
@@ -71,7 +72,7 @@ def build_docker_image(
             f"{target}): it is tagged and pushed without having answered once")
     builds: dict[Any, ImageBuild] = {}
     leftovers = Leftovers()
-    with scratch_directory("triton-builder-") as workdir:  # kept until a push sent weights
+    with build_scratch() as workdir:  # kept until a push sent weights
         try:
             for target in plan.targets:
                 builds[target] = build_platform(pipe, plan, target, chosen, client=client,

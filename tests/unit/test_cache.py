@@ -9,13 +9,22 @@ half-written, and no network needed.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from builder.cache import cache_dir, cached_download, marked_complete, staged, stale_stagings
+from builder.cache import (
+    build_scratch,
+    cache_dir,
+    cached_download,
+    marked_complete,
+    staged,
+    stale_scratches,
+    stale_stagings,
+)
 from tests.support.at_once import at_once
 from tests.support.staging_holder import StagingHolder
 
@@ -128,3 +137,22 @@ def test_a_killed_makers_staging_goes_with_the_next_make_and_a_living_ones_stays
     assert living.finish() == 0
     assert sorted(os.listdir(entry.parent)) == ["abc"]
     assert sorted(os.listdir(entry)) == [".complete", "whole"]
+
+
+def test_a_killed_builds_working_directory_goes_with_the_next_build_and_a_living_ones_stays(
+        tmp_path, monkeypatch):
+    """A build killed outright leaves its working directory (a model repository, a payload,
+    hundreds of MB) in the temporary directory; it is found by its lock, which the kernel let
+    go, and the next build removes it. A running build's stays, and that build removes its own
+    when it ends. Nothing else there is taken for one."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "triton-builder-drain").mkdir()  # the image's drain state: not a build's
+    killed, living = StagingHolder(temporary=tmp_path), StagingHolder(temporary=tmp_path)
+    killed.kill()
+    assert killed.staging.parent == living.staging.parent == tmp_path
+    assert stale_scratches() == [killed.staging]
+    with build_scratch() as scratch:
+        assert not killed.staging.exists() and living.staging.is_dir()
+    assert not scratch.exists()
+    assert living.finish() == 0
+    assert os.listdir(tmp_path) == ["triton-builder-drain"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import tempfile
 
 import pytest
 
@@ -194,19 +195,31 @@ def test_doctor_refuses_a_cuda_the_slim_route_cannot_serve_naming_the_ngc_route(
 def test_doctor_lists_and_removes_the_cache_entries_killed_builds_left_half_written(
         tmp_path, monkeypatch):
     """A staging no living process holds is listed with its size, and removed on request; one
-    a running build fills is not."""
-    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path))
+    a running build fills is not. So with builds' working directories in the temporary
+    directory."""
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     killed = StagingHolder(cache_dir("environments") / "0123abcd")
     living = StagingHolder(cache_dir("stubs", "r24.12") / "stub")
+    killed_build = StagingHolder(temporary=tmp_path / "tmp")
+    living_build = StagingHolder(temporary=tmp_path / "tmp")
     killed.kill()
+    killed_build.kill()
     try:
         listed = cache_stagings_check()
         assert listed.status == "warn" and "1 half-written entry" in listed.detail
         assert str(killed.staging) in listed.detail and "(1 MiB)" in listed.detail
+        assert "1 working directory of killed builds (1 MiB)" in listed.detail, listed
+        assert str(killed_build.staging) in listed.detail
         assert str(living.staging) not in listed.detail
+        assert str(living_build.staging) not in listed.detail
         removed = cache_stagings_check(remove=True)
         assert removed.status == "ok" and str(killed.staging) in removed.detail
+        assert str(killed_build.staging) in removed.detail
         assert not killed.staging.exists() and living.staging.is_dir()
+        assert not killed_build.staging.exists() and living_build.staging.is_dir()
         assert cache_stagings_check().status == "ok"
     finally:
         assert living.finish() == 0
+        assert living_build.finish() == 0

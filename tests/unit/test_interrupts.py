@@ -7,17 +7,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from builder.cache import build_scratch
 from builder.interrupts import (
     Terminated,
     deferred_interrupts,
     interrupts_stop_once,
-    scratch_directory,
     take_interrupts,
 )
 
@@ -134,9 +135,11 @@ def test_after_the_first_interrupt_a_callers_own_handler_is_still_theirs():
     assert seen == [signal.SIGINT]
 
 
-def test_an_interrupt_while_a_scratch_directory_is_removed_waits_for_the_removal(monkeypatch):
+def test_an_interrupt_while_a_builds_working_directory_is_removed_waits_for_the_removal(
+        monkeypatch, tmp_path):
     """The interrupt lands inside the removal (as one does while a build's model repository,
     thousands of files, is removed): the directory still goes whole, then the build stops."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     removing = shutil.rmtree
 
     def interrupted_removal(path, *args, **kwargs):
@@ -145,7 +148,7 @@ def test_an_interrupt_while_a_scratch_directory_is_removed_waits_for_the_removal
 
     monkeypatch.setattr(shutil, "rmtree", interrupted_removal)
     with interrupts_stop_once(), pytest.raises(KeyboardInterrupt):
-        with scratch_directory("triton-builder-test-") as scratch:
+        with build_scratch() as scratch:
             (scratch / "models" / "pipeline").mkdir(parents=True)
             (scratch / "models" / "pipeline" / "config.pbtxt").write_text("name: 'pipeline'")
-    assert not scratch.exists()
+    assert not scratch.exists() and os.listdir(tmp_path) == []

@@ -32,7 +32,7 @@ from builder.errors import BuildError
 from builder.image.ready_gate_model import ready_gate_files
 from builder.image.serving_dockerfile import runtime_scripts
 from builder.repository.model_config import loads_config
-from builder.runtime import warm_up
+from builder.runtime import drain, warm_up
 from builder.runtime.supervisor import ADMIN_KEY_HEADER, ADMIN_KEY_VARIABLE
 from builder.runtime.supervisor.ready_gate import (
     CLOSED_VERSION,
@@ -165,7 +165,8 @@ def _supervise(tmp_path: Path, repository: Path
     environment = _server_environment(distribution, {
         READY_GATE_VARIABLE: str(gate), "TRITON_BUILDER_METRICS_PORT": "0",
         ADMIN_KEY_VARIABLE: ADMIN_KEY,
-        "TRITON_BUILDER_HEALED_STUBS": str(tmp_path / "healed")}, (backends / "python",))
+        "TRITON_BUILDER_HEALED_STUBS": str(tmp_path / "healed"),
+        drain.STATE_DIR_VARIABLE: str(tmp_path / "drain")}, (backends / "python",))
     running = subprocess.Popen([sys.executable, str(supervisor), "--lock-admin-apis", *command],
                                env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

@@ -35,9 +35,13 @@ from builder.runtime.supervisor import ModelRecord, RestartPolicy, StubWatch
 pytestmark = pytest.mark.light  # times restarts and drains of small real processes
 
 
+_SCRATCH = tempfile.TemporaryDirectory(prefix="triton-builder-runtime-")
+"""The module's own files (the image's runtime, the drains' state), removed as the run ends."""
+
+
 def _image_layout() -> Path:
     """The runtime files as the image carries them, in a directory of their own."""
-    root = Path(tempfile.mkdtemp(prefix="triton-builder-runtime-"))
+    root = Path(_SCRATCH.name, "image")
     for name, text in runtime_scripts().items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -223,12 +227,13 @@ def test_bad_settings_are_refused_with_their_name():
 # -- the supervisor as the image runs it -----------------------------------------------------
 def _supervise(command: list[str], **environment: str) -> subprocess.Popen:
     """The supervisor as the image runs it; a stop drains for 0 s (see the drain's own test),
-    in a state directory of its own."""
+    with a drain state and a healed-stubs file of its own."""
+    state = Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
     return subprocess.Popen(
         [sys.executable, str(SUPERVISOR), *command], stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TRITON_BUILDER_METRICS_PORT": "0", "TRITON_BUILDER_DRAIN_S": "0",
-             drain.STATE_DIR_VARIABLE: tempfile.mkdtemp(prefix="triton-builder-drain-"),
-             **environment})
+             drain.STATE_DIR_VARIABLE: str(state / "drain"),
+             "TRITON_BUILDER_HEALED_STUBS": str(state / "healed-stubs.json"), **environment})
 
 
 def _stop(running: subprocess.Popen) -> str:

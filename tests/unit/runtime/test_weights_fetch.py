@@ -29,6 +29,7 @@ from builder.push.weights_artifact import (
     MODEL_ANNOTATION,
     push_weights,
 )
+from builder.runtime import drain
 from builder.runtime.supervisor.main import WEIGHTS_FAILED, main
 from builder.runtime.supervisor.weights_fetch import TIMEOUT_VARIABLE, ensure_weights
 from builder.runtime.supervisor.weights_lock import (
@@ -241,6 +242,7 @@ def _locked_container(registry: LocalRegistry, tmp_path: Path, monkeypatch, size
     cache = tmp_path / "cache"
     monkeypatch.setenv(LOCK_VARIABLE, str(lock_file))
     monkeypatch.setenv(CACHE_VARIABLE, str(cache))
+    monkeypatch.setattr(drain, "STATE_DIR", tmp_path / "drain")
     return file, source, cache
 
 
