@@ -9,6 +9,8 @@ placement check must refuse: the operator answered, but nothing shows it ran on 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from builder.verify.placement import GpuPlacementError, check_ran_on_gpus, gpu_models
@@ -19,6 +21,7 @@ from tests.support.gpu_serving import (
     operator_answers,
     pipeline_answers,
     served_text_embedding,
+    warmed_before_ready,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver, pytest.mark.alongside]
@@ -45,3 +48,15 @@ def test_placement_verification_refuses_an_operator_that_ran_on_the_cpu(served):
     assert gpu_models(served.repository) == []
     with pytest.raises(GpuPlacementError, match=f"{OPERATOR} ran .* none on a GPU"):
         check_ran_on_gpus(served.endpoint, [OPERATOR])
+
+
+def test_the_operator_is_warmed_on_its_cpu_instance_before_ready(tmp_path):
+    """Issue 66 with the operator on the CPU: Triton ran its ``model_warmup`` through its
+    ``KIND_CPU`` instance before ready, and its first request after ready is answered as in
+    process; the first's latency against the median of the next 20 is printed (a
+    figure, not a bound)."""
+    with served_text_embedding(tmp_path / "models", "cpu", log_verbose=1) as served:
+        latencies = warmed_before_ready(served)
+    rest = statistics.median(latencies[1:])
+    print(f"first request after ready {latencies[0] * 1000:.2f} ms, median of the next 20 "
+          f"{rest * 1000:.2f} ms ({latencies[0] / rest:.2f}x)")

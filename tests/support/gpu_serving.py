@@ -11,7 +11,9 @@ that everything but the GPU itself is exercised on every machine.
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,31 +54,71 @@ class Served:
 
 
 @contextmanager
-def served_text_embedding(root: Path, device: str) -> Iterator[Served]:
-    """Write the repository with the operator on ``device`` and serve it."""
+def served_text_embedding(root: Path, device: str, log_verbose: int = 0) -> Iterator[Served]:
+    """Write the repository with the operator on ``device`` and serve it (``log_verbose`` 1:
+    Triton logs each warm-up sample it runs)."""
     build_pipeline_model(pipeline, root, format_priority=("python",),
                          op_defaults={"device": device}, in_process=False)
     config = read_config(root / OPERATOR)
     assert config.backend == "python", "the operator is not in the python format"
     assert [group.kind for group in config.instance_group] == [KINDS[device]], config
-    with TritonServer(root) as server:
+    with TritonServer(root, log_verbose=log_verbose) as server:
         yield Served(server, root, device)
 
 
-def operator_answers(served: Served, texts: list[str]) -> None:
-    """The operator, called directly with a batch, answers as the module does in process."""
+def warmed_before_ready(served: Served) -> list[float]:
+    """Right after ready, before any client request: the operator's loaded config carries
+    ``model_warmup`` at batch sizes within its ``max_batch_size`` on the ``device``'s instance
+    kind, and Triton's log (verbose 1) shows each sample run through the operator's instance
+    while it loaded. Then the operator's first 21 requests, one row each, one at a time, answered
+    as in process: their latencies in seconds (a figure to print, never to assert)."""
+    with grpcclient.InferenceServerClient(served.server.grpc_url) as client:
+        config = client.get_model_config(OPERATOR).config
+        assert [group.kind for group in config.instance_group] == [KINDS[served.device]], \
+            config
+        samples = list(config.model_warmup)
+        assert samples, f"{OPERATOR}'s loaded config has no model_warmup"
+        assert all(1 <= sample.batch_size <= max(config.max_batch_size, 1)
+                   for sample in samples), samples
+        log = served.server.logs()
+        for sample in samples:
+            ran = rf"model '{OPERATOR}' instance \S+ is running warmup sample " \
+                  rf"'{re.escape(sample.name)}'"
+            assert re.search(ran, log), f"no {ran!r} in the server's log"
+        latencies, answers = [], []
+        for text in TEXTS[:21]:
+            inputs = _operator_inputs([text])
+            started = time.perf_counter()
+            answers.append(client.infer(OPERATOR, inputs).as_numpy("output_0"))
+            latencies.append(time.perf_counter() - started)
+    expected = _in_process(TEXTS[:21])
+    np.testing.assert_allclose(np.concatenate(answers), expected, atol=TOLERANCE, rtol=0)
+    return latencies
+
+
+def _operator_inputs(texts: list[str]) -> list[grpcclient.InferInput]:
     tokenizer = Tokenizer()
     ids, mask = (np.stack(arrays) for arrays in zip(*(tokenizer(text) for text in texts)))
     inputs = [grpcclient.InferInput("ids", list(ids.shape), "INT64"),
               grpcclient.InferInput("mask", list(mask.shape), "FP32")]
     inputs[0].set_data_from_numpy(ids)
     inputs[1].set_data_from_numpy(mask)
-    with grpcclient.InferenceServerClient(served.server.grpc_url) as client:
-        answer = client.infer(OPERATOR, inputs).as_numpy("output_0")
+    return inputs
+
+
+def _in_process(texts: list[str]) -> np.ndarray:
+    tokenizer = Tokenizer()
+    ids, mask = (np.stack(arrays) for arrays in zip(*(tokenizer(text) for text in texts)))
     module = load_weights(TinyEncoder, OPERATOR, seed=0).eval()
     with torch.no_grad():
-        expected = module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    np.testing.assert_allclose(answer, expected, atol=TOLERANCE, rtol=0)
+        return module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+
+def operator_answers(served: Served, texts: list[str]) -> None:
+    """The operator, called directly with a batch, answers as the module does in process."""
+    with grpcclient.InferenceServerClient(served.server.grpc_url) as client:
+        answer = client.infer(OPERATOR, _operator_inputs(texts)).as_numpy("output_0")
+    np.testing.assert_allclose(answer, _in_process(texts), atol=TOLERANCE, rtol=0)
 
 
 def pipeline_answers(served: Served, concurrency: int = 8) -> None:
