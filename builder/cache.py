@@ -1,5 +1,6 @@
 """Where Triton Builder keeps what it reuses between runs, and the content hashes that key it:
-wheels, unpacked servers, environments, images."""
+wheels, unpacked servers, environments, images; and the locked stagings its writers fill (a
+build's working directory among them), which tell a killed build's leftovers from a live one's."""
 
 from __future__ import annotations
 
