@@ -22,7 +22,7 @@ ROOT = Path(builder.__file__).parent
 # (job, cli).
 LAYERS = [
     "runtime",
-    "errors", "build_epoch", "cache", "host_lock", "progress", "interrupts", "host_packages",
+    "errors", "build_epoch", "interrupts", "cache", "host_lock", "progress", "host_packages",
     "engine",
     "tritonserver",
     "pipeline", "client",
